@@ -1,0 +1,201 @@
+"""Typed client over sinfo/scontrol/squeue/sacct/sbatch/scancel.
+
+Every call: an argument list (never a shell), a timeout, machine-readable output, parsing in
+:mod:`cluster.parse`. Failures raise :class:`cluster.errors.SlurmCommandError` with the command,
+exit code and stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from cluster import parse
+from cluster.errors import SlurmCommandError, SlurmNotFoundError, SlurmTimeoutError
+from cluster.local.paths import resolve_slurm_conf
+from cluster.models import JobInfo, Node, Partition
+
+DEFAULT_TIMEOUT_S = 30.0
+# sacct/squeue take job ids on the command line; keep each call well under ARG_MAX.
+_MAX_IDS_PER_CALL = 5000
+
+
+class SlurmClient:
+    """Talks to one Slurm cluster.
+
+    ``conf``: the slurm.conf to use (exported as ``SLURM_CONF`` to every command); by default
+    :func:`cluster.local.paths.resolve_slurm_conf` picks the user's, the system's or the local
+    dev cluster's.
+    """
+
+    def __init__(
+        self,
+        conf: str | os.PathLike[str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        base = dict(os.environ if environ is None else environ)
+        self.conf = str(conf) if conf is not None else resolve_slurm_conf(base)
+        if self.conf:
+            base["SLURM_CONF"] = self.conf
+        self._env = base
+        self.timeout = timeout
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """The environment Slurm commands (and submitit) should run with."""
+        return dict(self._env)
+
+    def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        cwd: str | os.PathLike[str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one Slurm command; raise SlurmCommandError on failure when ``check``."""
+        exe = shutil.which(cmd[0], path=self._env.get("PATH"))
+        if exe is None:
+            raise SlurmNotFoundError(cmd[0])
+        env = self._env if not extra_env else {**self._env, **extra_env}
+        limit = self.timeout if timeout is None else timeout
+        try:
+            proc = subprocess.run(
+                [exe, *cmd[1:]],
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                env=env,
+                cwd=cwd,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmTimeoutError(cmd, limit) from exc
+        if check and proc.returncode != 0:
+            raise SlurmCommandError(cmd, proc.returncode, proc.stderr or proc.stdout)
+        return proc
+
+    def installed(self) -> bool:
+        """Whether the Slurm client commands are on PATH."""
+        return all(shutil.which(c, path=self._env.get("PATH")) for c in ("sbatch", "squeue"))
+
+    def ping(self) -> bool:
+        """Whether the controller answers (``scontrol ping``)."""
+        if not self.installed():
+            return False
+        try:
+            proc = self.run(["scontrol", "ping"], timeout=10, check=False)
+        except SlurmCommandError:
+            return False
+        return proc.returncode == 0 and "UP" in proc.stdout
+
+    # -- cluster shape -----------------------------------------------------------------------
+    def nodes(self) -> list[Node]:
+        out = self.run(["scontrol", "show", "node", "--oneliner"]).stdout
+        return parse.parse_nodes(out)
+
+    def partitions(self) -> list[Partition]:
+        nodes = self.nodes()
+        out = self.run(["scontrol", "show", "partition", "--oneliner"]).stdout
+        return parse.parse_partitions(out, nodes)
+
+    def partition(self, name: str) -> Partition | None:
+        return next((p for p in self.partitions() if p.name == name), None)
+
+    # -- jobs --------------------------------------------------------------------------------
+    def submit(
+        self,
+        script: str | os.PathLike[str],
+        args: Sequence[str] = (),
+        *,
+        script_args: Sequence[str] = (),
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> str:
+        """``sbatch --parsable [args] script [script_args]``; returns the job id."""
+        cmd = ["sbatch", "--parsable", *args, str(Path(script)), *script_args]
+        return parse.parse_sbatch_job_id(self.run(cmd, cwd=cwd).stdout)
+
+    def job_states(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
+        """States of many jobs in one sacct call (per 5000 ids), squeue when sacct is unusable.
+
+        Keys are job ids as Slurm prints them: ``"12"``, or ``"12_3"`` for array tasks (asking
+        for ``"12"`` of an array returns all its tasks).
+        """
+        ids = list(dict.fromkeys(str(j) for j in job_ids))
+        if not ids:
+            return {}
+        result: dict[str, JobInfo] = {}
+        for start in range(0, len(ids), _MAX_IDS_PER_CALL):
+            chunk = ids[start : start + _MAX_IDS_PER_CALL]
+            try:
+                result.update(self._sacct(chunk))
+            except SlurmCommandError:
+                result.update(self._squeue(chunk))
+                continue
+            # sacct can lag behind the controller for a just-submitted job: ask squeue for
+            # whatever accounting does not know yet.
+            missing = [j for j in chunk if j not in result and not _has_tasks(result, j)]
+            if missing:
+                result.update(self._squeue(missing))
+        return result
+
+    def _sacct(self, ids: Sequence[str]) -> dict[str, JobInfo]:
+        cmd = [
+            "sacct",
+            "-X",
+            "-n",
+            "-P",
+            "-o",
+            ",".join(parse.SACCT_FIELDS),
+            "-j",
+            ",".join(ids),
+        ]
+        return parse.parse_sacct(self.run(cmd).stdout)
+
+    def _squeue(self, ids: Sequence[str]) -> dict[str, JobInfo]:
+        cmd = ["squeue", "-h", "--states=all", "-o", parse.SQUEUE_FORMAT, "-j", ",".join(ids)]
+        proc = self.run(cmd, check=False)
+        if proc.returncode != 0:
+            # squeue fails when every id is unknown to the controller (long finished).
+            if "Invalid job id" in proc.stderr:
+                return {}
+            raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
+        return parse.parse_squeue(proc.stdout)
+
+    def queue(self, user: str | None = None) -> dict[str, JobInfo]:
+        """Jobs the controller knows now (``squeue``), optionally for one user."""
+        cmd = ["squeue", "-h", "-o", parse.SQUEUE_FORMAT]
+        if user:
+            cmd += ["-u", user]
+        return parse.parse_squeue(self.run(cmd).stdout)
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict (Restarts, EndTime, PreemptTime, Reason, ...)."""
+        out = self.run(["scontrol", "show", "job", "--oneliner", str(job_id)]).stdout
+        first = out.strip().splitlines()[0] if out.strip() else ""
+        return parse.parse_key_values(first)
+
+    def cancel(self, job_ids: Iterable[str], signal: str | None = None) -> None:
+        ids = [str(j) for j in job_ids]
+        if not ids:
+            return
+        cmd = ["scancel", *(["--signal", signal] if signal else []), *ids]
+        self.run(cmd)
+
+    def requeue(self, job_id: str) -> None:
+        """Put a running (or finished) batch job back in the queue with the same id."""
+        self.run(["scontrol", "requeue", str(job_id)])
+
+    def release(self, job_id: str) -> None:
+        """Let a requeued job start now instead of after its BeginTime delay."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+
+def _has_tasks(result: Mapping[str, JobInfo], job_id: str) -> bool:
+    prefix = f"{job_id}_"
+    return any(k.startswith(prefix) for k in result)

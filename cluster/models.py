@@ -1,0 +1,95 @@
+"""Typed records the Slurm client returns. Plain frozen dataclasses: cheap, hashable, printable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Slurm's base job states (sacct/squeue print them; sacct may add " by <uid>" to CANCELLED).
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SUSPENDED",
+        "COMPLETING",
+        "CONFIGURING",
+        "PREEMPTED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition as ``scontrol show partition`` describes it."""
+
+    name: str
+    default: bool
+    max_time_s: int | None  # None: UNLIMITED
+    nodes: tuple[str, ...]
+    state: str
+    preempt_mode: str
+    priority_tier: int
+    total_cpus: int
+    gres_per_node: dict[str, int] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node: name, base state, CPUs and generic resources (e.g. ``{"gpu": 2}``)."""
+
+    name: str
+    state: str
+    cpus: int
+    gres: dict[str, int] = field(default_factory=dict, hash=False)
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        """Whether the scheduler can place work on this node now or soon."""
+        base = self.state.rstrip("*~#!%$@^-+").upper()
+        return base in {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """State of one job or array task (``job_id`` is ``"123"`` or ``"123_4"``)."""
+
+    job_id: str
+    state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    nodelist: str = ""
+    elapsed_s: int | None = None
+    partition: str = ""
+    name: str = ""
+    source: str = "sacct"
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def array_job_id(self) -> str:
+        return self.job_id.split("_", 1)[0]

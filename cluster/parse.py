@@ -1,0 +1,221 @@
+"""Pure parsers for Slurm command output. Each takes text, returns typed records.
+
+Tested on recorded outputs in ``tests/unit/cluster``; nothing here runs a command.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cluster.errors import HostlistError, SlurmParseError, SlurmTimeError
+from cluster.hostlist import expand_hostlist, expand_ranges
+from cluster.models import JobInfo, Node, Partition
+from cluster.timefmt import parse_slurm_time
+
+# A key=value token starts where a word of letters/digits/underscores/slashes is followed by "=".
+_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """``Key=Value Key2=Value with spaces`` (scontrol --oneliner) into a dict.
+
+    Values may contain spaces (``OS=Linux 6.1 #1 SMP``): a value runs until the next ``Key=``.
+    """
+    matches = list(_KEY_RE.finditer(line))
+    out: dict[str, str] = {}
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end() : end].strip()
+    return out
+
+
+def parse_gres(text: str) -> dict[str, int]:
+    """``gpu:2``, ``gpu:a100:4(S:0-1),shard:8`` or ``(null)`` to ``{"gpu": 2}`` (types summed)."""
+    out: dict[str, int] = {}
+    text = text.strip()
+    if not text or text in {"(null)", "N/A", "None"}:
+        return out
+    for item in re.split(r",(?![^()]*\))", text):
+        item = re.sub(r"\(.*?\)", "", item).strip()
+        if not item:
+            continue
+        fields = item.split(":")
+        name = fields[0]
+        count = 1
+        if len(fields) > 1 and fields[-1].isdigit():
+            count = int(fields[-1])
+        out[name] = out.get(name, 0) + count
+    return out
+
+
+def _int(value: str, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def parse_partitions(text: str, nodes: list[Node] | None = None) -> list[Partition]:
+    """``scontrol show partition --oneliner`` output to partitions.
+
+    ``nodes`` (from :func:`parse_nodes`) fills in the gres each node of the partition offers
+    (the minimum over its nodes, which is what a ``--gres=gpu:N`` per-node request can rely on).
+    """
+    by_name = {n.name: n for n in nodes or []}
+    parts: list[Partition] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("PartitionName="):
+            continue
+        kv = parse_key_values(line)
+        try:
+            node_names = tuple(expand_hostlist(kv.get("Nodes", "")))
+            max_time = parse_slurm_time(kv.get("MaxTime", "UNLIMITED"))
+        except (HostlistError, SlurmTimeError) as exc:
+            raise SlurmParseError(f"partition {kv.get('PartitionName')}: {exc}") from exc
+        gres: dict[str, int] = {}
+        members = [by_name[n] for n in node_names if n in by_name]
+        if members:
+            names = set.intersection(*(set(n.gres) for n in members))
+            gres = {g: min(n.gres[g] for n in members) for g in sorted(names)}
+        parts.append(
+            Partition(
+                name=kv["PartitionName"],
+                default=kv.get("Default", "NO").upper() == "YES",
+                max_time_s=max_time,
+                nodes=node_names,
+                state=kv.get("State", "UNKNOWN"),
+                preempt_mode=kv.get("PreemptMode", "OFF"),
+                priority_tier=_int(kv.get("PriorityTier", "1"), 1),
+                total_cpus=_int(kv.get("TotalCPUs", "0")),
+                gres_per_node=gres,
+            )
+        )
+    return parts
+
+
+def parse_nodes(text: str) -> list[Node]:
+    """``scontrol show node --oneliner`` output to nodes."""
+    nodes: list[Node] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("NodeName="):
+            continue
+        kv = parse_key_values(line)
+        parts = kv.get("Partitions", "")
+        nodes.append(
+            Node(
+                name=kv["NodeName"],
+                state=kv.get("State", "UNKNOWN").split("+", 1)[0],
+                cpus=_int(kv.get("CPUTot", "0")),
+                gres=parse_gres(kv.get("Gres", "")),
+                partitions=tuple(p for p in parts.split(",") if p),
+            )
+        )
+    return nodes
+
+
+def parse_sbatch_job_id(text: str) -> str:
+    """``sbatch --parsable`` prints ``<jobid>`` or ``<jobid>;<cluster>``."""
+    line = text.strip().splitlines()[-1] if text.strip() else ""
+    job_id = line.split(";", 1)[0].strip()
+    if not job_id.isdigit():
+        raise SlurmParseError(f"sbatch --parsable printed {text.strip()!r}, expected a job id")
+    return job_id
+
+
+def _base_state(state: str) -> str:
+    # sacct: "CANCELLED by 0"; squeue may print "RUNNING"; strip decorations.
+    return state.strip().split(" ", 1)[0].rstrip("+").upper() or "UNKNOWN"
+
+
+def _exit_code(text: str) -> tuple[int | None, int | None]:
+    if ":" not in text:
+        return (_int(text) if text.strip().isdigit() else None), None
+    code, sig = text.split(":", 1)
+    return (_int(code) if code.isdigit() else None), (_int(sig) if sig.isdigit() else None)
+
+
+_ARRAY_PENDING_RE = re.compile(r"^(\d+)_\[([^\]]+)\]$")
+
+
+def _expand_array_id(job_id: str) -> list[str]:
+    """``123_[0-3%2]`` (pending array tasks, one row) to ``123_0`` ... ``123_3``."""
+    m = _ARRAY_PENDING_RE.match(job_id)
+    if not m:
+        return [job_id]
+    base, spec = m.groups()
+    spec = spec.split("%", 1)[0]
+    try:
+        return [f"{base}_{int(i)}" for i in expand_ranges(spec)]
+    except HostlistError as exc:
+        raise SlurmParseError(f"bad array task range in job id {job_id!r}") from exc
+
+
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Partition", "Reason")
+
+
+def parse_sacct(text: str) -> dict[str, JobInfo]:
+    """``sacct -X -n -P -o <SACCT_FIELDS>`` output to job records keyed by job id.
+
+    With ``-X`` there is one line per job (or array task); a requeued job's newest record wins
+    (later lines replace earlier ones, which matches sacct's chronological order).
+    """
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) < len(SACCT_FIELDS):
+            raise SlurmParseError(f"sacct line has {len(fields)} fields, expected 8: {line!r}")
+        job_id, name, state, exit_code, elapsed, nodelist, partition, reason = fields[:8]
+        code, sig = _exit_code(exit_code)
+        try:
+            elapsed_s = parse_slurm_time(elapsed) if elapsed else None
+        except SlurmTimeError:
+            elapsed_s = None
+        for jid in _expand_array_id(job_id):
+            jobs[jid] = JobInfo(
+                job_id=jid,
+                state=_base_state(state),
+                exit_code=code,
+                signal=sig,
+                reason="" if reason in {"None", ""} else reason,
+                nodelist="" if nodelist in {"None assigned", "(null)"} else nodelist,
+                elapsed_s=elapsed_s,
+                partition=partition,
+                name=name,
+                source="sacct",
+            )
+    return jobs
+
+
+SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%P|%M"
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """``squeue -h -o '%i|%j|%T|%r|%N|%P|%M'`` output to job records keyed by job id."""
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) < 7:
+            raise SlurmParseError(f"squeue line has {len(fields)} fields, expected 7: {line!r}")
+        job_id, name, state, reason, nodelist, partition, elapsed = fields[:7]
+        try:
+            elapsed_s = parse_slurm_time(elapsed) if elapsed and elapsed != "INVALID" else None
+        except SlurmTimeError:
+            elapsed_s = None
+        for jid in _expand_array_id(job_id):
+            jobs[jid] = JobInfo(
+                job_id=jid,
+                state=_base_state(state),
+                reason="" if reason == "None" else reason,
+                nodelist=nodelist,
+                elapsed_s=elapsed_s,
+                partition=partition,
+                name=name,
+                source="squeue",
+            )
+    return jobs

@@ -1,0 +1,58 @@
+"""Shared fixtures. Integration tests use ONE real local Slurm cluster per session.
+
+- ``slurm_cluster``: brings the local cluster up once (``python -m cluster up`` does the same),
+  or skips with one clear reason where Slurm is absent and cannot be installed. In CI
+  (``CI=true``, root on Debian) it never skips: an unusable cluster fails the run.
+- ``slurm_env``: ``os.environ`` plus ``SLURM_CONF`` pointing at that cluster, for subprocesses.
+- ``slurm_client``: a :class:`cluster.client.SlurmClient` for that cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _skip_reason() -> str | None:
+    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
+        return "Slurm is not installed (run `make test` as root on Debian to install it)"
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (daemons, /etc/hosts)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[object]:
+    from cluster.local.manager import LocalCluster
+
+    reason = _skip_reason()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"integration tests must run in CI: {reason}")
+        pytest.skip(reason)
+    lc = LocalCluster()
+    lc.up()
+    yield lc
+    # The cluster stays up after the session on purpose: `make demo` and later runs reuse it
+    # (`python -m cluster down` stops it).
+
+
+@pytest.fixture(scope="session")
+def slurm_env(slurm_cluster: object) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SLURM_CONF"] = str(slurm_cluster.conf)  # type: ignore[attr-defined]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_client(slurm_env: dict[str, str]) -> object:
+    from cluster.client import SlurmClient
+
+    return SlurmClient(environ=slurm_env)
