@@ -1,0 +1,373 @@
+"""Where this process sits in the job: the one reader of SLURM_* / torchrun variables.
+
+``DistEnv.from_env(os.environ)`` recognises three launchers:
+
+- torchrun (``RANK`` and ``WORLD_SIZE`` set, also under ``srun torchrun``): used as they are;
+- Slurm (``SLURM_PROCID`` set, e.g. ``srun python -m train``): rank, local rank, node, world size
+  from Slurm; ``MASTER_ADDR`` = first host of the step's node list, ``MASTER_PORT`` derived from the
+  job id so two jobs sharing a node do not collide;
+- otherwise a single process.
+
+Inconsistent values (tasks that do not match the node list or the allocated GPUs) raise
+:class:`train.errors.EnvError` naming the sbatch option to change. ``export`` writes the torchrun
+variables back so other libraries see the same answer. This module does not import torch at
+import time (device selection imports it lazily).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from train.errors import DeviceError, EnvError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DeviceInfo", "DistEnv", "master_port_for_job", "resolve_device", "verify_master_port"]
+
+log = logging.getLogger(__name__)
+
+Launcher = Literal["slurm", "torchrun", "single"]
+
+#: Ports derived from job ids live in [PORT_BASE, PORT_BASE + PORT_SPAN): below the Linux
+#: ephemeral range (32768+) so an outgoing connection never squats on our port.
+PORT_BASE = 20000
+PORT_SPAN = 12000
+
+
+def master_port_for_job(job_id: str | None) -> int:
+    """Deterministic rendezvous port for a job: every task computes the same one, no exchange."""
+    digits = re.sub(r"\D", "", job_id or "")
+    if not digits:
+        return 29500
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise EnvError(f"{name}={raw!r} is not an integer") from None
+
+
+def _req(environ: Mapping[str, str], name: str) -> int:
+    value = _int(environ, name)
+    if value is None:
+        raise EnvError(f"{name} is not set")
+    return value
+
+
+def _parse_tasks_per_node(text: str) -> list[int]:
+    """``2(x3),1`` -> [2, 2, 2, 1] (Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE)."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise EnvError(f"cannot parse tasks per node {text!r}")
+        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return out
+
+
+def _parse_gpu_count(text: str | None) -> int | None:
+    """``2``, ``gpu:2``, ``a100:2``, ``gpu:a100:2`` or ``2(x2)`` -> 2; None when absent."""
+    if text is None or not text.strip():
+        return None
+    first = text.split(",")[0].split("(")[0].strip()
+    tail = first.rsplit(":", 1)[-1]
+    try:
+        return int(tail)
+    except ValueError:
+        raise EnvError(f"cannot parse GPU count {text!r}") from None
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Rank, world and rendezvous of this process, read once from the environment."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    job_id: str | None = None
+    restart_count: int = 0
+    launcher: Launcher = "single"
+    #: GPUs Slurm allocated on this node (SLURM_GPUS_ON_NODE / _PER_NODE), None if none asked.
+    gpus_on_node: int | None = None
+    #: CUDA_VISIBLE_DEVICES split on commas, None when unset.
+    visible_devices: tuple[str, ...] | None = None
+    cpus_per_task: int | None = None
+    hosts: tuple[str, ...] = field(default=())
+    #: True when MASTER_PORT came from the environment rather than from the job id.
+    port_from_env: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        """The one process that logs, writes metrics and manifests (global rank 0)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process: a process group is needed."""
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> DistEnv:
+        """Read the launcher's variables; raise :class:`EnvError` for inconsistent ones."""
+        job_id = environ.get("SLURM_JOB_ID") or None
+        restart = _int(environ, "SLURM_RESTART_COUNT", 0) or 0
+        gpus = _parse_gpu_count(environ.get("SLURM_GPUS_ON_NODE")) or _parse_gpu_count(
+            environ.get("SLURM_GPUS_PER_NODE")
+        )
+        cvd = environ.get("CUDA_VISIBLE_DEVICES")
+        visible = tuple(d for d in cvd.split(",") if d.strip()) if cvd is not None else None
+        cpus = _int(environ, "SLURM_CPUS_PER_TASK")
+        common: dict[str, Any] = dict(
+            job_id=job_id, gpus_on_node=gpus, visible_devices=visible, cpus_per_task=cpus
+        )
+        if "RANK" in environ and "WORLD_SIZE" in environ:
+            env = cls._from_torchrun(environ, restart, common)
+        elif "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ:
+            env = cls._from_slurm(environ, restart, common)
+        elif "SLURM_PROCID" in environ and (_int(environ, "SLURM_NTASKS", 1) or 1) > 1:
+            raise EnvError(
+                f"SLURM_NTASKS={environ['SLURM_NTASKS']} but this process was not started by srun "
+                "(no SLURM_STEP_ID): launch it with `srun python -m train ...` in the batch "
+                "script, or set --ntasks=1"
+            )
+        else:
+            port = _int(environ, "MASTER_PORT")
+            env = cls(
+                restart_count=restart,
+                master_port=port if port is not None else master_port_for_job(job_id),
+                port_from_env=port is not None,
+                **common,
+            )
+        env._check()
+        return env
+
+    @classmethod
+    def _from_torchrun(
+        cls, environ: Mapping[str, str], restart: int, common: dict[str, Any]
+    ) -> DistEnv:
+        world = _req(environ, "WORLD_SIZE")
+        local_world = _int(environ, "LOCAL_WORLD_SIZE", None)
+        if local_world is None:
+            local_world = world
+        elastic = _int(environ, "TORCHELASTIC_RESTART_COUNT", 0) or 0
+        return cls(
+            rank=_req(environ, "RANK"),
+            local_rank=_int(environ, "LOCAL_RANK", 0) or 0,
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=_int(environ, "GROUP_RANK", None) or _int(environ, "NODE_RANK", 0) or 0,
+            num_nodes=max(1, world // max(1, local_world)),
+            master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
+            master_port=_int(environ, "MASTER_PORT", 29500) or 29500,
+            restart_count=max(restart, elastic),
+            launcher="torchrun",
+            port_from_env=True,
+            **common,
+        )
+
+    @classmethod
+    def _from_slurm(
+        cls, environ: Mapping[str, str], restart: int, common: dict[str, Any]
+    ) -> DistEnv:
+        from cluster.hostlist import expand_hostlist  # lazy: train has no import-time cluster dep
+
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
+        try:
+            hosts = tuple(expand_hostlist(nodelist))
+        except ValueError as exc:
+            raise EnvError(f"SLURM_STEP_NODELIST={nodelist!r}: {exc}") from exc
+        if not hosts:
+            raise EnvError("neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set")
+        world = _int(environ, "SLURM_STEP_NUM_TASKS") or _req(environ, "SLURM_NTASKS")
+        node_rank = _req(environ, "SLURM_NODEID")
+        tpn_text = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+        per_node = _parse_tasks_per_node(tpn_text) if tpn_text else []
+        ntpn = _int(environ, "SLURM_NTASKS_PER_NODE")
+        nnodes = _int(environ, "SLURM_STEP_NUM_NODES") or _int(environ, "SLURM_NNODES")
+        if nnodes is not None and nnodes != len(hosts):
+            raise EnvError(
+                f"the node list {nodelist!r} has {len(hosts)} host(s) but SLURM_NNODES={nnodes}: "
+                "check --nodes / --nodelist"
+            )
+        if ntpn is not None and world != ntpn * len(hosts):
+            raise EnvError(
+                f"world size SLURM_NTASKS={world} does not match {len(hosts)} node(s) x "
+                f"--ntasks-per-node={ntpn}: set --ntasks={ntpn * len(hosts)} or drop --ntasks and "
+                "keep --nodes with --ntasks-per-node"
+            )
+        if per_node and sum(per_node) != world:
+            raise EnvError(
+                f"tasks per node {tpn_text!r} add up to {sum(per_node)}, not SLURM_NTASKS={world}: "
+                "set --ntasks-per-node instead of --ntasks"
+            )
+        if per_node and node_rank < len(per_node):
+            local_world = per_node[node_rank]
+        elif ntpn is not None:
+            local_world = ntpn
+        else:
+            local_world = max(1, world // len(hosts))
+        port = _int(environ, "MASTER_PORT")
+        return cls(
+            rank=_req(environ, "SLURM_PROCID"),
+            local_rank=_req(environ, "SLURM_LOCALID"),
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=node_rank,
+            num_nodes=len(hosts),
+            master_addr=environ.get("MASTER_ADDR") or hosts[0],
+            master_port=port if port is not None else master_port_for_job(common["job_id"]),
+            restart_count=restart,
+            launcher="slurm",
+            hosts=hosts,
+            port_from_env=port is not None,
+            **common,
+        )
+
+    def _check(self) -> None:
+        if self.world_size < 1:
+            raise EnvError(f"world size {self.world_size} must be at least 1")
+        if not 0 <= self.rank < self.world_size:
+            raise EnvError(f"rank {self.rank} is outside the world size {self.world_size}")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise EnvError(
+                f"local rank {self.local_rank} is outside the {self.local_world_size} task(s) "
+                "on this node: check --ntasks-per-node"
+            )
+        if self.world_size < self.num_nodes:
+            raise EnvError(
+                f"{self.world_size} task(s) on {self.num_nodes} nodes leaves nodes idle: set "
+                f"--ntasks-per-node=1 (or more) with --nodes={self.num_nodes}, or --nodes="
+                f"{self.world_size}"
+            )
+        gpus = self.gpus_on_node
+        if gpus:
+            if self.local_world_size > gpus:
+                raise EnvError(
+                    f"{self.local_world_size} tasks per node but only {gpus} GPU(s) allocated per "
+                    f"node: set --ntasks-per-node={gpus} (one task per GPU) or "
+                    f"--gpus-per-node={self.local_world_size}"
+                )
+            if 1 < self.local_world_size < gpus:
+                raise EnvError(
+                    f"{self.local_world_size} tasks per node share {gpus} GPU(s) per node: set "
+                    f"--ntasks-per-node={gpus} (one task per GPU, strategy ddp) or "
+                    "--ntasks-per-node=1 (strategy dp/pipeline)"
+                )
+
+    def check_strategy(self, strategy: str) -> None:
+        """Raise :class:`EnvError` when the task layout cannot run ``strategy``."""
+        if strategy in ("dp", "pipeline", "single") and self.world_size > 1:
+            raise EnvError(
+                f"strategy {strategy!r} runs in one task that drives all local devices, but "
+                f"{self.world_size} tasks were started: set --nodes=1 --ntasks-per-node=1 "
+                "(or use train.strategy: ddp)"
+            )
+        gpus = self.gpus_on_node or 0
+        if strategy == "ddp" and gpus > 1 and self.local_world_size == 1:
+            raise EnvError(
+                f"strategy 'ddp' uses one task per GPU but 1 task runs on a node with {gpus} "
+                f"GPUs: set --ntasks-per-node={gpus} (or use train.strategy: dp)"
+            )
+
+    def export(self, environ: MutableMapping[str, str]) -> None:
+        """Write the torchrun-style variables so libraries that read them agree with us."""
+        environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(self.local_rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.local_world_size),
+            GROUP_RANK=str(self.node_rank),
+            NODE_RANK=str(self.node_rank),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+
+
+def verify_master_port(env: DistEnv) -> None:
+    """On rank 0 (the master host), test-bind MASTER_PORT before the store binds it.
+
+    The port is derived from the job id; another job on the node (or a stale process) holding it
+    gives a clear error instead of a rendezvous that hangs or joins the wrong job.
+    """
+    if not env.is_main or not env.distributed or env.launcher == "torchrun":
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # TCPStore sets SO_REUSEADDR too; without it a requeued job would trip on TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", env.master_port))
+        except OSError as exc:
+            raise EnvError(
+                f"MASTER_PORT {env.master_port} (derived from job {env.job_id}) is already in use "
+                f"on {env.master_addr}: {exc.strerror}; another job shares this node. Export a "
+                "free MASTER_PORT in the batch script (e.g. MASTER_PORT=$((20000 + RANDOM)))"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The devices this process trains on and the matching collective backend."""
+
+    device: torch.device
+    devices: tuple[torch.device, ...]
+    backend: str
+    cuda: bool
+
+
+def resolve_device(env: DistEnv, strategy: str, allow_cpu_fallback: bool) -> DeviceInfo:
+    """Pick the device(s) and backend: nccl on CUDA, gloo on CPU.
+
+    ddp/single: the local rank's GPU among the visible ones; dp/pipeline: all visible GPUs.
+    Allocated GPUs without CUDA (dummy gres, CPU-only torch): one log line, then CPU when
+    ``allow_cpu_fallback`` else :class:`DeviceError`.
+    """
+    import torch
+
+    env.check_strategy(strategy)
+    cuda = torch.cuda.is_available()
+    allocated = env.gpus_on_node or (len(env.visible_devices) if env.visible_devices else 0)
+    if not cuda:
+        if allocated:
+            msg = (
+                f"{allocated} GPU(s) allocated on this node but CUDA is not available "
+                f"(torch {torch.__version__}, cuda={torch.version.cuda})"
+            )
+            if not allow_cpu_fallback:
+                raise DeviceError(
+                    f"{msg}: set train.allow_cpu_fallback: true to train on CPU, or run where "
+                    "CUDA works"
+                )
+            if env.is_main:
+                log.warning("%s: falling back to CPU (train.allow_cpu_fallback)", msg)
+        cpu = torch.device("cpu")
+        return DeviceInfo(cpu, (cpu,), "gloo", False)
+    count = torch.cuda.device_count()
+    if strategy in ("dp", "pipeline"):
+        devices = tuple(torch.device("cuda", i) for i in range(count))
+        return DeviceInfo(devices[0], devices, "nccl", True)
+    # One visible GPU per task (--gpus-per-task / gpu-bind): it is cuda:0; otherwise the local rank.
+    index = 0 if count == 1 else env.local_rank
+    if index >= count:
+        raise DeviceError(
+            f"local rank {env.local_rank} has no GPU: only {count} visible; set "
+            f"--ntasks-per-node={count} or --gpus-per-node={env.local_world_size}"
+        )
+    dev = torch.device("cuda", index)
+    torch.cuda.set_device(dev)
+    return DeviceInfo(dev, (dev,), "nccl", True)
