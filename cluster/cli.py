@@ -1,0 +1,98 @@
+"""Command line of the local dev cluster: ``up``, ``down``, ``status``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from cluster.errors import ClusterError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m cluster",
+        description="A real Slurm cluster on this machine (munged, MariaDB, slurmdbd, "
+        "slurmctld, slurmd n1 and n2).",
+    )
+    p.add_argument("--state-dir", type=Path, help="config and state directory")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the cluster (idempotent) and wait for idle nodes")
+    up.add_argument("--timeout", type=float, default=120.0)
+    sub.add_parser("down", help="stop every process the cluster started")
+    sub.add_parser("status", help="daemons, nodes and partitions")
+    return p
+
+
+def _print_status(lc: object) -> bool:
+    from cluster.client import SlurmClient
+    from cluster.local.manager import LocalCluster
+
+    assert isinstance(lc, LocalCluster)
+    all_alive = True
+    print(f"state dir: {lc.layout.root}")
+    for d in lc.status():
+        mark = "alive" if d.alive else "DOWN"
+        all_alive &= d.alive
+        print(f"  {d.name:<12} pid {d.pid if d.pid else '-':<8} {mark}")
+    if not lc.status()[3].alive:  # slurmctld
+        return False
+    client = SlurmClient(conf=lc.conf, timeout=10)
+    try:
+        for n in client.nodes():
+            gres = ",".join(f"{k}:{v}" for k, v in n.gres.items()) or "-"
+            print(f"  node {n.name:<4} {n.state:<10} cpus={n.cpus} gres={gres}")
+        for p in client.partitions():
+            default = " (default)" if p.default else ""
+            print(
+                f"  partition {p.name}{default}: {p.state}, nodes={','.join(p.nodes)}, "
+                f"max_time={p.max_time_s}s, tier={p.priority_tier}, preempt={p.preempt_mode}"
+            )
+    except ClusterError as exc:
+        print(f"  controller did not answer: {exc}")
+        return False
+    return all_alive
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from cluster.local.manager import LocalCluster
+
+    try:
+        lc = LocalCluster(args.state_dir)
+        if args.command == "up":
+            res = lc.up(timeout=args.timeout)
+            if res.started:
+                print(f"started: {', '.join(res.started)}")
+            else:
+                print("cluster already up and healthy; nothing changed")
+            _print_status(lc)
+            print(f"export SLURM_CONF={lc.conf}")
+            return 0
+        if args.command == "down":
+            stopped = lc.down()
+            left = lc.leftovers()
+            print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+            if left:
+                print(f"error: processes still running: {left}", file=sys.stderr)
+                return 1
+            return 0
+        ok = _print_status(lc)
+        return 0 if ok else 1
+    except ClusterError as exc:
+        if args.debug:
+            traceback.print_exc()
+        msg = str(exc)
+        first, _, rest = msg.partition("\n")
+        print(f"error: {first}", file=sys.stderr)
+        if rest:
+            print(rest, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Output piped into `head` and closed early: not an error of ours.
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,392 @@
+"""The local cluster's life cycle: ``up`` (idempotent), ``status`` and ``down``.
+
+Start order: munged -> MariaDB -> slurmdbd -> slurmctld -> slurmd n1, n2. ``down`` goes in
+reverse, after cancelling every job, and then proves that no marked process is left.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.errors import LocalClusterError
+from cluster.local import config as cfg
+from cluster.local.daemons import (
+    MARKER_ENV,
+    DaemonStatus,
+    log_tail,
+    marked_processes,
+    pid_alive,
+    read_pid,
+    run_checked,
+    spawn_detached,
+    stop_pid,
+    wait_until,
+)
+from cluster.local.paths import state_dir as default_state_dir
+
+REQUIRED = {
+    "munged": "munge",
+    "mariadbd": "mariadb-server",
+    "mariadb-install-db": "mariadb-server",
+    "slurmdbd": "slurmdbd",
+    "slurmctld": "slurm-wlm",
+    "slurmd": "slurm-wlm",
+    "sacctmgr": "slurm-wlm",
+}
+SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class UpResult:
+    started: list[str]
+    already_running: list[str]
+    config_changed: bool
+
+
+class LocalCluster:
+    """A real Slurm cluster of two nodes on this machine, in one state directory."""
+
+    def __init__(self, root: Path | None = None, hostname: str | None = None) -> None:
+        self.layout = cfg.Layout((root or default_state_dir()).resolve())
+        self.hostname = hostname or socket.gethostname().split(".", 1)[0]
+
+    # -- paths and environment ---------------------------------------------------------------
+    @property
+    def conf(self) -> Path:
+        return self.layout.slurm_conf
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.conf)
+        env["PATH"] = f"{env.get('PATH', '')}:{SBIN}"
+        env[MARKER_ENV] = str(self.layout.root)
+        return env
+
+    def daemons(self) -> list[tuple[str, Path, Path]]:
+        """(name, pid file, log file) in start order."""
+        L = self.layout
+        out = [
+            ("munged", L.pid_file("munged"), L.log_file("munged")),
+            ("mariadbd", L.pid_file("mariadbd"), L.log_file("mariadbd")),
+            ("slurmdbd", L.pid_file("slurmdbd"), L.log_file("slurmdbd")),
+            ("slurmctld", L.pid_file("slurmctld"), L.log_file("slurmctld")),
+        ]
+        out += [
+            (f"slurmd-{n}", L.run / f"slurmd-{n}.pid", L.log / f"slurmd-{n}.log")
+            for n in cfg.NODES
+        ]
+        return out
+
+    # -- checks ------------------------------------------------------------------------------
+    def check_installed(self) -> None:
+        path = f"{os.environ.get('PATH', '')}:{SBIN}"
+        missing = sorted({pkg for exe, pkg in REQUIRED.items() if not shutil.which(exe, path=path)})
+        if missing:
+            raise LocalClusterError(
+                "Slurm packages missing: apt-get install -y " + " ".join(missing)
+                + " (or run `make setup`, which installs them)"
+            )
+        if os.geteuid() != 0:
+            raise LocalClusterError("the local cluster needs root (daemons, /etc/hosts)")
+
+    def status(self) -> list[DaemonStatus]:
+        out = []
+        for name, pid_file, log in self.daemons():
+            pid = read_pid(pid_file)
+            out.append(DaemonStatus(name, pid, pid_alive(pid), log))
+        return out
+
+    def healthy(self) -> bool:
+        return all(d.alive for d in self.status()) and self._nodes_ready()
+
+    # -- up ----------------------------------------------------------------------------------
+    def up(self, timeout: float = 120.0) -> UpResult:
+        """Bring every daemon up (those already alive are left alone) and wait for idle nodes."""
+        self.check_installed()
+        changed = self._write_config()
+        self._ensure_hosts()
+        started: list[str] = []
+        running: list[str] = []
+        steps = [
+            ("munged", self._start_munged),
+            ("mariadbd", self._start_mariadb),
+            ("slurmdbd", self._start_slurmdbd),
+            ("slurmctld", self._start_slurmctld),
+        ] + [(f"slurmd-{n}", lambda n=n: self._start_slurmd(n)) for n in cfg.NODES]
+        alive = {d.name: d.alive for d in self.status()}
+        for name, start in steps:
+            if alive[name]:
+                running.append(name)
+                continue
+            start()
+            started.append(name)
+            if name == "slurmdbd" or (name == "slurmctld" and "slurmdbd" in running):
+                self._register_cluster()
+        if changed and running and not started:
+            # The config changed under running daemons: they need to re-read it.
+            self.scontrol(["reconfigure"], what="slurmctld reconfigure")
+        self._wait_nodes(timeout)
+        return UpResult(started, running, changed)
+
+    def _write_config(self) -> bool:
+        L = self.layout
+        for d in (L.etc, L.run, L.log, L.spool, L.spool / "ctld", L.gres_dev, L.mysql_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        for n in cfg.NODES:
+            (L.spool / f"d-{n}").mkdir(exist_ok=True)
+        for i in range(cfg.GPUS_PER_NODE):
+            (L.gres_dev / f"gpu{i}").touch(exist_ok=True)
+        if not L.db_password.exists():
+            L.db_password.write_text(secrets.token_hex(16))
+            L.db_password.chmod(0o600)
+        password = L.db_password.read_text().strip()
+        files = {
+            L.slurm_conf: (cfg.render_slurm_conf(L, self.hostname), 0o644),
+            L.gres_conf: (cfg.render_gres_conf(L), 0o644),
+            L.cgroup_conf: (cfg.render_cgroup_conf(), 0o644),
+            L.slurmdbd_conf: (cfg.render_slurmdbd_conf(L, password), 0o600),
+        }
+        changed = False
+        for path, (text, mode) in files.items():
+            if not path.exists() or path.read_text() != text:
+                tmp = path.with_suffix(path.suffix + ".tmp")
+                tmp.write_text(text)
+                tmp.chmod(mode)
+                tmp.replace(path)
+                changed = True
+        return changed
+
+    def _ensure_hosts(self) -> None:
+        """Node names must resolve (they become MASTER_ADDR)."""
+        missing = []
+        for n in cfg.NODES:
+            try:
+                socket.gethostbyname(n)
+            except OSError:
+                missing.append(n)
+        if missing:
+            with open("/etc/hosts", "a") as f:
+                f.write(f"127.0.0.1 {' '.join(missing)}  # slurm-train local cluster\n")
+
+    def _start_munged(self) -> None:
+        L = self.layout
+        L.munge_dir.mkdir(parents=True, exist_ok=True)
+        shutil.chown(L.munge_dir, "munge", "munge")
+        L.munge_dir.chmod(0o755)
+        if not L.munge_key.exists():
+            L.munge_key.write_bytes(secrets.token_bytes(1024))
+        shutil.chown(L.munge_key, "munge", "munge")
+        L.munge_key.chmod(0o400)
+        pid_file, log = L.pid_file("munged"), L.log_file("munged")
+        pid_file.unlink(missing_ok=True)
+        run_checked(
+            [
+                "runuser", "-u", "munge", "--", "munged",
+                f"--socket={L.munge_socket}",
+                f"--key-file={L.munge_key}",
+                f"--pid-file={L.munge_dir / 'munged.pid'}",
+                f"--log-file={L.munge_dir / 'munged.log'}",
+                f"--seed-file={L.munge_dir / 'munged.seed'}",
+            ],
+            env=self.env(),
+            what="munged",
+            log=L.munge_dir / "munged.log",
+        )  # fmt: skip
+
+        def ready() -> bool:
+            cred = run_ok(["munge", "-n", f"--socket={L.munge_socket}"], self.env())
+            return cred is not None and run_ok(
+                ["unmunge", f"--socket={L.munge_socket}"], self.env(), cred
+            ) is not None
+
+        wait_until(ready, timeout=20, what="munged", log=L.munge_dir / "munged.log")
+        # munged writes its pid file as the munge user inside its own dir; mirror it to run/.
+        pid = read_pid(L.munge_dir / "munged.pid")
+        pid_file.write_text(f"{pid}\n")
+        log.unlink(missing_ok=True)
+        log.symlink_to(L.munge_dir / "munged.log")
+
+    def _start_mariadb(self) -> None:
+        L = self.layout
+        pid_file, log = L.pid_file("mariadbd"), L.log_file("mariadbd")
+        shutil.chown(L.mysql_dir, "mysql", "mysql")
+        fresh = not (L.mysql_data / "mysql").exists()
+        if fresh:
+            run_checked(
+                [
+                    "mariadb-install-db", "--user=mysql", f"--datadir={L.mysql_data}",
+                    "--auth-root-authentication-method=socket", "--skip-test-db",
+                ],
+                env=self.env(), timeout=120, what="mariadb-install-db",
+            )  # fmt: skip
+        pid = spawn_detached(
+            [
+                "mariadbd", "--no-defaults", "--user=mysql", f"--datadir={L.mysql_data}",
+                f"--socket={L.mysql_socket}", f"--port={cfg.MARIADB_PORT}",
+                "--bind-address=127.0.0.1", f"--pid-file={L.mysql_dir / 'mariadbd.pid'}",
+                "--innodb-buffer-pool-size=64M", "--skip-name-resolve",
+            ],
+            env=self.env(),
+            log=log,
+        )  # fmt: skip
+        pid_file.write_text(f"{pid}\n")
+        wait_until(
+            lambda: L.mysql_socket.exists() and self._sql("SELECT 1") is not None,
+            timeout=60, what="mariadbd", log=log, pid_file=pid_file,
+        )  # fmt: skip
+        password = L.db_password.read_text().strip()
+        # Idempotent: the password is hex, so it is safe inside the SQL string literal.
+        setup = (
+            f"CREATE DATABASE IF NOT EXISTS {cfg.DB_NAME}; "
+            f"CREATE USER IF NOT EXISTS '{cfg.DB_USER}'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+            f"CREATE USER IF NOT EXISTS '{cfg.DB_USER}'@'localhost' IDENTIFIED BY '{password}'; "
+            f"GRANT ALL ON {cfg.DB_NAME}.* TO '{cfg.DB_USER}'@'127.0.0.1'; "
+            f"GRANT ALL ON {cfg.DB_NAME}.* TO '{cfg.DB_USER}'@'localhost'; FLUSH PRIVILEGES;"
+        )
+        if self._sql(setup) is None:
+            raise LocalClusterError(
+                f"mariadbd: could not create the accounting database\n{log_tail(log)}"
+            )
+
+    def _sql(self, statement: str) -> str | None:
+        return run_ok(
+            ["mysql", "--no-defaults", f"--socket={self.layout.mysql_socket}", "-u", "root",
+             "-N", "-e", statement],
+            self.env(),
+        )  # fmt: skip
+
+    def _start_slurmdbd(self) -> None:
+        L = self.layout
+        pid_file, log = L.pid_file("slurmdbd"), L.log_file("slurmdbd")
+        pid_file.unlink(missing_ok=True)
+        env = self.env()
+        env["SLURM_CONF"] = str(L.slurm_conf)
+        run_checked(["slurmdbd"], env=env, what="slurmdbd", log=log)
+        wait_until(
+            lambda: run_ok(["sacctmgr", "-n", "-P", "list", "cluster"], env) is not None,
+            timeout=60, what="slurmdbd", log=log, pid_file=pid_file,
+        )  # fmt: skip
+
+    def _register_cluster(self) -> None:
+        # Registered before slurmctld starts, so accounting of the first jobs is not lost.
+        env = self.env()
+        clusters = run_ok(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"], env)
+        if cfg.CLUSTER_NAME not in (clusters or "").split():
+            run_checked(
+                ["sacctmgr", "-i", "add", "cluster", cfg.CLUSTER_NAME],
+                env=env, what="sacctmgr add cluster", log=self.layout.log_file("slurmdbd"),
+            )  # fmt: skip
+
+    def _start_slurmctld(self) -> None:
+        L = self.layout
+        pid_file, log = L.pid_file("slurmctld"), L.log_file("slurmctld")
+        pid_file.unlink(missing_ok=True)
+        env = self.env()
+        run_checked(["slurmctld"], env=env, what="slurmctld", log=log)
+        wait_until(
+            lambda: "UP" in (run_ok(["scontrol", "ping"], env) or ""),
+            timeout=60, what="slurmctld", log=log, pid_file=pid_file,
+        )  # fmt: skip
+
+    def _start_slurmd(self, node: str) -> None:
+        L = self.layout
+        pid_file, log = L.run / f"slurmd-{node}.pid", L.log / f"slurmd-{node}.log"
+        pid_file.unlink(missing_ok=True)
+        run_checked(["slurmd", "-N", node], env=self.env(), what=f"slurmd {node}", log=log)
+        wait_until(
+            lambda: pid_alive(read_pid(pid_file)),
+            timeout=30, what=f"slurmd {node}", log=log, pid_file=None,
+        )  # fmt: skip
+
+    def scontrol(self, args: list[str], what: str) -> str:
+        return run_checked(["scontrol", *args], env=self.env(), what=what).stdout
+
+    def node_states(self) -> dict[str, str]:
+        out = run_ok(["sinfo", "-h", "-N", "-o", "%N|%T"], self.env()) or ""
+        states: dict[str, str] = {}
+        for line in out.splitlines():
+            if "|" in line:
+                name, state = line.split("|", 1)
+                states[name.strip()] = state.strip()
+        return states
+
+    def _nodes_ready(self) -> bool:
+        states = self.node_states()
+        return all(
+            states.get(n, "").rstrip("*~#%$@^-+").lower() in {"idle", "mixed", "allocated"}
+            for n in cfg.NODES
+        )
+
+    def _wait_nodes(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        resumed = False
+        while time.monotonic() < deadline:
+            states = self.node_states()
+            if self._nodes_ready():
+                return
+            bad = [
+                n for n, s in states.items()
+                if any(k in s.lower() for k in ("drain", "inval", "down", "fail"))
+            ]  # fmt: skip
+            if bad and not resumed:
+                # A node left drained/INVAL by an earlier run: Slurm needs an explicit resume.
+                run_ok(
+                    ["scontrol", "update", f"nodename={','.join(bad)}", "state=resume"],
+                    self.env(),
+                )
+                resumed = True
+            time.sleep(0.5)
+        logs = "\n".join(
+            f"--- {log} ---\n{log_tail(log, 8)}" for name, _, log in self.daemons()
+            if name.startswith("slurmd") or name == "slurmctld"
+        )  # fmt: skip
+        raise LocalClusterError(
+            f"nodes not idle after {timeout:g}s (sinfo: {self.node_states() or 'no answer'})\n{logs}"
+        )
+
+    # -- down --------------------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Cancel all jobs, stop every daemon we started (reverse order), kill leftovers."""
+        stopped: list[str] = []
+        status = {d.name: d for d in self.status()}
+        if status.get("slurmctld") and status["slurmctld"].alive:
+            run_ok(["scancel", "--full", "--quiet", "--state=RUNNING"], self.env())
+            run_ok(["scancel", "--quiet", "--state=PENDING"], self.env())
+            jobs = (run_ok(["squeue", "-h", "-o", "%i"], self.env()) or "").split()
+            if jobs:
+                run_ok(["scancel", *jobs], self.env())
+        for name, pid_file, _ in reversed(self.daemons()):
+            pid = read_pid(pid_file)
+            if pid_alive(pid):
+                assert pid is not None
+                stop_pid(pid)
+                stopped.append(name)
+            pid_file.unlink(missing_ok=True)
+        # slurmstepd and anything else started under our daemons carries the marker.
+        for pid in marked_processes(self.layout.root):
+            stop_pid(pid, timeout=5)
+        self.layout.mysql_socket.unlink(missing_ok=True)
+        return stopped
+
+    def leftovers(self) -> list[int]:
+        return [p for p in marked_processes(self.layout.root) if pid_alive(p)]
+
+
+def run_ok(cmd: list[str], env: dict[str, str], input_text: str | None = None) -> str | None:
+    """Stdout of a probe command, or None if it failed or is missing (used while waiting)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=15, input=input_text,
+            check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
