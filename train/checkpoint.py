@@ -1,0 +1,485 @@
+"""Atomic, verifiable, optionally asynchronous checkpoints: ``ROOT/step-N/``.
+
+Layout of one checkpoint (a directory made valid by its last atomic step)::
+
+    step-N/shared.pt       rank 0: model (no ``module.`` prefix), optimizer, scheduler, scaler,
+                           metrics, ... (whatever the trainer puts in ``shared_state``)
+    step-N/rank-R.pt       every rank: its RNG states, sampler position (``rank_state``)
+    step-N/manifest.json   written last: step, epoch, epoch_step, world_size, spec_hash,
+                           sha256 digest of the model state, time, files with size and sha256
+
+How a save becomes valid (no collective anywhere, so it can finish in a background thread):
+every rank writes its file into ``.step-N.tmp/``, fsyncs it and drops a ``rank-R.done`` marker
+(JSON with the file's size and sha256). Rank 0 waits for all markers, writes the manifest,
+fsyncs, renames ``.step-N.tmp`` to ``step-N`` and fsyncs ``ROOT``. A directory without a valid
+manifest, with a file that does not match it, or whose model digest differs is never loaded.
+An existing valid ``step-N`` is never replaced, and old checkpoints are pruned only after a newer
+one is complete. ``.step-N.tmp`` leftovers are removed by rank 0 when the manager is created,
+so create the manager on every rank before the first collective of the run (a save always
+follows one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from train.ckpt_state import (
+    capture_rng_state,
+    load_model_state,
+    make_weights_only_safe,
+    model_digest,
+    model_state_dict,
+    restore_rng_state,
+    snapshot_to_cpu,
+    state_digest,
+    strip_module_prefix,
+)
+from train.errors import CheckpointError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "capture_rng_state",
+    "load_model_state",
+    "model_digest",
+    "restore_rng_state",
+    "strip_module_prefix",
+    "verify_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SHARED_FILE = "shared.pt"
+# Test hook: seconds to sleep between the files of a save, so a test can SIGKILL a process in
+# the middle of writing a checkpoint. Never set in production.
+TEST_DELAY_ENV = "TRAIN_CKPT_TEST_DELAY_S"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+_TMP_RE = re.compile(r"^\.step-(\d+)\.tmp$")
+_JUNK_RE = re.compile(r"^\.step-(\d+)\.(del|corrupt)-\d+$")
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank}.pt"
+
+
+def _marker(rank: int) -> str:
+    return f"rank-{rank}.done"
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What :meth:`CheckpointManager.load` returns; ``rank_state`` is None when the checkpoint
+    was written with fewer ranks than this rank's number."""
+
+    path: Path
+    shared: dict[str, Any]
+    rank_state: dict[str, Any] | None
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_torch(obj: Any, path: Path) -> dict[str, Any]:
+    """torch.save + fsync; returns the file's size and sha256 for the manifest."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"size": path.stat().st_size, "sha256": _sha256_file(path)}
+
+
+def _write_json_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _test_delay() -> None:
+    delay = os.environ.get(TEST_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
+
+
+def _torch_load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint directory ``path`` (CheckpointError if missing/malformed)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: no {MANIFEST} (incomplete save)") from exc
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: {MANIFEST} is not a format-{FORMAT_VERSION} manifest")
+    for key in ("step", "world_size", "digest", "files"):
+        if key not in manifest:
+            raise CheckpointError(f"{path}: {MANIFEST} lacks {key!r}")
+    return manifest
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check a checkpoint completely; return its manifest or raise CheckpointError saying why.
+
+    Checks: manifest present and well-formed, step matches the directory name, every listed
+    file present with the recorded size and sha256, and the model digest of ``shared.pt``.
+    """
+    p = Path(path)
+    manifest = read_manifest(p)
+    m = _STEP_RE.match(p.name)
+    if m and int(m.group(1)) != int(manifest["step"]):
+        raise CheckpointError(f"{p}: manifest says step {manifest['step']}")
+    for name, info in manifest["files"].items():
+        f = p / name
+        if not f.is_file():
+            raise CheckpointError(f"{p}: {name} is missing")
+        if f.stat().st_size != info["size"]:
+            raise CheckpointError(
+                f"{p}: {name} has {f.stat().st_size} bytes, manifest says {info['size']} "
+                "(truncated?)"
+            )
+        if _sha256_file(f) != info["sha256"]:
+            raise CheckpointError(f"{p}: {name} does not match its sha256 (corrupted)")
+    try:
+        shared = _torch_load(p / SHARED_FILE)
+    except Exception as exc:
+        raise CheckpointError(f"{p}: {SHARED_FILE} cannot be loaded: {exc}") from exc
+    if state_digest(shared.get("model", {})) != manifest["digest"]:
+        raise CheckpointError(f"{p}: model digest does not match the manifest")
+    return manifest
+
+
+class CheckpointManager:
+    """Saves, finds and loads checkpoints under ``root`` (normally ``RUN_DIR/checkpoints``).
+
+    Every rank creates one with its ``rank`` and calls :meth:`save` at the same steps.
+    ``best_mode``: whether a higher (``"max"``, e.g. accuracy) or lower (``"min"``, loss)
+    ``metric`` is better for ``keep_best``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        rank: int,
+        world_size: int,
+        keep_last: int = 3,
+        keep_best: bool = True,
+        async_save: bool = False,
+        spec_hash: str = "",
+        best_mode: Literal["max", "min"] = "max",
+        marker_timeout_s: float = 600.0,
+    ) -> None:
+        if keep_last < 1:
+            raise CheckpointError(f"keep_last must be >= 1, got {keep_last}")
+        self.root = Path(root)
+        self.rank = rank
+        self.world_size = world_size
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+        self.async_save = async_save
+        self.spec_hash = spec_hash
+        self.best_mode = best_mode
+        self.marker_timeout_s = marker_timeout_s
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._last_step: int | None = None
+        self.last_blocking_s = 0.0
+        self.root.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            self._remove_leftovers()
+
+    # -- saving ------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        shared_state: Mapping[str, Any],
+        rank_state: Mapping[str, Any],
+        *,
+        epoch: int,
+        epoch_step: int,
+        model: nn.Module,
+        metric: float | None = None,
+    ) -> Path | None:
+        """Write checkpoint ``step`` (every rank calls this at the same step).
+
+        Rank 0 stores ``shared_state`` with ``model``'s state dict (no ``module.`` prefix) as
+        ``"model"``; every rank stores its ``rank_state``. Returns the checkpoint path (on
+        ranks other than 0, and for async saves, where it will appear), or None when this step
+        was already saved by this manager. Async: returns after a CPU copy; :meth:`wait` blocks
+        until written.
+        """
+        start = time.perf_counter()
+        self.wait()
+        if step == self._last_step:
+            return None
+        self._last_step = step
+        final = self.root / f"step-{step}"
+        shared: dict[str, Any] | None = None
+        if self.rank == 0:
+            shared = {str(k): v for k, v in shared_state.items() if k != "model"}
+            shared["model"] = model_state_dict(model)
+            shared = make_weights_only_safe(shared, "shared_state")
+        rank_payload = make_weights_only_safe(dict(rank_state), "rank_state")
+        meta = {"step": step, "epoch": epoch, "epoch_step": epoch_step, "metric": metric}
+        if self.async_save:
+            shared, rank_payload = snapshot_to_cpu((shared, rank_payload))
+            self._error = None
+            self._thread = threading.Thread(
+                target=self._run_background,
+                args=(meta, shared, rank_payload),
+                name=f"checkpoint-step-{step}",
+            )
+            self._thread.start()
+        else:
+            self._write(meta, shared, rank_payload)
+        self.last_blocking_s = time.perf_counter() - start
+        return final
+
+    def wait(self) -> None:
+        """Block until the in-flight asynchronous save (if any) is finished; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            if isinstance(err, CheckpointError):
+                raise err
+            raise CheckpointError(f"asynchronous checkpoint save failed: {err}") from err
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run_background(
+        self, meta: dict[str, Any], shared: dict[str, Any] | None, rank_payload: dict[str, Any]
+    ) -> None:
+        try:
+            self._write(meta, shared, rank_payload)
+        except BaseException as exc:  # reported by the next wait()/save()
+            log.error("checkpoint step-%s: background save failed: %s", meta["step"], exc)
+            self._error = exc
+
+    def _write(
+        self, meta: dict[str, Any], shared: dict[str, Any] | None, rank_payload: dict[str, Any]
+    ) -> None:
+        step = int(meta["step"])
+        tmp = self.root / f".step-{step}.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            info = _write_torch(rank_payload, tmp / _rank_file(self.rank))
+        except OSError as exc:
+            raise CheckpointError(f"cannot write checkpoint {tmp}: {exc}") from exc
+        _test_delay()
+        _write_json_atomic({"rank": self.rank, "step": step, **info}, tmp / _marker(self.rank))
+        if self.rank != 0:
+            return
+        assert shared is not None
+        try:
+            files = {SHARED_FILE: _write_torch(shared, tmp / SHARED_FILE)}
+        except OSError as exc:
+            raise CheckpointError(f"cannot write checkpoint {tmp}: {exc}") from exc
+        _test_delay()
+        files.update(self._collect_markers(tmp, step))
+        manifest = {
+            "format": FORMAT_VERSION,
+            **meta,
+            "world_size": self.world_size,
+            "spec_hash": self.spec_hash,
+            "digest": state_digest(shared["model"]),
+            "time": time.time(),
+            "files": files,
+        }
+        _write_json_atomic(manifest, tmp / MANIFEST)
+        for r in range(self.world_size):
+            (tmp / _marker(r)).unlink(missing_ok=True)
+        _fsync_dir(tmp)
+        _test_delay()
+        self._commit(tmp, self.root / f"step-{step}")
+        self._prune(keep=step)
+
+    def _collect_markers(self, tmp: Path, step: int) -> dict[str, dict[str, Any]]:
+        """Wait until every rank's marker exists; return their file entries."""
+        deadline = time.monotonic() + self.marker_timeout_s
+        files: dict[str, dict[str, Any]] = {}
+        pending = set(range(self.world_size))
+        while pending:
+            for r in sorted(pending):
+                try:
+                    marker = json.loads((tmp / _marker(r)).read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                if marker.get("step") == step:
+                    files[_rank_file(r)] = {"size": marker["size"], "sha256": marker["sha256"]}
+                    pending.discard(r)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise CheckpointError(
+                        f"checkpoint step-{step}: ranks {sorted(pending)} did not finish writing "
+                        f"within {self.marker_timeout_s:g}s (did a rank die?)"
+                    )
+                time.sleep(0.02)
+        return files
+
+    def _commit(self, tmp: Path, final: Path) -> None:
+        if final.exists():
+            try:
+                verify_checkpoint(final)
+            except CheckpointError as exc:
+                aside = final.with_name(f".{final.name}.corrupt-{time.time_ns()}")
+                log.warning("replacing invalid %s (%s); kept as %s", final, exc, aside.name)
+                os.rename(final, aside)
+            else:
+                # Never replace a valid checkpoint: the existing one stays, the new copy goes.
+                log.warning("%s already exists and is valid; keeping it", final)
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        log.info("checkpoint saved: %s", final)
+
+    # -- housekeeping ------------------------------------------------------------------------
+    def _step_dirs(self) -> list[tuple[int, Path]]:
+        out = []
+        for p in self.root.iterdir():
+            m = _STEP_RE.match(p.name)
+            if m and p.is_dir():
+                out.append((int(m.group(1)), p))
+        return sorted(out, reverse=True)
+
+    def _remove_leftovers(self) -> None:
+        for p in self.root.iterdir():
+            if _TMP_RE.match(p.name):
+                log.warning("removing %s: an incomplete checkpoint from an interrupted save", p)
+                shutil.rmtree(p, ignore_errors=True)
+            elif _JUNK_RE.match(p.name):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def _prune(self, keep: int) -> None:
+        """Keep the newest ``keep_last`` checkpoints and the best one; delete the others.
+
+        Runs only after checkpoint ``keep`` is complete, so the only good one is never removed.
+        """
+        dirs = self._step_dirs()
+        kept = {s for s, _ in dirs[: self.keep_last]} | {keep}
+        if self.keep_best:
+            best: tuple[float, int] | None = None
+            for s, p in dirs:
+                try:
+                    metric = read_manifest(p).get("metric")
+                except CheckpointError:
+                    continue
+                if isinstance(metric, int | float):
+                    score = float(metric) if self.best_mode == "max" else -float(metric)
+                    if best is None or score > best[0]:
+                        best = (score, s)
+            if best is not None:
+                kept.add(best[1])
+        for s, p in dirs:
+            if s in kept:
+                continue
+            # rename first: a half-deleted directory must never look like a checkpoint
+            doomed = p.with_name(f".{p.name}.del-{time.time_ns()}")
+            try:
+                os.rename(p, doomed)
+            except OSError:
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    # -- finding and loading -----------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """All ``step-N`` directories, newest first (valid or not)."""
+        return [p for _, p in self._step_dirs()]
+
+    def latest_valid(self) -> Path | None:
+        """The newest checkpoint that verifies completely; invalid newer ones are skipped with a
+        warning. None when there is none (the caller starts fresh)."""
+        dirs = self._step_dirs()
+        newest = dirs[0][0] if dirs else -1
+        for p in self.root.iterdir():
+            m = _TMP_RE.match(p.name)
+            if m and int(m.group(1)) >= newest:
+                log.warning("skipping %s: incomplete checkpoint (interrupted save)", p.name)
+        for _, p in dirs:
+            try:
+                verify_checkpoint(p)
+            except CheckpointError as exc:
+                log.warning("skipping invalid checkpoint: %s", exc)
+                continue
+            return p
+        return None
+
+    def load(self, path: str | os.PathLike[str], rank: int | None = None) -> LoadedCheckpoint:
+        """Verify and load checkpoint ``path`` for ``rank`` (default: this manager's rank).
+
+        Tensors are loaded to CPU with ``weights_only=True``; move them with the model's
+        ``load_state_dict`` / the optimizer's, which place them on the right device.
+        """
+        p = Path(path)
+        r = self.rank if rank is None else rank
+        manifest = verify_checkpoint(p)
+        shared = _torch_load(p / SHARED_FILE)
+        if self.spec_hash and manifest.get("spec_hash") not in ("", self.spec_hash):
+            log.warning(
+                "%s was written with a different training config (spec hash %s, now %s); "
+                "resuming anyway",
+                p,
+                manifest.get("spec_hash"),
+                self.spec_hash,
+            )
+        rank_state: dict[str, Any] | None = None
+        if _rank_file(r) in manifest["files"]:
+            rank_state = _torch_load(p / _rank_file(r))
+        else:
+            log.warning(
+                "%s was written by %s ranks; rank %s starts with fresh RNG/sampler state",
+                p,
+                manifest["world_size"],
+                r,
+            )
+        return LoadedCheckpoint(path=p, shared=shared, rank_state=rank_state, manifest=manifest)
+
+    def close(self) -> None:
+        """Finish any in-flight save (call before the process exits); raises its error."""
+        self.wait()

@@ -1,0 +1,211 @@
+"""State helpers for checkpoints: model digests, ``module.`` prefixes, RNG states, CPU snapshots.
+
+Everything stored in a checkpoint must load with ``torch.load(..., weights_only=True)``: tensors
+and primitive containers only. Python's and numpy's RNG states are therefore converted to
+tensors and tuples here, and :func:`make_weights_only_safe` rejects (with the key path) anything
+that would make a checkpoint unloadable later, at save time rather than at resume time.
+These names are re-exported by :mod:`train.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from train.errors import CheckpointError
+
+try:  # numpy is a dependency, but keep the RNG helpers usable without it
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
+
+__all__ = [
+    "capture_rng_state",
+    "load_model_state",
+    "make_weights_only_safe",
+    "model_digest",
+    "model_state_dict",
+    "restore_rng_state",
+    "snapshot_to_cpu",
+    "state_digest",
+    "strip_module_prefix",
+]
+
+_PREFIX = "module."
+
+
+def strip_module_prefix(state_dict: Mapping[str, Any]) -> OrderedDict[str, Any]:
+    """Remove the ``module.`` prefix DataParallel/DDP put on every key (repeatedly, if nested).
+
+    Only strips when *every* key has the prefix, so a model that really has a submodule named
+    ``module`` keeps its keys.
+    """
+    out: OrderedDict[str, Any] = OrderedDict(state_dict)
+    while out and all(k.startswith(_PREFIX) for k in out):
+        out = OrderedDict((k[len(_PREFIX) :], v) for k, v in out.items())
+    return out
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # DDP and DataParallel both keep the real model in `.module`; unwrap nested wrappers too.
+    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) and isinstance(
+        getattr(model, "module", None), nn.Module
+    ):
+        model = model.module
+    return model
+
+
+def model_state_dict(model: nn.Module) -> OrderedDict[str, Any]:
+    """The model's state dict without any ``module.`` prefix (the form checkpoints store)."""
+    return strip_module_prefix(_unwrap(model).state_dict())
+
+
+def load_model_state(model: nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+    """Load a state dict saved with or without ``module.`` into a bare or wrapped model.
+
+    The classic failure this avoids: a DataParallel/DDP checkpoint (``module.conv1.weight``)
+    that does not load into the bare model (``conv1.weight``), and the reverse.
+    """
+    target = _unwrap(model)
+    clean = strip_module_prefix(state_dict)
+    try:
+        target.load_state_dict(clean, strict=strict)
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"checkpoint model state does not fit this model (different model or width?): {exc}"
+        ) from exc
+
+
+def state_digest(state_dict: Mapping[str, Any]) -> str:
+    """SHA-256 over every tensor of a (prefix-free) state dict, keys in sorted order.
+
+    Each entry contributes its name, dtype, shape and raw bytes, so equal digests mean
+    bitwise-equal parameters and buffers.
+    """
+    h = hashlib.sha256()
+    for key in sorted(state_dict):
+        value = state_dict[key]
+        if not isinstance(value, torch.Tensor):
+            continue
+        t = value.detach().to("cpu").contiguous()
+        h.update(key.encode())
+        h.update(f"|{t.dtype}|{tuple(t.shape)}|".encode())
+        # view as bytes: works for every dtype (bf16 has no numpy equivalent)
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def model_digest(model: nn.Module | Mapping[str, Any]) -> str:
+    """:func:`state_digest` of a model (bare or wrapped) or of a state dict (with or without
+    ``module.``): the value recorded as ``digest`` in every checkpoint manifest."""
+    if isinstance(model, nn.Module):
+        return state_digest(model_state_dict(model))
+    return state_digest(strip_module_prefix(model))
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """RNG states of python ``random``, numpy's global generator, torch CPU and CUDA devices.
+
+    Returned as tensors/tuples so ``torch.load(weights_only=True)`` reads them back.
+    """
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": (int(version), torch.tensor(internal, dtype=torch.int64), gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if np is not None:
+        # legacy=True always gives the 5-tuple form
+        kind, keys, pos, has_gauss, cached = cast(tuple[Any, ...], np.random.get_state(legacy=True))
+        state["numpy"] = (
+            str(kind),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        )
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state` (missing parts are left alone)."""
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((int(version), tuple(int(x) for x in internal.tolist()), gauss))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"].to(torch.uint8))
+    if "numpy" in state and np is not None:
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:  # a different GPU count: restore what maps, the rest keep their seeds
+            for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(s, i)
+
+
+def snapshot_to_cpu(obj: Any, _memo: dict[int, Any] | None = None) -> Any:
+    """Deep copy of a nested state with every tensor cloned to CPU memory.
+
+    Used by asynchronous saves: after this returns, training may change its tensors while the
+    copy is written in the background. Tensors shared between entries are cloned once.
+    """
+    memo = {} if _memo is None else _memo
+    if isinstance(obj, torch.Tensor):
+        key = id(obj)
+        if key not in memo:
+            t = obj.detach()
+            memo[key] = t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+        return memo[key]
+    if isinstance(obj, Mapping):
+        items = [(k, snapshot_to_cpu(v, memo)) for k, v in obj.items()]
+        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
+    if isinstance(obj, list):
+        return [snapshot_to_cpu(v, memo) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(snapshot_to_cpu(v, memo) for v in obj)
+    return obj
+
+
+_PRIMITIVES = (str, int, float, bool, bytes, type(None), torch.Size, torch.dtype, torch.device)
+
+
+def make_weights_only_safe(obj: Any, where: str = "state") -> Any:
+    """Return ``obj`` with numpy values converted; raise naming the key path for anything that
+    ``torch.load(weights_only=True)`` would refuse (which would make the checkpoint unloadable).
+    """
+    if isinstance(obj, (torch.Tensor, *_PRIMITIVES)):
+        return obj
+    if np is not None:
+        if isinstance(obj, np.ndarray):
+            return torch.from_numpy(obj.copy())
+        if isinstance(obj, np.generic):
+            return obj.item()
+    if isinstance(obj, Mapping):
+        items = []
+        for k, v in obj.items():
+            if not isinstance(k, str | int | float | bool | type(None)):
+                raise CheckpointError(
+                    f"{where}: key {k!r} of type {type(k).__name__} cannot be "
+                    "stored (use str or int keys)"
+                )
+            items.append((k, make_weights_only_safe(v, f"{where}[{k!r}]")))
+        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
+    if isinstance(obj, list):
+        return [make_weights_only_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(make_weights_only_safe(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    raise CheckpointError(
+        f"{where}: a {type(obj).__name__} cannot be stored in a checkpoint (only tensors, numbers, "
+        "strings and dict/list/tuple of them load with torch.load(weights_only=True)); "
+        "convert it with .state_dict(), .tolist() or torch.tensor()"
+    )

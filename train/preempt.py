@@ -1,0 +1,276 @@
+"""Preemption and time-limit handling: a flag set by signals, agreed on at step boundaries.
+
+The protocol (the trainer drives it; user code can too)::
+
+    guard = PreemptionGuard((requeue.signal, "TERM")).install()   # handler only sets a flag
+    for step in ...:
+        train_step()
+        if guard.should_stop(all_reduce_max):   # every rank, every step boundary: ranks agree
+            ckpt.save(...); ckpt.wait()           # the checkpoint of the last completed step
+            barrier()                             # all ranks have written their part
+            return request_requeue(env, run_dir, requeue, guard.reason, step=step)
+
+Slurm sends the job's ``--signal`` (USR2 by default: NCCL may use USR1) before the time limit
+and, with ``preempt_send_user_signal``, at preemption; SIGTERM follows when the grace time ends.
+Rank 0 tells the two apart with ``scontrol show job`` (:func:`classify_stop`), records the
+event in ``RUN_DIR/events.jsonl``, checks the budgets and requeues the job with
+``scontrol requeue`` (through :mod:`cluster.client`, imported lazily), or, where scontrol is
+unavailable, returns :data:`REQUEUE_EXIT_CODE` for the batch script to requeue.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from types import FrameType
+from typing import Any, Literal, Protocol
+
+from train.history import BudgetConfig, RunHistory
+
+__all__ = [
+    "BUDGET_EXHAUSTED_EXIT_CODE",
+    "REQUEUE_EXIT_CODE",
+    "PreemptionGuard",
+    "RunHistory",
+    "StopKind",
+    "classify_stop",
+    "request_requeue",
+]
+
+log = logging.getLogger(__name__)
+
+# EX_TEMPFAIL: "stopped on purpose, run me again". Batch scripts requeue on this code.
+REQUEUE_EXIT_CODE = 75
+# A requeue budget is spent: stop for good (never requeue on this code).
+BUDGET_EXHAUSTED_EXIT_CODE = 3
+
+StopKind = Literal["preemption", "timeout", "signal", "failure"]
+_EVENT_OF_KIND = {
+    "preemption": "preempted",
+    "preempted": "preempted",
+    "timeout": "timeout",
+    "failure": "failure",
+}
+_UNSET = {"", "none", "unknown", "n/a", "(null)"}
+
+
+class _Env(Protocol):
+    """The part of :class:`train.env.DistEnv` used here."""
+
+    @property
+    def is_main(self) -> bool: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def restart_count(self) -> int: ...
+
+
+class _RequeueSettings(BudgetConfig, Protocol):
+    @property
+    def signal_delay_s(self) -> int: ...
+
+
+def _signum(sig: str | int | signal.Signals) -> signal.Signals:
+    if isinstance(sig, signal.Signals):
+        return sig
+    if isinstance(sig, int):
+        return signal.Signals(sig)
+    name = sig.strip().upper()
+    return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+
+
+class PreemptionGuard:
+    """Turns stop signals into a flag that all ranks agree on at step boundaries.
+
+    ``job_id``/``signal_delay_s``/``is_main``: when given, :attr:`reason` on the main rank asks
+    Slurm whether this is a preemption or the time limit (:func:`classify_stop`).
+    """
+
+    def __init__(
+        self,
+        signals: Sequence[str | int] = ("USR2", "TERM"),
+        *,
+        job_id: str | None = None,
+        signal_delay_s: float = 90.0,
+        is_main: bool = True,
+    ) -> None:
+        self.signals = tuple(dict.fromkeys(_signum(s) for s in signals))
+        self.job_id = job_id
+        self.signal_delay_s = signal_delay_s
+        self.is_main = is_main
+        self._flag = False
+        self._received: signal.Signals | None = None
+        self._received_at: float | None = None
+        self._stopping = False
+        self._reason: StopKind | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> PreemptionGuard:
+        """Install the handlers (main thread only); returns self."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("signal handlers can only be installed from the main thread; skipped")
+            return self
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        """Restore the handlers that were installed before :meth:`install`."""
+        for s, previous in self._previous.items():
+            signal.signal(s, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: no logging, locks, I/O or collectives inside a signal handler.
+        if not self._flag:
+            self._received = signal.Signals(signum)
+            self._received_at = time.time()
+        self._flag = True
+
+    def trigger(self, sig: str | int = "USR2") -> None:
+        """Request a stop as if ``sig`` had arrived (tests, user code, a watchdog)."""
+        self._handle(int(_signum(sig)), None)
+
+    @property
+    def requested(self) -> bool:
+        """Whether this process received a stop signal (not yet agreed with other ranks)."""
+        return self._flag
+
+    @property
+    def signal_name(self) -> str | None:
+        """Name of the first stop signal this process received (``"SIGUSR2"``), if any."""
+        return self._received.name if self._received is not None else None
+
+    def should_stop(self, all_reduce_max: Callable[[int], int]) -> bool:
+        """Whether any rank got a stop signal; every rank must call this at the same step.
+
+        ``all_reduce_max`` reduces an int over ranks with MAX (``lambda x: x`` for one
+        process); it runs every call so that ranks stay in lockstep.
+        """
+        agreed = int(all_reduce_max(1 if self._flag else 0)) > 0
+        if agreed and not self._stopping:
+            self._stopping = True
+            log.warning(
+                "stop requested (%s): checkpointing at this step boundary",
+                self.signal_name or "signal on another rank",
+            )
+        return agreed
+
+    @property
+    def reason(self) -> StopKind | None:
+        """``"preemption"``, ``"timeout"`` or ``"signal"`` (unclassified) once stopping."""
+        if not self._stopping and not self._flag:
+            return None
+        if self._reason is None:
+            self._reason = "signal"
+            if self.is_main and self.job_id:
+                self._reason = classify_stop(self.job_id, self.signal_delay_s)
+        return self._reason
+
+
+def _parse_slurm_timestamp(value: str | None) -> float | None:
+    if value is None or value.strip().lower() in _UNSET:
+        return None
+    try:
+        # Slurm prints local time without a zone, e.g. 2026-11-22T10:40:00
+        return datetime.fromisoformat(value.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def classify_from_job_info(
+    info: Mapping[str, str], signal_delay_s: float, now: float | None = None
+) -> Literal["preemption", "timeout"]:
+    """Preemption or time limit, from ``scontrol show job`` fields (pure; see classify_stop).
+
+    PreemptTime set -> preemption; EndTime within ``signal_delay_s + 60`` s -> time limit
+    (Slurm may send the signal up to 60 s early); otherwise (EndTime far away) -> preemption.
+    """
+    now = time.time() if now is None else now
+    if _parse_slurm_timestamp(info.get("PreemptTime")) is not None:
+        return "preemption"
+    end = _parse_slurm_timestamp(info.get("EndTime"))
+    if end is not None and end - now <= signal_delay_s + 60:
+        return "timeout"
+    return "preemption"
+
+
+def classify_stop(
+    job_id: str, signal_delay_s: float, *, client: Any = None, now: float | None = None
+) -> StopKind:
+    """Ask Slurm why job ``job_id`` is being stopped; ``"signal"`` if Slurm cannot be asked."""
+    try:
+        if client is None:
+            from cluster.client import SlurmClient  # lazy: train does not need cluster to import
+
+            client = SlurmClient(timeout=10)
+        info = client.show_job(job_id)
+    except Exception as exc:  # no scontrol in a container, controller down, ...
+        log.warning("cannot ask Slurm about job %s (%s); stop kind unknown", job_id, exc)
+        return "signal"
+    kind = classify_from_job_info(info, signal_delay_s, now)
+    log.warning("job %s: stop is a %s", job_id, kind)
+    return kind
+
+
+def request_requeue(
+    env: _Env,
+    run_dir: Any,
+    requeue_config: _RequeueSettings,
+    kind: str | None,
+    *,
+    step: int | None = None,
+    client: Any = None,
+) -> int:
+    """Record why the run stops, check the budgets and requeue; return the exit code.
+
+    Call on every rank after the checkpoint is written and all ranks met at a barrier. Rank 0
+    classifies an unclassified ``"signal"`` with Slurm, appends the ``preempted``/``timeout``/
+    ``failure`` event and then either ``budget_exhausted`` (returns
+    :data:`BUDGET_EXHAUSTED_EXIT_CODE`, no requeue) or ``requeue``: ``scontrol requeue`` (returns
+    0) or, where that is unavailable, :data:`REQUEUE_EXIT_CODE` for the batch script. Other
+    ranks return 0 so that srun's exit code (the highest of all tasks) is rank 0's.
+    """
+    if not env.is_main:
+        return 0
+    history = RunHistory(run_dir)
+    job_id = env.job_id
+    k = kind or "signal"
+    if k == "signal" and job_id:
+        k = classify_stop(job_id, requeue_config.signal_delay_s, client=client)
+    event = _EVENT_OF_KIND.get(k, "preempted")  # an unexplained signal counts as a preemption
+    base = {"step": step, "restart_count": env.restart_count, "job_id": job_id}
+    history.append(event, **base, kind=k)
+    reason = history.check_budget(requeue_config)
+    if reason is not None:
+        history.append("budget_exhausted", **base, reason=reason)
+        log.error("not requeuing: %s", reason)
+        return BUDGET_EXHAUSTED_EXIT_CODE
+    if job_id:
+        try:
+            if client is None:
+                from cluster.client import SlurmClient  # lazy import, see module docstring
+
+                client = SlurmClient(timeout=30)
+            client.requeue(job_id)
+        except Exception as exc:
+            log.warning(
+                "scontrol requeue %s failed (%s); exiting %d for the batch script to requeue",
+                job_id,
+                exc,
+                REQUEUE_EXIT_CODE,
+            )
+            history.append("requeue", **base, via="exit_code", error=str(exc)[:200])
+            return REQUEUE_EXIT_CODE
+        history.append("requeue", **base, via="scontrol")
+        log.warning("job %s requeued after %s at step %s", job_id, event, step)
+        return 0
+    history.append("requeue", **base, via="exit_code")
+    log.warning(
+        "not under Slurm: exiting %d so the launcher can restart the run", REQUEUE_EXIT_CODE
+    )
+    return REQUEUE_EXIT_CODE
