@@ -1,0 +1,224 @@
+"""Run directories and the run index, so later shells can find a submission.
+
+    RUN_DIR/spec.yaml        the spec as written
+    RUN_DIR/resolved.yaml    the validated spec after --set (array: RUN_DIR/tasks/N/resolved.yaml)
+    RUN_DIR/run.json         job ids, executor, times, sweep points (this module's RunRecord)
+    RUN_DIR/sbatch.sh        the script that was submitted (slurm executor)
+    RUN_DIR/slurm/           submitit pickles and per-rank logs  JOB_RANK_log.out
+    RUN_DIR/events.jsonl     requeue history, written by train (read here, never written)
+
+The index is one JSON line per submission in ``$SLURM_TRAIN_STATE_DIR/runs.jsonl`` (default
+``${XDG_STATE_HOME:-~/.local/state}/slurm-train/runs.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.errors import RunNotFoundError
+
+STATE_ENV = "SLURM_TRAIN_STATE_DIR"
+RUNS_ENV = "SLURM_TRAIN_RUNS_DIR"
+RECORD = "run.json"
+
+
+def state_dir() -> Path:
+    """Where the run index lives (``$SLURM_TRAIN_STATE_DIR`` overrides, e.g. in tests)."""
+    if os.environ.get(STATE_ENV):
+        return Path(os.environ[STATE_ENV])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "slurm-train"
+
+
+def index_path() -> Path:
+    return state_dir() / "runs.jsonl"
+
+
+def runs_root(explicit: str | None = None) -> Path:
+    """Parent of new run directories: ``--runs-dir``, ``$SLURM_TRAIN_RUNS_DIR`` or ``./runs``."""
+    return Path(explicit or os.environ.get(RUNS_ENV) or "runs").absolute()
+
+
+@dataclass
+class TaskRecord:
+    """One array task (or the only task): its sweep values and train's run directory."""
+
+    index: int
+    run_dir: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunRecord:
+    """Everything ``status``/``logs``/``cancel`` need about one submission."""
+
+    run_id: str
+    name: str
+    run_dir: str
+    executor: str
+    job_id: str = ""
+    array_size: int | None = None
+    max_parallel: int = 1
+    submitted_at: float = 0.0
+    spec_path: str = ""
+    overrides: list[str] = field(default_factory=list)
+    tasks: list[TaskRecord] = field(default_factory=list)
+    world_size: int = 1
+    partition: str = ""
+    pid: int | None = None
+
+    def job_ids(self) -> list[str]:
+        """Slurm ids of every task: ``["12"]`` or ``["12_0", "12_1", ...]``."""
+        if not self.job_id:
+            return []
+        if self.array_size is None:
+            return [self.job_id]
+        return [f"{self.job_id}_{t.index}" for t in self.tasks]
+
+    def log_file(self, task_job_id: str, rank: int) -> Path:
+        """Per-rank log of one task (submitit's ``%j_%t_log.out`` naming, local runs alike)."""
+        return Path(self.run_dir) / "slurm" / f"{task_job_id}_{rank}_log.out"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["tasks"] = [TaskRecord(**t) for t in known.get("tasks", [])]
+        return cls(**known)
+
+
+def save_record(record: RunRecord) -> None:
+    """Write RUN_DIR/run.json atomically (another shell may read it at any time)."""
+    path = Path(record.run_dir) / RECORD
+    tmp = path.with_name(f".{RECORD}.{os.getpid()}.tmp")
+    tmp.write_text(record.to_json() + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_record(run_dir: str | Path) -> RunRecord:
+    path = Path(run_dir) / RECORD
+    try:
+        return RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as exc:
+        raise RunNotFoundError(f"{path}: not a readable run record ({exc})") from None
+
+
+def append_index(record: RunRecord) -> None:
+    """Add one line to the index (O_APPEND: concurrent submissions do not interleave lines)."""
+    path = index_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(
+        {
+            "run_id": record.run_id,
+            "name": record.name,
+            "run_dir": record.run_dir,
+            "job_id": record.job_id,
+            "executor": record.executor,
+            "submitted_at": record.submitted_at,
+        },
+        sort_keys=True,
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_index() -> list[dict[str, Any]]:
+    """Index entries, oldest first (unreadable lines are skipped)."""
+    try:
+        text = index_path().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("run_dir"):
+            out.append(entry)
+    return out
+
+
+def iter_records() -> Iterator[RunRecord]:
+    """Records of indexed runs whose directory still exists, newest first."""
+    seen: set[str] = set()
+    for entry in reversed(read_index()):
+        run_dir = entry["run_dir"]
+        if run_dir in seen or not (Path(run_dir) / RECORD).exists():
+            continue
+        seen.add(run_dir)
+        try:
+            yield load_record(run_dir)
+        except RunNotFoundError:
+            continue
+
+
+def find_run(query: str | None) -> RunRecord:
+    """A run by run id, job id (``12``, ``12_3``), name (newest) or run directory; None: newest."""
+    if query and (Path(query) / RECORD).exists():
+        return load_record(query)
+    base = query.split("_", 1)[0] if query and query.split("_", 1)[0].isdigit() else None
+    for record in iter_records():
+        if query is None or query in (record.run_id, record.name, record.job_id):
+            return record
+        if base is not None and base == record.job_id:
+            return record
+    if query is None:
+        raise RunNotFoundError(f"no runs recorded yet in {index_path()} (submit one first)")
+    raise RunNotFoundError(
+        f"no run matches {query!r} in {index_path()} (give a run id, a job id or a name; "
+        "`python -m jobs list` shows them)"
+    )
+
+
+def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
+    """train's requeue history (RUN_DIR/events.jsonl); missing file: no events yet."""
+    try:
+        text = (Path(run_dir) / "events.jsonl").read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    events = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written right now
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+_COUNTED = (
+    ("preempted", "preempted"),
+    ("timeout", "timed out"),
+    ("failure", "failed"),
+    ("requeue", "requeued"),
+)
+
+
+def summarize_events(events: list[dict[str, Any]]) -> str:
+    """e.g. ``preempted 2x, requeued 2x, resumed at step 120``; empty when nothing happened."""
+    parts = []
+    for kind, label in _COUNTED:
+        n = sum(1 for e in events if e.get("event") == kind)
+        if n:
+            parts.append(f"{label} {n}x")
+    resumes = [e for e in events if e.get("event") == "resume"]
+    if resumes:
+        parts.append(f"resumed at step {resumes[-1].get('step', '?')}")
+    for kind in ("budget_exhausted", "complete"):
+        last = next((e for e in reversed(events) if e.get("event") == kind), None)
+        if last is not None:
+            label = "requeue budget exhausted" if kind == "budget_exhausted" else "complete"
+            parts.append(f"{label} at step {last.get('step', '?')}")
+    return ", ".join(parts)

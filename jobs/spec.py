@@ -1,0 +1,345 @@
+"""The job spec: strict, frozen pydantic models for one YAML file.
+
+    name          job name (also the run directory prefix)
+    resources     sbatch options, spelled the way Slurm spells them
+    launch        extra srun options (mpi, kill_on_bad_exit, cpu_bind, ...)
+    environment   setup lines run before srun, and exported variables
+    requeue       train.config.RequeueConfig: signal, lead time, requeue budgets
+    train         train.config.TrainConfig (built-in trainer)   } exactly one
+    entrypoint    train.config.EntrypointConfig (user code)     }
+    sweep         a grid over fields: one Slurm job array with a parallelism limit
+
+Cross-field rules live in ``model_validator``s; they raise :class:`FieldIssue` so the error
+points at the field to change (see :mod:`jobs.load` for ``file:line:column`` reporting).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cluster.timefmt import parse_slurm_time
+from train.config import EntrypointConfig, RequeueConfig, TrainConfig
+
+__all__ = [
+    "Environment",
+    "FieldIssue",
+    "JobSpec",
+    "Launch",
+    "Resources",
+    "Sweep",
+]
+
+# Names end up in paths and job names: keep them boring rather than clever at quoting.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Partition, account, qos: Slurm identifiers.
+_IDENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_GRES_RE = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*(,[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*)*$")
+_GPU_GRES_RE = re.compile(r"^gpu(?::[A-Za-z0-9_.-]+)?:(\d+)$")
+_MEM_RE = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_&|\[\]*():,.-]+$")
+_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SBATCH_KEY_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+# sbatch options that jobs sets itself: overriding them would break logs, arrays or requeue.
+RESERVED_SBATCH = frozenset(
+    {"output", "error", "array", "signal", "requeue", "no-requeue", "open-mode", "job-name", "wrap"}
+)
+
+
+class FieldIssue(ValueError):
+    """A cross-field problem that names the field (dotted, relative to the model) to change."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _check_ident(value: str | None, what: str, pattern: re.Pattern[str] = _IDENT_RE) -> str | None:
+    if value is not None and not pattern.match(value):
+        raise ValueError(f"{value!r} is not a valid {what}")
+    return value
+
+
+class Resources(_Model):
+    """What to ask Slurm for (sbatch options)."""
+
+    partition: Annotated[
+        str | None, Field(description="partition (default: the cluster's default partition)")
+    ] = None
+    nodes: Annotated[int, Field(description="number of nodes", ge=1, le=100_000)] = 1
+    ntasks_per_node: Annotated[
+        int | None,
+        Field(description="tasks per node (default: GPUs per node for ddp, else 1)", ge=1, le=1024),
+    ] = None
+    gpus_per_node: Annotated[
+        int | None, Field(description="GPUs per node (--gpus-per-node)", ge=0, le=64)
+    ] = None
+    gres: Annotated[
+        str | None, Field(description="generic resources per node, e.g. gpu:2 or gpu:a100:4")
+    ] = None
+    cpus_per_task: Annotated[int | None, Field(description="CPUs per task", ge=1, le=4096)] = None
+    mem: Annotated[str | None, Field(description="memory per node, e.g. 16G or 4000M")] = None
+    time: Annotated[
+        str | int,
+        Field(description="time limit as Slurm writes it (minutes, HH:MM:SS, D-HH:MM:SS)"),
+    ] = "00:30:00"
+    account: Annotated[str | None, Field(description="account to charge")] = None
+    qos: Annotated[str | None, Field(description="quality of service")] = None
+    constraint: Annotated[str | None, Field(description="node features, e.g. a100&ib")] = None
+    exclusive: Annotated[bool, Field(description="whole nodes only (--exclusive)")] = False
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _identifier(cls, value: str | None) -> str | None:
+        return _check_ident(value, "Slurm name (letters, digits, _ . -)")
+
+    @field_validator("gres")
+    @classmethod
+    def _gres(cls, value: str | None) -> str | None:
+        return _check_ident(value, "gres (NAME[:TYPE]:COUNT, e.g. gpu:2)", _GRES_RE)
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        return _check_ident(value, "memory size (e.g. 16G, 4000M)", _MEM_RE)
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, value: str | None) -> str | None:
+        return _check_ident(value, "constraint (features joined by & | , [ ] *)", _CONSTRAINT_RE)
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _slurm_time(cls, value: Any) -> Any:
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            seconds = parse_slurm_time(value)  # raises SlurmTimeError (a ValueError) with a hint
+            if seconds == 0:
+                raise ValueError("a time limit of 0 lets nothing run (give e.g. 30 or 2:00:00)")
+        return value
+
+    @model_validator(mode="after")
+    def _gpus_one_way(self) -> Resources:
+        if self.gpus_per_node is not None and self.gres is not None and "gpu" in self.gres:
+            raise FieldIssue(
+                "gres",
+                "gpus given twice: gpus_per_node and gres "
+                "(keep one: gpus_per_node: N or gres: gpu:N)",
+            )
+        return self
+
+    @property
+    def time_s(self) -> int | None:
+        """The time limit in seconds (None: UNLIMITED)."""
+        return parse_slurm_time(self.time)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per node, from gpus_per_node or a gpu gres."""
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        for part in (self.gres or "").split(","):
+            m = _GPU_GRES_RE.match(part)
+            if m:
+                return int(m.group(1))
+        return 0
+
+
+class Launch(_Model):
+    """How srun starts the tasks."""
+
+    mpi: Annotated[str | None, Field(description="srun --mpi type, e.g. pmix or none")] = None
+    kill_on_bad_exit: Annotated[
+        bool, Field(description="kill all tasks when one fails (srun --kill-on-bad-exit=1)")
+    ] = True
+    cpu_bind: Annotated[str | None, Field(description="srun --cpu-bind, e.g. cores")] = None
+    srun_args: Annotated[
+        list[str], Field(description="more srun options, each one argument (--opt=value)")
+    ] = []
+    sbatch_args: Annotated[
+        dict[str, str | int | bool],
+        Field(description="more #SBATCH options: {mail-type: END, ...}; true = flag only"),
+    ] = {}
+
+    @field_validator("mpi", "cpu_bind")
+    @classmethod
+    def _word(cls, value: str | None) -> str | None:
+        return _check_ident(value, "srun option value", re.compile(r"^[A-Za-z0-9_:,.=-]+$"))
+
+    @field_validator("srun_args")
+    @classmethod
+    def _options(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            if not arg.startswith("-"):
+                raise ValueError(f"{arg!r} is not an option; write each as --name=value")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_keys(cls, value: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
+        for key in value:
+            if not _SBATCH_KEY_RE.match(key):
+                raise ValueError(f"{key!r} is not an sbatch option name (e.g. mail-type)")
+            if key in RESERVED_SBATCH:
+                raise ValueError(f"--{key} is set by jobs itself and cannot be overridden")
+        return value
+
+
+class Environment(_Model):
+    """What runs before srun in the batch script, and the variables the tasks see."""
+
+    setup: Annotated[
+        list[str],
+        Field(description="shell lines run before srun (module load, source venv/bin/activate)"),
+    ] = []
+    variables: Annotated[
+        dict[str, str | int | float | bool],
+        Field(description="environment variables exported for the tasks (values are quoted)"),
+    ] = {}
+
+    @field_validator("variables")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not _VAR_RE.match(key):
+                raise ValueError(f"{key!r} is not a variable name (letters, digits, _)")
+        return value
+
+
+class Sweep(_Model):
+    """A grid: every combination of the listed values becomes one task of one job array."""
+
+    grid: Annotated[
+        dict[str, list[Any]],
+        Field(description="field path -> values, e.g. {train.optimizer.lr: [0.1, 0.05]}"),
+    ]
+    max_parallel: Annotated[
+        int, Field(description="array tasks running at once (sbatch --array=...%N)", ge=1)
+    ] = 4
+
+    @field_validator("grid")
+    @classmethod
+    def _non_empty(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        if not value:
+            raise ValueError("sweep.grid is empty; list at least one field and its values")
+        for key, values in value.items():
+            if not values:
+                raise ValueError(f"sweep.grid.{key} has no values")
+        return value
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for values in self.grid.values():
+            n *= len(values)
+        return n
+
+
+class JobSpec(_Model):
+    """One job: what to run, with which resources, and how it comes back after preemption."""
+
+    name: Annotated[str, Field(description="job name (letters, digits, . _ -; up to 64)")]
+    resources: Annotated[Resources, Field(description="sbatch resources")] = Resources()
+    launch: Annotated[Launch, Field(description="srun options")] = Launch()
+    environment: Annotated[Environment, Field(description="setup lines and variables")] = (
+        Environment()
+    )
+    requeue: Annotated[RequeueConfig, Field(description="signal and requeue budgets")] = (
+        RequeueConfig()
+    )
+    train: Annotated[TrainConfig | None, Field(description="built-in trainer settings")] = None
+    entrypoint: Annotated[
+        EntrypointConfig | None, Field(description="user function or command instead")
+    ] = None
+    sweep: Annotated[Sweep | None, Field(description="grid over fields -> one job array")] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a job name (1-64 of letters, digits, '.', '_', '-'; "
+                "starts with a letter or digit)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if (self.train is None) == (self.entrypoint is None):
+            both = self.train is not None
+            raise FieldIssue(
+                "entrypoint" if both else "train",
+                "give exactly one of `train:` (built-in trainer) or `entrypoint:` (your code)"
+                + ("; remove one" if both else "; add `train: {}` for the defaults"),
+            )
+        res = self.resources
+        gpus = res.gpus
+        strategy = self.train.strategy if self.train is not None else None
+        tasks = self.ntasks_per_node
+        if strategy == "ddp" and gpus and tasks > gpus:
+            raise FieldIssue(
+                "resources.ntasks_per_node",
+                f"{tasks} tasks per node but {gpus} GPUs per node: DDP runs one task per GPU "
+                f"(set ntasks_per_node: {gpus}, or gpus_per_node: {tasks})",
+            )
+        if strategy in ("dp", "pipeline", "single") and tasks != 1:
+            raise FieldIssue(
+                "resources.ntasks_per_node",
+                f"strategy {strategy} runs one task per node that uses all its devices "
+                "(set ntasks_per_node: 1, or train.strategy: ddp)",
+            )
+        if strategy in ("dp", "single") and res.nodes != 1:
+            raise FieldIssue(
+                "resources.nodes",
+                f"strategy {strategy} runs in one process on one node "
+                "(set nodes: 1, or train.strategy: ddp for several nodes)",
+            )
+        if strategy == "dp" and gpus == 0 and not self.train_allows_cpu:
+            raise FieldIssue(
+                "resources.gpus_per_node",
+                "strategy dp spreads one process over the node's GPUs but none are requested "
+                "(set gpus_per_node, or train.allow_cpu_fallback: true)",
+            )
+        if self.train is not None and self.train.batch_size % (
+            self.world_size * self.train.grad_accum
+        ):
+            raise FieldIssue(
+                "train.batch_size",
+                f"global batch {self.train.batch_size} does not split evenly over "
+                f"{self.world_size} ranks x {self.train.grad_accum} micro-steps "
+                f"(use a multiple of {self.world_size * self.train.grad_accum})",
+            )
+        time_s = res.time_s
+        if time_s is not None and self.requeue.signal_delay_s >= time_s:
+            raise FieldIssue(
+                "requeue.signal_delay_s",
+                f"signal {self.requeue.signal_delay_s}s before the end of a {time_s}s job would "
+                "arrive at the start (lower it or raise resources.time)",
+            )
+        return self
+
+    @property
+    def train_allows_cpu(self) -> bool:
+        return self.train is not None and self.train.allow_cpu_fallback
+
+    @property
+    def ntasks_per_node(self) -> int:
+        """Tasks per node: as given, else one per GPU for ddp, else 1."""
+        res = self.resources
+        if res.ntasks_per_node is not None:
+            return res.ntasks_per_node
+        strategy = self.train.strategy if self.train is not None else "ddp"
+        return max(1, res.gpus) if strategy == "ddp" else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.ntasks_per_node
+
+    def sections(self) -> dict[str, Any]:
+        """The spec as plain data (YAML-ready), without defaults' noise for absent sections."""
+        return self.model_dump(mode="json", exclude_none=True, by_alias=False)
