@@ -1,20 +1,24 @@
 """sbatch_templates/*.sbatch without Slurm: shellcheck, and each script run by bash with stub
 ``srun``/``scontrol`` commands that record their arguments, so the exact command line the
 template builds (and what it does with exit codes and signals) is checked, hostile file names
-included. The rendered form (``jobs.templates.render_template``) is tested in
-test_templates_render.py; real submissions are in tests/integration/test_templates_cluster.py.
+included; then the same for templates rendered for a spec (``jobs.templates.render_template``),
+with hostile values. Real submissions are in tests/integration/test_templates_cluster.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "sbatch_templates"
@@ -97,6 +101,19 @@ class Harness:
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["bash", str(self.script(name)), *args],
+            cwd=self.project,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    def run_file(
+        self, script: Path, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(script), *args],
             cwd=self.project,
             env={**self.env, **(env or {})},
             capture_output=True,
@@ -415,3 +432,255 @@ def test_hostile_paths_and_args_run_nothing(h: Harness, name: str, hostile: str)
     assert str(spec) in args
     assert args[-2:] == ["--set", f"train.run_dir={hostile}"]
     assert not list(h.tmp.rglob("pwned*"))
+
+
+# -- rendered for a spec (jobs.templates.render_template) --------------------------------------
+SPEC_YAML = """\
+name: tpl-test
+resources: {partition: debug, nodes: 2, gpus_per_node: 2, cpus_per_task: 1, time: "00:10:00"}
+requeue: {signal_delay_s: 30}
+train: {model: tinycnn, max_steps: 20, batch_size: 64}
+"""
+SWEEP_YAML = """\
+name: tpl-sweep
+resources: {nodes: 1, gpus_per_node: 1, time: 10}
+train: {model: tinycnn, max_steps: 4, batch_size: 32}
+sweep: {grid: {train.optimizer.lr: [0.1, 0.05], train.seed: [1, 2, 3]}, max_parallel: 2}
+"""
+
+
+def _load(path: Path, text: str, overrides: tuple[str, ...] = ()) -> object:
+    from jobs.load import load_spec
+
+    path.write_text(text)
+    return load_spec(path, overrides).spec
+
+
+def _render(name: str, spec: object, spec_path: Path, tmp: Path) -> tuple[str, Path]:
+    from jobs.templates import render_template
+
+    text = render_template(name, spec, spec_path)  # type: ignore[arg-type]
+    out = tmp / f"rendered-{name}.sbatch"
+    out.write_text(text)
+    return text, out
+
+
+def _sbatch_lines(text: str) -> list[str]:
+    """The arguments sbatch reads from #SBATCH lines, parsed as Slurm 22.05's sbatch does
+    (src/sbatch/opt.c _get_argument: quotes of either kind, backslash escapes, # comment)."""
+    args = []
+    for line in text.splitlines():
+        if not line.startswith("#SBATCH"):
+            if line.strip() and not line.startswith("#"):
+                break  # sbatch stops at the first command
+            continue
+        rest, out, quote, escape = line[len("#SBATCH") :].lstrip(), "", "", False
+        for ch in rest:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+                continue
+            elif quote:
+                if ch == quote:
+                    quote = ""
+                    continue
+            elif ch in "\"'":
+                quote = ch
+                continue
+            elif ch == "#" or ch.isspace():
+                break
+            out += ch
+        args.append(out)
+    return args
+
+
+@pytest.mark.parametrize("name", ["ddp", "requeue"])
+def test_render_fills_options_from_spec(h: Harness, name: str) -> None:
+    spec = _load(h.project / "s.yaml", SPEC_YAML, ("train.max_steps=5",))
+    text, out = _render(name, spec, h.project / "s.yaml", h.tmp)
+    target = "B:" if name == "requeue" else ""
+    assert _sbatch_lines(text)[:8] == [
+        "--job-name=tpl-test",
+        "--partition=debug",
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--gres=gpu:2",
+        "--cpus-per-task=1",
+        "--time=00:10:00",
+        f"--signal={target}USR2@30",
+    ]
+    assert "--requeue" in _sbatch_lines(text)
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(["shellcheck", str(out)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout
+    # With no argument the rendered script runs the spec it was made from, plus the override
+    # given on the jobs command line (the file says max_steps 20).
+    h.env.pop("PYTHON")
+    proc = subprocess.run(
+        ["bash", str(out), "--set", "train.seed=7"],
+        cwd=h.project,
+        env={**h.env, "PYTHON": "/opt/py/bin/python"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _after(h.srun_args(), "/opt/py/bin/python")[3:] == [
+        "--config",
+        str((h.project / "s.yaml").resolve()),
+        "--set",
+        "train.max_steps=5",
+        "--set",
+        "train.seed=7",
+    ]
+
+
+def test_render_without_overrides_adds_no_set(h: Harness) -> None:
+    from jobs.templates import spec_overrides
+
+    spec = _load(h.project / "s.yaml", SPEC_YAML)
+    assert spec_overrides(spec, h.project / "s.yaml") == []  # type: ignore[arg-type]
+    spec = _load(h.project / "s.yaml", SPEC_YAML, ("requeue.max_failures=1", "train.width=8"))
+    assert sorted(spec_overrides(spec, h.project / "s.yaml")) == [  # type: ignore[arg-type]
+        "requeue.max_failures=1",
+        "train.width=8",
+    ]
+
+
+def test_render_dataparallel(h: Harness) -> None:
+    yaml_text = SPEC_YAML.replace("nodes: 2", "nodes: 1") + "launch: {mpi: pmi2}\n"
+    yaml_text = yaml_text.replace("batch_size: 64}", "batch_size: 64, strategy: dp}")
+    spec = _load(h.project / "s.yaml", yaml_text)
+    text, out = _render("dataparallel", spec, h.project / "s.yaml", h.tmp)
+    opts = _sbatch_lines(text)
+    assert "--nodes=1" in opts and "--ntasks=1" in opts and "--ntasks-per-node=1" in opts
+    assert "--gres=gpu:2" in opts
+    assert h.run_file(out).returncode == 0
+    args = h.srun_args()
+    assert "--mpi=pmi2" in args and "--gres=gpu:2" in args and "-n1" in args
+
+
+def test_render_array_sweep(h: Harness) -> None:
+    spec = _load(h.project / "sweep.yaml", SWEEP_YAML)
+    text, out = _render("array", spec, h.project / "sweep.yaml", h.tmp)
+    assert "--array=0-5%2" in _sbatch_lines(text)
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(["shellcheck", str(out)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout
+    # Task 4 = (lr 0.05, seed 2): the first key varies slowest, as in jobs.load.
+    assert h.run_file(out, env={"SLURM_ARRAY_TASK_ID": "4"}).returncode == 0
+    tail = _after(h.srun_args(), "/opt/py/bin/python")
+    assert tail[-4:] == ["--set", "train.optimizer.lr=0.05", "--set", "train.seed=2"]
+    proc = h.run_file(out, env={"SLURM_ARRAY_TASK_ID": "6"})
+    assert proc.returncode == 2
+    assert "no task 6" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "yaml_text", "match"),
+    [
+        ("nope", SPEC_YAML, "choose one of ddp, dataparallel, requeue, array"),
+        ("dataparallel", SPEC_YAML, "set nodes: 1, or use --template ddp"),
+        ("array", SPEC_YAML, "needs a `sweep:` section"),
+        ("ddp", SWEEP_YAML, "use --template array"),
+    ],
+)
+def test_render_refuses_what_does_not_fit(
+    h: Harness, name: str, yaml_text: str, match: str
+) -> None:
+    from jobs.errors import UsageError
+
+    spec = _load(h.project / "s.yaml", yaml_text)
+    with pytest.raises(UsageError, match=re.escape(match)):
+        _render(name, spec, h.project / "s.yaml", h.tmp)
+
+
+HOSTILE_VALUES = [
+    'x"; touch pwned1 #',
+    "$(touch pwned2)",
+    "`touch pwned3`",
+    "it's; touch pwned4",
+    'back\\slash \\" end',
+    "#not a comment",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES)
+@pytest.mark.parametrize("name", ["ddp", "requeue"])
+def test_render_hostile_values_run_nothing(h: Harness, name: str, value: str) -> None:
+    folder = h.project / value.replace("/", "_")
+    folder.mkdir()
+    spec_path = folder / "spec $(touch pwned9).yaml"
+    # Values that reach the script: an sbatch option, an exported variable, a train override.
+    yaml_text = SPEC_YAML + (
+        f"launch: {{sbatch_args: {{comment: {json.dumps(value)}}}}}\n"
+        f"environment: {{variables: {{HOSTILE: {json.dumps(value)}}}}}\n"
+    )
+    spec = _load(spec_path, yaml_text, (f"train.run_dir={json.dumps(value)}",))
+    text, out = _render(name, spec, spec_path, h.tmp)
+    assert f"--comment={value}" in _sbatch_lines(text)
+    if shutil.which("shellcheck"):
+        # SC2016 ("expressions don't expand in single quotes") is the point of the quoting here.
+        cmd = ["shellcheck", "-e", "SC2016", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout
+    # Record what srun would hand to the tasks: the variable and the train argv.
+    (h.bin / "srun").write_text(
+        '#!/bin/bash\nprintf "%s" "$HOSTILE" > "$STUB_DIR/var"\n'
+        'printf "%s\\0" "$@" > "$STUB_DIR/srun.args"\n'
+    )
+    proc = h.run_file(out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (h.stubs / "var").read_text() == value
+    args = h.srun_args()
+    assert str(spec_path.resolve()) in args
+    assert f"train.run_dir={json.dumps(value)}" in args
+    assert not list(h.tmp.rglob("pwned*"))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        'launch: {sbatch_args: {comment: "a\\nb"}}\n',
+        'environment: {variables: {X: "a\\rb"}}\n',
+    ],
+)
+def test_render_refuses_control_characters(h: Harness, extra: str) -> None:
+    """jobs.load refuses them first; the renderer refuses them on its own too."""
+    from jobs.errors import SpecError
+    from jobs.spec import JobSpec
+    from jobs.templates import render_template
+
+    data = yaml.safe_load(SPEC_YAML + extra)
+    spec = JobSpec.model_validate(data)
+    (h.project / "s.yaml").write_text(SPEC_YAML)
+    with pytest.raises(SpecError, match="newline or control character"):
+        render_template("ddp", spec, h.project / "s.yaml")
+
+
+def test_render_refuses_control_characters_in_path(h: Harness) -> None:
+    from jobs.errors import SpecError
+    from jobs.templates import render_template
+
+    spec = _load(h.project / "s.yaml", SPEC_YAML)
+    bad = h.project / "a\nb.yaml"
+    bad.write_text(SPEC_YAML)
+    with pytest.raises(SpecError, match="newline or control character"):
+        render_template("ddp", spec, bad)  # type: ignore[arg-type]
+
+
+def test_templates_module_does_not_import_torch() -> None:
+    code = (
+        "import sys, jobs.templates; "
+        "sys.exit(1 if any(m == 'torch' or m.startswith('torch.') for m in sys.modules) else 0)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
