@@ -139,6 +139,10 @@ class TrainConfig(StrictModel):
         Literal["resnet", "tinycnn"],
         Field(description="resnet: ResNet-9-like CIFAR net (~0.6M-6M params); tinycnn: for tests"),
     ] = "resnet"
+    norm: Annotated[
+        Literal["batch", "none"],
+        Field(description="batch: BatchNorm after each conv; none: no normalisation layers"),
+    ] = "batch"
     width: Annotated[int, Field(description="base channel width of the model", ge=4, le=512)] = 16
     data: Annotated[DataConfig, Field(description="data set")] = DataConfig()
     optimizer: Annotated[OptimizerConfig, Field(description="optimizer")] = OptimizerConfig()

@@ -244,7 +244,7 @@ def load_data(config: DataConfig, seed: int) -> tuple[ImageSet, ImageSet]:
 class Augmenter:
     """Normalise a uint8 batch and (optionally) random-crop + flip it, deterministically.
 
-    The one ``torch.Generator`` is re-seeded per micro-step from (seed, epoch, step, rank, micro),
+    The one ``torch.Generator`` is re-seeded per step from (seed, epoch, step, rank),
     so a resumed run draws exactly the same crops, and no generator is allocated per step.
     """
 
@@ -266,24 +266,42 @@ class Augmenter:
         """uint8 -> normalised float32."""
         return torch.addcmul(self._shift, images.float(), self._scale)
 
-    def __call__(
-        self, images: torch.Tensor, *, epoch: int, step: int, rank: int, micro: int = 0
-    ) -> torch.Tensor:
+    def draw(self, n: int, *, epoch: int, step: int, rank: int) -> torch.Tensor | None:
+        """Crop offsets and flips for the ``n`` images of one optimizer step on one rank.
+
+        Drawn once per step (for all its micro-batches) so splitting a step into micro-batches
+        does not change the augmentation. Returns ``int64 [3, n]`` (row, col, flip) on the
+        device, or None when augmentation is off.
+        """
         if not self.augment:
+            return None
+        key = ((self.seed * 1_000_003 + epoch) * 1_000_003 + step) * 1_009 + rank
+        self._gen.manual_seed(key % (2**63 - 1))
+        # Drawn on the CPU (a few hundred bytes) so the stream is the same on every device type.
+        offsets = torch.randint(0, 2 * self.pad + 1, (2, n), generator=self._gen)
+        flips = (torch.rand(n, generator=self._gen) < 0.5).long()
+        return torch.cat([offsets, flips[None]]).to(self.device, non_blocking=True)
+
+    def apply(
+        self, images: torch.Tensor, crops: torch.Tensor | None, start: int = 0
+    ) -> torch.Tensor:
+        """Crop/flip ``images`` with ``crops[:, start:start + len(images)]``, then normalise.
+
+        The pixel work runs on the images' device, on uint8 (zero padding = a black border, as
+        torchvision's ``RandomCrop(32, padding=4)``).
+        """
+        if crops is None:
             return self.normalize(images)
         n = images.shape[0]
-        key = (((self.seed * 1_000_003 + epoch) * 1_000_003 + step) * 1_009 + rank) * 131 + micro
-        self._gen.manual_seed(key % (2**63 - 1))
-        # Offsets/flips drawn on the CPU (a few hundred bytes) so the data generator is the same
-        # on every device type; the pixel work happens on the training device, on uint8 (zero
-        # padding = black border, as torchvision's RandomCrop(32, padding=4) does).
-        offsets = torch.randint(0, 2 * self.pad + 1, (2, n), generator=self._gen)
-        flips = torch.rand(n, generator=self._gen) < 0.5
-        offsets = offsets.to(self.device, non_blocking=True)
-        flips = flips.to(self.device, non_blocking=True)
+        c = crops[:, start : start + n]
         padded = F.pad(images, (self.pad, self.pad, self.pad, self.pad))
-        rows = (offsets[0][:, None] + self._arange)[:, None, :, None]
-        cols = offsets[1][:, None] + self._arange
-        cols = torch.where(flips[:, None], cols.flip(1), cols)[:, None, None, :]
-        batch = torch.arange(n, device=self.device)[:, None, None, None]
+        rows = (c[0][:, None] + self._arange)[:, None, :, None]
+        cols = c[1][:, None] + self._arange
+        cols = torch.where(c[2][:, None].bool(), cols.flip(1), cols)[:, None, None, :]
+        batch = torch.arange(n, device=images.device)[:, None, None, None]
         return self.normalize(padded[batch, self._chans, rows, cols])
+
+    def __call__(self, images: torch.Tensor, *, epoch: int, step: int, rank: int) -> torch.Tensor:
+        """Augment + normalise one batch (draw and apply in one call)."""
+        crops = self.draw(images.shape[0], epoch=epoch, step=step, rank=rank)
+        return self.apply(images, crops)

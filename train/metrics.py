@@ -1,0 +1,132 @@
+"""Metrics kept on the device, reduced across ranks at log intervals, written by rank 0 only.
+
+- :class:`StepMeter` accumulates loss sums and correct counts as device tensors (no host sync per
+  step); :meth:`StepMeter.reduce` all-reduces them once per log interval.
+- :class:`MetricsWriter` appends JSON lines to ``RUN_DIR/metrics.jsonl`` when ``is_main``.
+- :func:`setup_logging` prefixes every log line with the rank and also writes
+  ``RUN_DIR/logs/rank-R.log``; :func:`progress_line` is rank 0's human-readable line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["MetricsWriter", "StepMeter", "progress_line", "reduce_sums", "setup_logging"]
+
+
+def setup_logging(
+    rank: int, run_dir: Path | None = None, *, debug: bool = False, stream: TextIO | None = None
+) -> None:
+    """Log lines ``TIME [rank R] LEVEL name: message`` to stderr and ``RUN_DIR/logs/rank-R.log``.
+
+    Replaces handlers this function installed before (safe to call again in one process).
+    """
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_train_handler", False):
+            root.removeHandler(h)
+            h.close()
+    fmt = logging.Formatter(
+        f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", "%H:%M:%S"
+    )
+    handlers: list[logging.Handler] = [logging.StreamHandler(stream or sys.stderr)]
+    if run_dir is not None:
+        logs = Path(run_dir) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(logs / f"rank-{rank}.log"))
+    for h in handlers:
+        h.setFormatter(fmt)
+        h._train_handler = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def reduce_sums(values: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """All-reduce (SUM) a 1-D tensor when a process group exists; identity otherwise."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+    return values
+
+
+class StepMeter:
+    """Loss and accuracy accumulated on ``device`` between log points."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss*n, correct
+        self._count = 0
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add one micro-batch: ``loss`` is its mean loss (detached), logits/labels its outputs."""
+        n = labels.shape[0]
+        correct = (logits.argmax(dim=1) == labels).sum()
+        self._sums += torch.stack([loss.double() * n, correct.double()])
+        self._count += n
+
+    def reduce(self) -> dict[str, float]:
+        """Mean loss and accuracy over all ranks since the last call (one host sync); resets."""
+        packed = torch.cat(
+            [
+                self._sums,
+                torch.tensor([float(self._count)], dtype=torch.float64, device=self.device),
+            ]
+        )
+        loss_sum, correct, count = reduce_sums(packed).tolist()
+        self._sums.zero_()
+        self._count = 0
+        if count == 0:
+            return {"loss": math.nan, "accuracy": math.nan, "samples": 0}
+        return {"loss": loss_sum / count, "accuracy": correct / count, "samples": int(count)}
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to ``RUN_DIR/metrics.jsonl`` (rank 0 only)."""
+
+    def __init__(self, run_dir: Path, is_main: bool) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.is_main = is_main
+        self.records: list[dict[str, Any]] = []
+        self._file: TextIO | None = None
+        if is_main:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Record ``fields`` (kept in :attr:`records` on every rank, written on rank 0)."""
+        record = {"time": round(time.time(), 3), "kind": kind, **fields}
+        self.records.append(record)
+        if self._file is not None:
+            self._file.write(json.dumps(record, allow_nan=True) + "\n")
+            self._file.flush()
+        return record
+
+    def close(self) -> None:
+        """Close the file (rank 0)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def progress_line(record: dict[str, Any], total_steps: int) -> str:
+    """``step 120/500 (24%) epoch 2 | loss 1.234 acc 55.1% | lr 0.0800 | 3120 img/s``."""
+    parts = [f"step {record['step']}/{total_steps} ({100 * record['step'] / total_steps:.0f}%)"]
+    parts[0] += f" epoch {record['epoch']}"
+    if record.get("kind") == "eval":
+        parts.append(
+            f"test loss {record['test_loss']:.4f} test acc {100 * record['test_accuracy']:.2f}%"
+        )
+        return " | ".join(parts)
+    parts.append(f"loss {record['loss']:.4f} acc {100 * record['accuracy']:.1f}%")
+    parts.append(f"lr {record['lr']:.5f}")
+    if record.get("images_per_s") is not None:
+        parts.append(f"{record['images_per_s']:.0f} img/s")
+    return " | ".join(parts)

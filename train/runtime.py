@@ -1,0 +1,111 @@
+"""Process-wide setup for a training process: torch threads/determinism and the process group.
+
+:func:`setup_runtime` creates the process group when the world has more than one process
+(checking first that the derived MASTER_PORT is free) and returns a :class:`Runtime` with the
+few collectives the trainer and user code need: ``all_reduce_max`` for the stop flag (over a
+gloo group, so it never waits on a CUDA stream), ``barrier`` and ``broadcast_object``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from train.config import TrainConfig
+from train.env import DeviceInfo, DistEnv, verify_master_port
+
+__all__ = ["Runtime", "configure_torch", "setup_runtime"]
+
+log = logging.getLogger(__name__)
+
+
+def configure_torch(config: TrainConfig, env: DistEnv) -> None:
+    """Threads (``num_threads``, else SLURM_CPUS_PER_TASK) and deterministic algorithms."""
+    threads = config.num_threads or env.cpus_per_task
+    if threads:
+        torch.set_num_threads(threads)
+    if config.deterministic:
+        # cuBLAS needs this for deterministic matmuls; harmless on CPU.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True
+
+
+class Runtime:
+    """The process group (if any) and the collectives used at step boundaries."""
+
+    def __init__(self, env: DistEnv, owns_group: bool, ctrl_group: Any = None) -> None:
+        self.env = env
+        self.owns_group = owns_group
+        self.ctrl_group = ctrl_group
+        self._flag = torch.zeros(1, dtype=torch.int32)
+
+    @property
+    def distributed(self) -> bool:
+        """Whether collectives go over a process group."""
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def all_reduce_max(self, value: int) -> int:
+        """MAX of an int over ranks (CPU tensor, reused: no per-step allocation)."""
+        if not self.distributed:
+            return value
+        self._flag.fill_(value)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.ctrl_group)
+        return int(self._flag.item())
+
+    def barrier(self) -> None:
+        """All ranks meet (over the CPU group)."""
+        if self.distributed:
+            dist.barrier(group=self.ctrl_group)
+
+    def broadcast_object(self, objects: list[Any]) -> None:
+        """Rank 0's picklable objects to every rank, in place."""
+        if self.distributed:
+            dist.broadcast_object_list(objects, src=0, group=self.ctrl_group)
+
+    def close(self) -> None:
+        """Destroy the process group if this runtime created it."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def setup_runtime(env: DistEnv, devices: DeviceInfo, timeout_s: float = 1800.0) -> Runtime:
+    """Create the process group for ``env`` (exporting the torchrun variables) if needed."""
+    if not env.distributed:
+        return Runtime(env, owns_group=False)
+    if dist.is_initialized():
+        return Runtime(env, owns_group=False, ctrl_group=_ctrl_group(devices))
+    verify_master_port(env)
+    env.export(os.environ)
+    kwargs: dict[str, Any] = {}
+    if devices.cuda:
+        kwargs["device_id"] = devices.device
+    log.info(
+        "joining process group: rank %d/%d via %s:%d (%s)",
+        env.rank,
+        env.world_size,
+        env.master_addr,
+        env.master_port,
+        devices.backend,
+    )
+    dist.init_process_group(
+        devices.backend,
+        init_method="env://",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        **kwargs,
+    )
+    return Runtime(env, owns_group=True, ctrl_group=_ctrl_group(devices))
+
+
+def _ctrl_group(devices: DeviceInfo) -> Any:
+    # NCCL collectives on CPU tensors are not possible and would sync the stream: use gloo.
+    return dist.new_group(backend="gloo") if devices.backend == "nccl" else None

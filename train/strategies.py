@@ -1,0 +1,212 @@
+"""How one model is spread over devices and processes: ddp, dp, pipeline, single.
+
+Every strategy keeps the *bare* model (``Strategy.model``: same parameter objects, no ``module.``
+prefix) for the optimizer and checkpoints, so a checkpoint written under one strategy loads under
+any other, and exposes the module to call (``Strategy.module``) plus ``no_sync`` for gradient
+accumulation.
+
+- ``ddp``: DistributedDataParallel, one process per device; optional SyncBatchNorm (CUDA) or
+  :class:`GlobalBatchNorm` (the same maths over gloo, so CPU runs can use it too).
+- ``dp``: ``nn.DataParallel`` in one process over all local GPUs (on CPU it calls the model).
+- ``pipeline``: the model cut into stages over the local devices, each batch split into
+  micro-batches issued in wavefront order so CUDA stages overlap; activations move between devices.
+  On CPU the stages all live on the CPU (two of them), which exercises the same code path.
+- ``single``: the model on one device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from train.env import DeviceInfo, DistEnv
+from train.models import split_stages
+
+__all__ = ["GlobalBatchNorm", "Pipeline", "Strategy", "build_strategy", "convert_global_batchnorm"]
+
+
+class GlobalBatchNorm(nn.BatchNorm2d):
+    """BatchNorm with statistics over the whole (all-rank) batch, on any device/backend.
+
+    torch's SyncBatchNorm refuses CPU tensors; this computes per-channel sum, sum of squares and
+    count locally, all-reduces them with the differentiable ``torch.distributed.nn.all_reduce``
+    (its backward all-reduces the gradients, which is what the global statistics need) and
+    normalises with the global mean and biased variance, as BatchNorm does in training.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and dist.is_available() and dist.is_initialized()):
+            return super().forward(x)
+        if dist.get_world_size() == 1:
+            return super().forward(x)
+        from torch.distributed.nn.functional import all_reduce
+
+        c = x.shape[1]
+        count = torch.full((1,), x.numel() / c, dtype=x.dtype, device=x.device)
+        stats = torch.cat([x.sum(dim=(0, 2, 3)), (x * x).sum(dim=(0, 2, 3)), count])
+        stats = all_reduce(stats)
+        n = stats[-1]
+        mean = stats[:c] / n
+        var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0.0)
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                assert self.running_var is not None and self.num_batches_tracked is not None
+                self.num_batches_tracked.add_(1)
+                m = self.momentum if self.momentum is not None else 0.1
+                self.running_mean.lerp_(mean.detach(), m)
+                self.running_var.lerp_(var.detach() * n / (n - 1).clamp_min(1.0), m)
+        y = (x - mean[None, :, None, None]) * torch.rsqrt(var + self.eps)[None, :, None, None]
+        if self.affine:
+            y = y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+        return y
+
+
+def convert_global_batchnorm(module: nn.Module) -> nn.Module:
+    """Replace every ``BatchNorm2d`` by :class:`GlobalBatchNorm`, keeping parameters/buffers."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d) and not isinstance(child, GlobalBatchNorm):
+            new = GlobalBatchNorm(
+                child.num_features,
+                child.eps,
+                child.momentum,
+                child.affine,
+                child.track_running_stats,
+            )
+            new.load_state_dict(child.state_dict())
+            new.to(next(iter(child.buffers()), torch.empty(0)).device)
+            setattr(module, name, new)
+        else:
+            convert_global_batchnorm(child)
+    return module
+
+
+class Pipeline(nn.Module):
+    """Stages on devices; a batch is split in ``chunks`` micro-batches (GPipe-style schedule)."""
+
+    def __init__(
+        self, stages: Sequence[nn.Module], devices: Sequence[torch.device], chunks: int
+    ) -> None:
+        super().__init__()
+        if len(stages) != len(devices):
+            raise ValueError(f"{len(stages)} stages but {len(devices)} devices")
+        self.stages = nn.ModuleList(
+            stage.to(dev) for stage, dev in zip(stages, devices, strict=True)
+        )
+        self.devices = list(devices)
+        self.chunks = chunks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acts = list(x.tensor_split(min(self.chunks, x.shape[0])))
+        n_stages = len(self.stages)
+        # Clock t runs stage s on micro-batch t - s: on CUDA the launches are asynchronous, so
+        # stage s works on micro-batch c while stage s+1 works on c-1.
+        for clock in range(len(acts) + n_stages - 1):
+            for s in range(n_stages - 1, -1, -1):
+                c = clock - s
+                if 0 <= c < len(acts):
+                    acts[c] = self.stages[s](acts[c].to(self.devices[s], non_blocking=True))
+        return torch.cat(acts)
+
+
+class Strategy:
+    """A model placed on devices: call ``module``, optimise ``model``'s parameters."""
+
+    def __init__(
+        self,
+        name: str,
+        model: nn.Module,
+        module: nn.Module,
+        input_device: torch.device,
+        output_device: torch.device,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.module = module
+        self.input_device = input_device
+        self.output_device = output_device
+
+    @contextlib.contextmanager
+    def no_sync(self, skip: bool) -> Iterator[None]:
+        """Within it, DDP does not all-reduce gradients (non-final accumulation micro-steps)."""
+        if skip and isinstance(self.module, nn.parallel.DistributedDataParallel):
+            with self.module.no_sync():
+                yield
+        else:
+            yield
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.module(x)
+        return out
+
+    @property
+    def eval_module(self) -> nn.Module:
+        """What evaluation calls: DDP's bare model (no collectives, ranks may run different
+        numbers of eval batches); the wrapper otherwise (dp gathers, pipeline spans devices)."""
+        if isinstance(self.module, nn.parallel.DistributedDataParallel):
+            return self.model
+        return self.module
+
+    def train(self, mode: bool = True) -> None:
+        """Switch the (shared) modules to training or evaluation mode."""
+        self.module.train(mode)
+
+    def describe(self) -> dict[str, Any]:
+        """A short description for the log / metrics header."""
+        return {
+            "strategy": self.name,
+            "input_device": str(self.input_device),
+            "output_device": str(self.output_device),
+            "wrapper": type(self.module).__name__,
+        }
+
+
+def build_strategy(
+    name: str,
+    model: nn.Module,
+    devices: DeviceInfo,
+    env: DistEnv,
+    *,
+    sync_batchnorm: bool = False,
+    pipeline_chunks: int = 4,
+    pipeline_stages: int | None = None,
+) -> Strategy:
+    """Place ``model`` for strategy ``name`` (ddp/dp/pipeline/single) on ``devices``."""
+    dev = devices.device
+    if name in ("single", "ddp"):
+        if name == "ddp" and sync_batchnorm and env.world_size > 1:
+            if devices.cuda:
+                model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            else:
+                model = convert_global_batchnorm(model)
+        model.to(dev)
+        if name == "ddp" and env.world_size > 1:
+            wrapped: nn.Module = nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=[dev] if devices.cuda else None,
+                broadcast_buffers=not sync_batchnorm,
+            )
+            return Strategy(name, model, wrapped, dev, dev)
+        return Strategy(name, model, model, dev, dev)
+    if name == "dp":
+        model.to(dev)
+        dp_ids: list[int | torch.device] | None = list(devices.devices) if devices.cuda else None
+        return Strategy(name, model, nn.DataParallel(model, device_ids=dp_ids), dev, dev)
+    if name == "pipeline":
+        if not isinstance(model, nn.Sequential):
+            raise TypeError("the pipeline strategy needs an nn.Sequential model")
+        if devices.cuda:
+            n = pipeline_stages or len(devices.devices)
+            stage_devices = [devices.devices[i % len(devices.devices)] for i in range(n)]
+        else:
+            n = pipeline_stages or 2
+            stage_devices = [dev] * n
+        stages = split_stages(model, n)
+        stage_devices = stage_devices[: len(stages)]
+        pipe = Pipeline(stages, stage_devices, pipeline_chunks)
+        return Strategy(name, model, pipe, stage_devices[0], stage_devices[-1])
+    raise ValueError(f"unknown strategy {name!r}: use ddp, dp, pipeline or single")

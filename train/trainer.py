@@ -1,0 +1,500 @@
+"""The built-in training loop: ``run_training(config, env, run_dir, max_steps) -> TrainResult``.
+
+One optimizer step = ``grad_accum`` micro-steps on every rank; the global batch is
+``batch_size = world_size x grad_accum x micro_batch`` and each micro-loss is divided by
+``grad_accum`` (DDP averages over ranks), so the gradient is the mean over the global batch.
+Per step the loop does no host sync: metrics stay on the device until a log interval, the
+augmentation generator is re-seeded (not re-created), and the stop flag is agreed over a CPU
+(gloo) group so a CUDA stream never waits.
+
+Resume is exact: the data order is a function of (seed, epoch), augmentation of (seed, epoch,
+step, rank), and model/optimizer/scheduler/RNG/position come from the checkpoint, so an
+interrupted and resumed run matches an uninterrupted one bitwise on CPU with
+``deterministic: true``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+from train.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    load_model_state,
+    restore_rng_state,
+)
+from train.config import RequeueConfig, TrainConfig, config_hash
+from train.data import Augmenter, ImageSet, load_data
+from train.env import DeviceInfo, DistEnv, resolve_device
+from train.errors import ConfigError, TrainingError
+from train.metrics import MetricsWriter, StepMeter, progress_line, reduce_sums
+from train.models import build_model
+from train.optim import build_optimizer, build_scheduler
+from train.preempt import PreemptionGuard, RunHistory, request_requeue
+from train.runtime import Runtime, configure_torch, setup_runtime
+from train.strategies import Strategy, build_strategy
+
+__all__ = ["WARMUP_STEPS", "TrainResult", "evaluate", "run_training"]
+
+log = logging.getLogger(__name__)
+
+#: Steps after (re)start excluded from images/s: allocation, autotuning, first-touch costs.
+WARMUP_STEPS = 5
+
+
+@dataclass
+class TrainResult:
+    """What a run did. ``exit_code`` 0: finished; otherwise the process exit code (requeue)."""
+
+    steps: int = 0
+    epoch: int = 0
+    exit_code: int = 0
+    stopped: str | None = None
+    loss: float | None = None
+    train_accuracy: float | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    images_per_s: float | None = None
+    wall_s: float = 0.0
+    checkpoint: Path | None = None
+    resumed_from: Path | None = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Timer:
+    """Wall time of training steps only (eval/checkpoint paused); synchronises CUDA at edges."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.total = 0.0
+        self.images = 0
+        self.armed = False
+        self._start: float | None = None
+
+    def start(self) -> None:
+        if self.armed and self._start is None:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self._start = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._start is not None:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.total += time.perf_counter() - self._start
+            self._start = None
+
+    def count(self, images: int) -> None:
+        if self._start is not None:
+            self.images += images
+
+    @property
+    def images_per_s(self) -> float | None:
+        return self.images / self.total if self.total > 0 and self.images else None
+
+
+@torch.no_grad()
+def evaluate(
+    module: nn.Module,
+    test: ImageSet,
+    aug: Augmenter,
+    env: DistEnv,
+    batch: int,
+    out_device: torch.device,
+) -> tuple[float, float]:
+    """Mean loss and accuracy on held-out data, sharded over ranks (``rank::world``)."""
+    was_training = module.training
+    module.train(False)
+    sums = torch.zeros(3, dtype=torch.float64, device=out_device)
+    shard = torch.arange(env.rank, len(test), env.world_size, device=test.images.device)
+    for chunk in shard.split(batch):
+        logits = module(aug.normalize(test.images[chunk])).float()
+        y = test.labels[chunk].to(out_device, non_blocking=True)
+        loss = nn.functional.cross_entropy(logits, y, reduction="sum")
+        correct = (logits.argmax(1) == y).sum()
+        sums[0] += loss.double()
+        sums[1] += correct.double()
+        sums[2] += y.shape[0]
+    module.train(was_training)
+    loss_sum, correct_sum, count = reduce_sums(sums).tolist()
+    return loss_sum / max(count, 1.0), correct_sum / max(count, 1.0)
+
+
+def _precision(
+    config: TrainConfig, devices: DeviceInfo
+) -> tuple[Callable[[], contextlib.AbstractContextManager[Any]], torch.amp.GradScaler | None]:
+    """Autocast factory and optional GradScaler for ``config.precision`` on this device."""
+    if config.precision == "fp32":
+        return contextlib.nullcontext, None
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float16
+    if not devices.cuda and dtype == torch.float16:
+        log.warning("precision fp16 needs CUDA; training in fp32 on %s", devices.device)
+        return contextlib.nullcontext, None
+    kind = devices.device.type
+    scaler = torch.amp.GradScaler(kind) if dtype == torch.float16 else None
+    return (lambda: torch.autocast(kind, dtype=dtype)), scaler
+
+
+class _Loop:
+    """State of one run; :meth:`run` is the loop. Built by :func:`run_training`."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env: DistEnv,
+        run_dir: Path,
+        devices: DeviceInfo,
+        ckpt: CheckpointManager,
+        rt: Runtime,
+    ) -> None:
+        self.config, self.env, self.run_dir, self.ckpt, self.rt = config, env, run_dir, ckpt, rt
+        world, k = env.world_size, config.grad_accum
+        if config.batch_size % (world * k):
+            raise ConfigError(
+                f"train.batch_size {config.batch_size} is not divisible by world size {world} x "
+                f"train.grad_accum {k}: choose a multiple of {world * k}"
+            )
+        self.micro = config.batch_size // (world * k)
+        # Synthetic data with a path is written once (by rank 0) and read back by everyone.
+        writes = config.data.kind == "synthetic" and bool(config.data.path)
+        if writes and not env.is_main:
+            rt.barrier()
+        train_set, test_set = load_data(config.data, config.seed)
+        if writes and env.is_main:
+            rt.barrier()
+        # The sampler only needs len(): it yields this rank's indices, reshuffled per epoch.
+        self.sampler: DistributedSampler[int] = DistributedSampler(
+            cast(Any, range(len(train_set))),
+            num_replicas=world,
+            rank=env.rank,
+            shuffle=True,
+            seed=config.seed,
+            drop_last=True,
+        )
+        self.steps_per_epoch = len(self.sampler) // (self.micro * k)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"train.batch_size {config.batch_size} is larger than the training set "
+                f"({len(train_set)} images): lower it or use more data"
+            )
+        self.planned = config.max_steps or config.epochs * self.steps_per_epoch
+
+        torch.manual_seed(config.seed)  # same initial weights on every rank and strategy
+        model = build_model(config.model, config.width, norm=config.norm)
+        self.strat: Strategy = build_strategy(
+            config.strategy,
+            model,
+            devices,
+            env,
+            sync_batchnorm=config.sync_batchnorm,
+            pipeline_chunks=config.pipeline_chunks,
+        )
+        self.optimizer = build_optimizer(config.optimizer, self.strat.model)
+        self.scheduler = build_scheduler(config.optimizer, self.optimizer, self.planned)
+        self.autocast, self.scaler = _precision(config, devices)
+        in_dev, self.out_dev = self.strat.input_device, self.strat.output_device
+        self.train_set, self.test_set = train_set.to(in_dev), test_set.to(in_dev)
+        self.aug = Augmenter(in_dev, augment=config.data.augment, seed=config.seed)
+        self.meter = StepMeter(self.out_dev)
+        self.timer = _Timer(self.out_dev)
+        self.metrics = MetricsWriter(run_dir, env.is_main)
+        self.history = RunHistory(run_dir) if env.is_main else None
+        self.step = self.epoch = self.epoch_step = 0
+        self.best: float | None = None
+        self.result = TrainResult(metrics=self.metrics.records)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def restore(self, path: Path) -> None:
+        """Load model/optimizer/scheduler/scaler/RNG and the position from checkpoint ``path``."""
+        loaded = self.ckpt.load(path)
+        load_model_state(self.strat.model, loaded.shared["model"])
+        self.optimizer.load_state_dict(loaded.shared["optimizer"])
+        self.scheduler.load_state_dict(loaded.shared["scheduler"])
+        if self.scaler is not None and loaded.shared.get("scaler"):
+            self.scaler.load_state_dict(loaded.shared["scaler"])
+        self.best = (loaded.shared.get("metrics") or {}).get("best_test_accuracy")
+        if loaded.rank_state is not None:
+            restore_rng_state(loaded.rank_state["rng"])
+        self.step = loaded.step
+        self.epoch = int(loaded.manifest["epoch"])
+        self.epoch_step = int(loaded.manifest["epoch_step"])
+        if self.epoch_step >= self.steps_per_epoch:
+            self.epoch, self.epoch_step = self.epoch + 1, 0
+        self.result.resumed_from = path
+        log.info(
+            "resumed from %s: step %d (epoch %d, step %d of the epoch)",
+            path,
+            self.step,
+            self.epoch,
+            self.epoch_step,
+        )
+
+    def save(self, metric: float | None = None) -> None:
+        """Checkpoint the current step (every rank; collective through marker files)."""
+        self.timer.pause()
+        shared = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "metrics": {"best_test_accuracy": self.best, "step": self.step},
+        }
+        rank_state = {
+            "rng": capture_rng_state(),
+            "epoch": self.epoch,
+            "epoch_step": self.epoch_step,
+        }
+        self.result.checkpoint = self.ckpt.save(
+            self.step,
+            shared,
+            rank_state,
+            epoch=self.epoch,
+            epoch_step=self.epoch_step,
+            model=self.strat.model,
+            metric=metric,
+        )
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Append to RUN_DIR/events.jsonl (rank 0)."""
+        if self.history is not None:
+            self.history.append(
+                name,
+                step=self.step,
+                restart_count=self.env.restart_count,
+                job_id=self.env.job_id,
+                **fields,
+            )
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run_eval(self, stop_at: int) -> None:
+        """Evaluate on the held-out set; record test loss/accuracy."""
+        self.timer.pause()
+        loss, acc = evaluate(
+            self.strat.eval_module,
+            self.test_set,
+            self.aug,
+            self.env,
+            max(self.micro * 2, 256),
+            self.out_dev,
+        )
+        self.best = acc if self.best is None else max(self.best, acc)
+        self.result.test_loss, self.result.test_accuracy = loss, acc
+        rec = self.metrics.write(
+            "eval", step=self.step, epoch=self.epoch, test_loss=loss, test_accuracy=acc
+        )
+        if self.env.is_main:
+            log.info("%s", progress_line(rec, stop_at))
+
+    def train_step(self, order: torch.Tensor) -> None:
+        """One optimizer step: ``grad_accum`` micro-steps, DDP sync on the last one only."""
+        k, micro, strat = self.config.grad_accum, self.micro, self.strat
+        crops = self.aug.draw(k * micro, epoch=self.epoch, step=self.epoch_step, rank=self.env.rank)
+        for m in range(k):
+            idx = order[self.epoch_step, m * micro : (m + 1) * micro]
+            x = self.aug.apply(self.train_set.images[idx], crops, m * micro)
+            y = self.train_set.labels[idx].to(self.out_dev, non_blocking=True)
+            with strat.no_sync(m < k - 1):
+                with self.autocast():
+                    logits = strat(x)
+                loss = nn.functional.cross_entropy(logits.float(), y)
+                scaled = loss / k
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            self.meter.add(loss.detach(), logits.detach(), y)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        self.epoch_step += 1
+        self.timer.count(self.config.batch_size)
+
+    def log_train(self, stop_at: int, since: tuple[float, int]) -> tuple[float, int]:
+        """Reduce the step meters over ranks (the only host sync) and write a metrics line."""
+        stats = self.meter.reduce()
+        now = time.perf_counter()
+        if not math.isfinite(stats["loss"]):
+            raise TrainingError(
+                f"loss is {stats['loss']} at step {self.step}: lower train.optimizer.lr "
+                "or check the data"
+            )
+        rec = self.metrics.write(
+            "train",
+            step=self.step,
+            epoch=self.epoch,
+            loss=stats["loss"],
+            accuracy=stats["accuracy"],
+            lr=self.scheduler.get_last_lr()[0],
+            images_per_s=(self.step - since[1])
+            * self.config.batch_size
+            / max(now - since[0], 1e-9),
+        )
+        self.result.loss, self.result.train_accuracy = stats["loss"], stats["accuracy"]
+        if self.env.is_main:
+            log.info("%s", progress_line(rec, stop_at))
+        return now, self.step
+
+    def run(self, stop_at: int, guard: PreemptionGuard, requeue: RequeueConfig) -> TrainResult:
+        """Train until ``stop_at`` steps or a stop signal; returns the result."""
+        cfg, spe = self.config, self.steps_per_epoch
+        n_epochs = math.ceil(self.planned / spe)
+        start_step, since = self.step, (time.perf_counter(), self.step)
+        self.strat.train(True)
+        while self.step < stop_at and self.epoch < n_epochs:
+            self.sampler.set_epoch(self.epoch)
+            order = torch.tensor(list(self.sampler), dtype=torch.long)[
+                : spe * cfg.grad_accum * self.micro
+            ]
+            order = order.view(spe, -1).to(self.train_set.images.device)
+            while self.epoch_step < spe and self.step < stop_at:
+                if self.step - start_step == WARMUP_STEPS:
+                    self.timer.armed = True
+                    self.timer.start()
+                self.train_step(order)
+                if self.step % cfg.log_interval == 0 or self.step == stop_at:
+                    since = self.log_train(stop_at, since)
+                interval = cfg.checkpoint.interval_steps
+                if interval and self.step % interval == 0 and self.step < stop_at:
+                    self.save()
+                    self.timer.start()
+                if guard.should_stop(self.rt.all_reduce_max):
+                    return self.stop(guard, requeue)
+            if self.epoch_step >= spe:
+                if (self.epoch + 1) % cfg.eval_every_epochs == 0 or self.step >= stop_at:
+                    self.run_eval(stop_at)
+                self.epoch, self.epoch_step = self.epoch + 1, 0
+                self.timer.start()
+        if not self.metrics.records or self.metrics.records[-1]["kind"] != "eval":
+            self.run_eval(stop_at)
+        self.save(metric=self.result.test_accuracy)
+        self.ckpt.wait()
+        self.event("complete", test_accuracy=self.result.test_accuracy)
+        return self.finish()
+
+    def stop(self, guard: PreemptionGuard, requeue: RequeueConfig) -> TrainResult:
+        """Stop signal agreed: save synchronously, wait, barrier, requeue; return the result."""
+        self.save()
+        self.ckpt.wait()
+        self.rt.barrier()
+        self.result.stopped = guard.reason
+        self.result.exit_code = request_requeue(
+            self.env, self.run_dir, requeue, guard.reason, step=self.step
+        )
+        return self.finish()
+
+    def finish(self) -> TrainResult:
+        self.timer.pause()
+        r = self.result
+        r.steps, r.epoch, r.images_per_s = self.step, self.epoch, self.timer.images_per_s
+        self.metrics.close()
+        return r
+
+
+def _resolve_resume(
+    resume: bool | str | Path | None, env: DistEnv, ckpt: CheckpointManager, rt: Runtime
+) -> Path | None:
+    """Which checkpoint to start from; rank 0 decides and broadcasts so every rank agrees."""
+    want: bool | str | Path | None = resume
+    if want is None and env.restart_count > 0:
+        want = True
+    choice: list[str | None] = [None]
+    if env.is_main and want is not None and want is not False:
+        if want is True:
+            found = ckpt.latest_valid()
+            if found is None:
+                log.warning("resume: no valid checkpoint in %s, starting fresh", ckpt.root)
+            choice[0] = str(found) if found is not None else None
+        else:
+            choice[0] = str(want)
+    rt.broadcast_object(choice)
+    return Path(choice[0]) if choice[0] else None
+
+
+def run_training(
+    config: TrainConfig,
+    env: DistEnv,
+    run_dir: Path,
+    max_steps: int | None = None,
+    *,
+    resume: bool | str | Path | None = None,
+    requeue: RequeueConfig | None = None,
+    guard: PreemptionGuard | None = None,
+    devices: DeviceInfo | None = None,
+) -> TrainResult:
+    """Train ``config`` in this process as rank ``env.rank`` and return what happened.
+
+    ``max_steps`` truncates the run (the LR schedule still spans the configured length, so a
+    truncated run is a prefix of the full one). ``resume``: True = newest valid checkpoint, a
+    path = that checkpoint, None = only when ``env.restart_count > 0``. A stop signal (``guard``;
+    one is installed when none is given) saves, waits, meets at a barrier and returns
+    ``request_requeue``'s exit code in ``TrainResult.exit_code``. Creates (and destroys) the
+    process group when the world has more than one process and none exists yet.
+    """
+    t0 = time.perf_counter()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    requeue = requeue or RequeueConfig()
+    configure_torch(config, env)
+    devices = devices or resolve_device(env, config.strategy, config.allow_cpu_fallback)
+    # Created before the first collective: rank 0 clears leftovers of interrupted saves.
+    ckpt = CheckpointManager(
+        run_dir / "checkpoints",
+        rank=env.rank,
+        world_size=env.world_size,
+        keep_last=config.checkpoint.keep_last,
+        keep_best=config.checkpoint.keep_best,
+        async_save=config.checkpoint.async_save,
+        spec_hash=config_hash(config),
+    )
+    own_guard = guard is None
+    if guard is None:
+        guard = PreemptionGuard(
+            (requeue.signal, "TERM"),
+            job_id=env.job_id,
+            signal_delay_s=requeue.signal_delay_s,
+            is_main=env.is_main,
+        ).install()
+    rt = setup_runtime(env, devices)
+    try:
+        loop = _Loop(config, env, run_dir, devices, ckpt, rt)
+        resumed = _resolve_resume(resume, env, ckpt, rt)
+        if resumed is not None:
+            loop.restore(resumed)
+        loop.event("resume" if resumed is not None else "start")
+        stop_at = min(loop.planned, max_steps) if max_steps else loop.planned
+        if env.is_main:
+            log.info(
+                "training %s/%s on %s: %d rank(s), global batch %d = %d rank(s) x %d micro-step(s)"
+                " x %d, %d steps/epoch, steps %d..%d",
+                config.model,
+                config.strategy,
+                devices.device,
+                env.world_size,
+                config.batch_size,
+                env.world_size,
+                config.grad_accum,
+                loop.micro,
+                loop.steps_per_epoch,
+                loop.step,
+                stop_at,
+            )
+        result = loop.run(stop_at, guard, requeue)
+        result.wall_s = time.perf_counter() - t0
+        return result
+    finally:
+        ckpt.close()
+        if own_guard:
+            guard.uninstall()
+        rt.close()
