@@ -6,10 +6,10 @@ the same way:
 
     # >>> sbatch options ...   the #SBATCH lines, from ``spec.resources``/``launch.sbatch_args``,
     # <<< sbatch options         ``requeue.signal``/``signal_delay_s`` and ``name``
-    # >>> filled in ...          the spec's path, ``--set`` options for whatever differs from the
-    # <<< filled in              file (command-line overrides), srun options from ``launch``, the
-                                 exported ``environment.variables`` and ``environment.setup`` lines
-                                 (and, for ``array``, one case per sweep task)
+    # >>> filled in ...          the spec's path, this checkout as PROJECT_DIR, ``--set`` options
+    # <<< filled in              for whatever differs from the file (command-line overrides), srun
+                                 options from ``launch``, the exported ``environment.variables``
+                                 and ``environment.setup`` lines (``array``: one case per task)
 
 Quoting: values on ``#SBATCH`` lines are written as sbatch's own parser reads them (double quotes,
 backslash escapes); values in shell code go through :func:`shlex.quote`. Newlines and other
@@ -43,7 +43,8 @@ __all__ = [
     "template_path",
 ]
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "sbatch_templates"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES_DIR = PROJECT_ROOT / "sbatch_templates"
 TEMPLATE_NAMES = ("ddp", "dataparallel", "requeue", "array")
 
 _SBATCH_BEGIN = "# >>> sbatch options"
@@ -237,6 +238,10 @@ def _env_value(value: str | int | float | bool) -> str:
 def _fill_block(name: str, spec: JobSpec, spec_path: Path) -> list[str]:
     lines = [f"{_FILL_BEGIN} by `python -m jobs submit --dry-run` from {spec.name}"]
     lines.append(f"DEFAULT_CONFIG={shlex.quote(_no_control(str(spec_path), 'spec path'))}")
+    # The checkout this jobs runs from, as the submitit path uses it: the script then works
+    # wherever it is submitted from (an exported PROJECT_DIR still wins).
+    root = shlex.quote(_no_control(str(PROJECT_ROOT), "project directory"))
+    lines.append(f'if [[ -z "${{PROJECT_DIR:-}}" ]]; then PROJECT_DIR={root}; fi')
     overrides = _set_args(spec_overrides(spec, spec_path), "--set")
     lines.append(f"spec_overrides=({overrides})")
     srun = " ".join(shlex.quote(_no_control(o, "launch")) for o in _srun_options(spec))

@@ -112,10 +112,11 @@ class Harness:
     def run_file(
         self, script: Path, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
+        """Run a rendered script (it defaults PROJECT_DIR to the real checkout: keep it here)."""
         return subprocess.run(
             ["bash", str(script), *args],
             cwd=self.project,
-            env={**self.env, **(env or {})},
+            env={**self.env, "PROJECT_DIR": str(self.project), **(env or {})},
             capture_output=True,
             text=True,
             timeout=30,
@@ -516,15 +517,8 @@ def test_render_fills_options_from_spec(h: Harness, name: str) -> None:
         assert proc.returncode == 0, proc.stdout
     # With no argument the rendered script runs the spec it was made from, plus the override
     # given on the jobs command line (the file says max_steps 20).
-    h.env.pop("PYTHON")
-    proc = subprocess.run(
-        ["bash", str(out), "--set", "train.seed=7"],
-        cwd=h.project,
-        env={**h.env, "PYTHON": "/opt/py/bin/python"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    assert f"then PROJECT_DIR={REPO}; fi" in text
+    proc = h.run_file(out, "--set", "train.seed=7")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _after(h.srun_args(), "/opt/py/bin/python")[3:] == [
         "--config",
