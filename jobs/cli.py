@@ -100,14 +100,21 @@ def _client() -> SlurmClient:
 
 # -- submit -------------------------------------------------------------------------------------
 def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
-    from jobs.load import load_spec
     from jobs.records import runs_root
-    from jobs.submit import Plan
 
     if args.dry_run and args.follow:
         raise UsageError("submit: --dry-run and --follow do not go together")
+    if args.dry_run and args.executor != "local" and not args.template:
+        # The common edit-and-look loop: served from the validated-spec cache when unchanged.
+        from jobs.drycache import dry_run
+
+        out.write(dry_run(args.spec, args.overrides, runs_root(args.runs_dir)))
+        return 0
+    from jobs.load import load_spec
+    from jobs.submit import make_plan
+
     loaded = load_spec(args.spec, args.overrides)
-    plan = Plan.make(loaded, runs_root(args.runs_dir))
+    plan = make_plan(loaded, runs_root(args.runs_dir))
     if args.template:
         return _submit_template(args, loaded, plan, out)
     executor = args.executor
@@ -174,7 +181,7 @@ def _local_plan(loaded: Any, plan: Any) -> str:
         f"# local run: {plan.run_dir} (no Slurm); per task, rank r of {loaded.spec.world_size}:"
     ]
     for task in loaded.tasks:
-        d = plan.task_dir(loaded, task)
+        d = plan.task_dir(task.index if loaded.is_array else None)
         cmd = ["python", "-m", "train", "--config", str(d / "resolved.yaml"), "--run-dir", str(d)]
         lines.append(
             f"RANK=r WORLD_SIZE={loaded.spec.world_size} MASTER_ADDR=127.0.0.1 MASTER_PORT=<free> "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +43,25 @@ def index_path() -> Path:
 def runs_root(explicit: str | None = None) -> Path:
     """Parent of new run directories: ``--runs-dir``, ``$SLURM_TRAIN_RUNS_DIR`` or ``./runs``."""
     return Path(explicit or os.environ.get(RUNS_ENV) or "runs").absolute()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a submission will live; known before anything is written (``--dry-run``)."""
+
+    run_id: str
+    run_dir: Path
+
+    @classmethod
+    def new(cls, name: str, explicit_dir: str | None, root: Path) -> Plan:
+        """A fresh run id; ``explicit_dir`` (the spec's train.run_dir) is the user's choice,
+        e.g. to resume an earlier run in place."""
+        run_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+        return cls(run_id, Path(explicit_dir).absolute() if explicit_dir else root / run_id)
+
+    def task_dir(self, index: int | None) -> Path:
+        """train's run directory for array task ``index`` (None: the job is not an array)."""
+        return self.run_dir if index is None else self.run_dir / "tasks" / str(index)
 
 
 @dataclass

@@ -15,9 +15,10 @@ import math
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobs.spec import JobSpec
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
 
 # Where `jobs` (and `train`) live: exported so the tasks can unpickle jobs.launch.TrainLaunch
 # even when the project is used from a checkout rather than installed.
@@ -30,13 +31,10 @@ def submitit_folder(run_dir: Path) -> Path:
     return (run_dir / SLURM_FOLDER).absolute()
 
 
-def setup_lines(spec: JobSpec, run_dir: Path) -> list[str]:
+def setup_lines(spec: JobSpec) -> list[str]:
     """Lines before srun: our exports (quoted) then the spec's own setup lines."""
     root = shlex.quote(str(PROJECT_ROOT))
-    lines = [
-        f'export PYTHONPATH={root}"${{PYTHONPATH:+:$PYTHONPATH}}"',
-        f"export SLURM_TRAIN_RUN_DIR={shlex.quote(str(run_dir))}",
-    ]
+    lines = [f'export PYTHONPATH={root}"${{PYTHONPATH:+:$PYTHONPATH}}"']
     for key, value in spec.environment.variables.items():
         text = str(value).lower() if isinstance(value, bool) else str(value)
         lines.append(f"export {key}={shlex.quote(text)}")
@@ -59,8 +57,12 @@ def srun_args(spec: JobSpec) -> list[str]:
     return args
 
 
-def slurm_parameters(spec: JobSpec, run_dir: Path) -> dict[str, Any]:
-    """Keyword arguments for ``SlurmExecutor.update_parameters`` (and ``_make_sbatch_string``)."""
+def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
+    """Keyword arguments for ``SlurmExecutor.update_parameters`` (and ``_make_sbatch_string``).
+
+    Independent of the run directory (that only enters as submitit's folder), so
+    :mod:`jobs.drycache` can keep them.
+    """
     res = spec.resources
     seconds = res.time_s
     extra: dict[str, Any] = {
@@ -84,7 +86,7 @@ def slurm_parameters(spec: JobSpec, run_dir: Path) -> dict[str, Any]:
         "constraint": res.constraint,
         "exclusive": True if res.exclusive else None,
         "signal_delay_s": spec.requeue.signal_delay_s,
-        "setup": setup_lines(spec, run_dir),
+        "setup": setup_lines(spec),
         "srun_args": srun_args(spec),
         "stderr_to_stdout": True,
         "additional_parameters": extra,
@@ -104,10 +106,17 @@ def submit_command(folder: Path, python: str | None = None) -> str:
 
 def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -> str:
     """The exact script submitit would pass to sbatch for this spec and run directory."""
+    return script_from_parameters(slurm_parameters(spec), run_dir, array_size)
+
+
+def script_from_parameters(
+    params: dict[str, Any], run_dir: Path, array_size: int | None = None
+) -> str:
+    """Render with submitit's own function, as ``SlurmExecutor`` does (``map_count`` for arrays)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = submitit_folder(run_dir)
-    kwargs = slurm_parameters(spec, run_dir)
+    kwargs = dict(params)
     if array_size is not None:
         kwargs["map_count"] = array_size
     text: str = _make_sbatch_string(command=submit_command(folder), folder=folder, **kwargs)

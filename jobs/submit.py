@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ import yaml
 from jobs import records
 from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
+from jobs.records import Plan
 from jobs.render import sbatch_script, slurm_parameters, submitit_folder
 
 if TYPE_CHECKING:
@@ -29,25 +29,11 @@ if TYPE_CHECKING:
 _Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Where a submission will live; computed before anything is written (``--dry-run``)."""
-
-    run_id: str
-    run_dir: Path
-
-    @classmethod
-    def make(cls, loaded: LoadedSpec, root: Path) -> Plan:
-        spec = loaded.spec
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_id = f"{spec.name}-{stamp}-{os.urandom(2).hex()}"
-        # A run_dir in the spec is the user's choice (e.g. to resume an earlier run there).
-        if spec.train is not None and spec.train.run_dir and not loaded.is_array:
-            return cls(run_id, Path(spec.train.run_dir).absolute())
-        return cls(run_id, root / run_id)
-
-    def task_dir(self, loaded: LoadedSpec, task: Task) -> Path:
-        return self.run_dir / "tasks" / str(task.index) if loaded.is_array else self.run_dir
+def make_plan(loaded: LoadedSpec, root: Path) -> Plan:
+    """Run id and directory for a loaded spec (``train.run_dir`` wins for a single job)."""
+    spec = loaded.spec
+    explicit = spec.train.run_dir if spec.train is not None and not loaded.is_array else None
+    return Plan.new(spec.name, explicit, root)
 
 
 def dry_run_script(loaded: LoadedSpec, plan: Plan) -> str:
@@ -70,7 +56,7 @@ def write_run_files(loaded: LoadedSpec, plan: Plan) -> list[tuple[Task, Path, Pa
         (plan.run_dir / "spec.yaml").write_text(loaded.text, encoding="utf-8")
         out = []
         for task in loaded.tasks:
-            task_dir = plan.task_dir(loaded, task)
+            task_dir = plan.task_dir(task.index if loaded.is_array else None)
             task_dir.mkdir(parents=True, exist_ok=True)
             resolved = task_dir / "resolved.yaml"
             resolved.write_text(_resolved_text(task), encoding="utf-8")
@@ -126,7 +112,7 @@ def submit_slurm(loaded: LoadedSpec, plan: Plan, client: SlurmClient) -> records
             # max_num_timeout=0 and a callable without .checkpoint: submitit never requeues by
             # itself; train's guard decides (budgets in the spec's requeue section).
             executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-            executor.update_parameters(**slurm_parameters(loaded.spec, plan.run_dir))
+            executor.update_parameters(**slurm_parameters(loaded.spec))
             if loaded.is_array:
                 jobs = executor.submit_array(launches)
             else:
