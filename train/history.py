@@ -66,8 +66,12 @@ class RunHistory:
         line = json.dumps(record, sort_keys=False, default=str) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # O_APPEND + a single write keeps lines whole even if another writer appends too
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
+            # a crash mid-write leaves a torn last line: start on a fresh line, not glued to it
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = "\n" + line
             os.write(fd, line.encode())
             os.fsync(fd)
         finally:

@@ -1,0 +1,227 @@
+"""PreemptionGuard, stop classification, RunHistory budgets and request_requeue."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from train.config import RequeueConfig
+from train.history import RunHistory
+from train.preempt import (
+    BUDGET_EXHAUSTED_EXIT_CODE,
+    REQUEUE_EXIT_CODE,
+    PreemptionGuard,
+    classify_from_job_info,
+    classify_stop,
+    request_requeue,
+)
+
+
+@dataclass(frozen=True)
+class FakeEnv:
+    is_main: bool = True
+    job_id: str | None = "42"
+    restart_count: int = 0
+
+
+class FakeClient:
+    def __init__(self, info: dict[str, str] | None = None, fail: Exception | None = None) -> None:
+        self.info = info or {}
+        self.fail = fail
+        self.requeued: list[str] = []
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        if self.fail:
+            raise self.fail
+        return self.info
+
+    def requeue(self, job_id: str) -> None:
+        if self.fail:
+            raise self.fail
+        self.requeued.append(job_id)
+
+
+def _ts(offset_s: float) -> str:
+    return datetime.fromtimestamp(time.time() + offset_s).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+# -- the guard --------------------------------------------------------------------------------
+def test_signal_only_sets_a_flag_and_ranks_agree() -> None:
+    guard = PreemptionGuard(("USR2", "TERM")).install()
+    try:
+        assert guard.should_stop(lambda x: x) is False
+        assert guard.reason is None
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert guard.requested and guard.signal_name == "SIGUSR2"
+        assert guard.should_stop(lambda x: x) is True
+        assert guard.reason == "signal"  # no job id: not classified
+    finally:
+        guard.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None)
+
+
+def test_other_rank_signal_stops_this_rank() -> None:
+    guard = PreemptionGuard()
+    seen: list[int] = []
+
+    def all_reduce_max(x: int) -> int:
+        seen.append(x)
+        return max(x, 1)  # rank 1 got the signal
+
+    assert guard.should_stop(all_reduce_max) is True
+    assert seen == [0] and not guard.requested
+    assert guard.reason == "signal"
+
+
+def test_sigterm_and_restore_previous_handler() -> None:
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda s, f: calls.append(s))
+    try:
+        guard = PreemptionGuard(("SIGTERM", signal.SIGUSR2)).install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert guard.signal_name == "SIGTERM" and not calls
+        guard.uninstall()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert calls == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_reason_is_classified_on_the_main_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("train.preempt.classify_stop", lambda job_id, delay: "timeout")
+    guard = PreemptionGuard(job_id="7", signal_delay_s=90)
+    guard.trigger("USR2")
+    assert guard.should_stop(lambda x: x)
+    assert guard.reason == "timeout"
+    other = PreemptionGuard(job_id="7", is_main=False)
+    other.trigger()
+    assert other.reason == "signal"
+
+
+# -- classification -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("info", "kind"),
+    [
+        ({"PreemptTime": _ts(-3), "EndTime": _ts(20)}, "preemption"),
+        ({"PreemptTime": "None", "EndTime": _ts(80)}, "timeout"),
+        ({"PreemptTime": "None", "EndTime": _ts(140)}, "timeout"),  # up to 60 s early
+        ({"PreemptTime": "None", "EndTime": _ts(3600)}, "preemption"),
+        ({"PreemptTime": "None", "EndTime": "Unknown"}, "preemption"),
+        ({}, "preemption"),
+    ],
+)
+def test_classify_from_job_info(info: dict[str, str], kind: str) -> None:
+    assert classify_from_job_info(info, signal_delay_s=90) == kind
+
+
+def test_classify_stop_without_slurm_is_signal() -> None:
+    assert classify_stop("1", 90, client=FakeClient(fail=OSError("no scontrol"))) == "signal"
+    client = FakeClient({"PreemptTime": "None", "EndTime": _ts(30)})
+    assert classify_stop("1", 90, client=client) == "timeout"
+
+
+# -- history --------------------------------------------------------------------------------
+def test_history_counts_summary_and_torn_lines(tmp_path: Path) -> None:
+    h = RunHistory(tmp_path)
+    assert h.summary() == "no events yet"
+    h.append("start", step=0, restart_count=0, job_id="1")
+    assert h.summary() == "no interruptions"
+    for n, kind in enumerate(["preempted", "timeout", "preempted"], start=1):
+        h.append(kind, step=10 * n, restart_count=n - 1, job_id="1")
+        h.append("requeue", step=10 * n, restart_count=n - 1, job_id="1")
+        h.append("resume", step=10 * n, restart_count=n, job_id="1")
+    with open(h.path, "a") as f:
+        f.write('{"time": 1, "event": "compl')  # a crash mid-write
+    assert h.counts()["preempted"] == 2
+    assert h.summary() == "preempted 2x, timeout 1x, resumed at step 30"
+    h.append("complete", step=50, restart_count=3, job_id="1")
+    d = h.to_dict()
+    assert d["preemptions"] == 2 and d["timeouts"] == 1 and d["failures"] == 0
+    assert d["resumes"] == 3 and d["resumed_at_step"] == 30 and d["complete"] is True
+    assert h.summary().endswith("complete at step 50")
+    with pytest.raises(ValueError, match="unknown event"):
+        h.append("exploded")
+
+
+@pytest.mark.parametrize(
+    ("events", "reason"),
+    [
+        (["preempted"] * 2, None),
+        (["preempted"] * 3, "preempted 3x, over the budget requeue.max_preemptions=2"),
+        (["timeout"], None),
+        (["timeout"] * 2, "requeue.max_timeouts=1"),
+        (["failure"], "requeue.max_failures=0"),
+    ],
+)
+def test_budgets(tmp_path: Path, events: list[str], reason: str | None) -> None:
+    cfg = RequeueConfig(max_preemptions=2, max_timeouts=1, max_failures=0)
+    h = RunHistory(tmp_path)
+    for e in events:
+        h.append(e)
+    got = h.check_budget(cfg)
+    if reason is None:
+        assert got is None
+    else:
+        assert got is not None and reason in got
+
+
+# -- request_requeue ------------------------------------------------------------------------
+def _events(run_dir: Path) -> list[str]:
+    return [
+        json.loads(line)["event"]
+        for line in (run_dir / "events.jsonl").read_text().split("\n")
+        if line
+    ]
+
+
+def test_requeue_via_scontrol(tmp_path: Path) -> None:
+    client = FakeClient({"PreemptTime": _ts(-2), "EndTime": _ts(20)})
+    code = request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "signal", step=12, client=client)
+    assert code == 0 and client.requeued == ["42"]
+    assert _events(tmp_path) == ["preempted", "requeue"]
+    first = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 12 and first["job_id"] == "42" and first["restart_count"] == 0
+
+
+def test_requeue_falls_back_to_exit_code(tmp_path: Path) -> None:
+    client = FakeClient(fail=FileNotFoundError("scontrol"))
+    code = request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "timeout", step=5, client=client)
+    assert code == REQUEUE_EXIT_CODE
+    assert _events(tmp_path) == ["timeout", "requeue"]
+    code = request_requeue(FakeEnv(job_id=None), tmp_path, RequeueConfig(), "preemption", step=6)
+    assert code == REQUEUE_EXIT_CODE
+
+
+def test_budget_exhausted_stops_without_requeue(tmp_path: Path) -> None:
+    client = FakeClient()
+    cfg = RequeueConfig(max_failures=1)
+    assert request_requeue(FakeEnv(), tmp_path, cfg, "failure", step=1, client=client) == 0
+    code = request_requeue(FakeEnv(), tmp_path, cfg, "failure", step=2, client=client)
+    assert code == BUDGET_EXHAUSTED_EXIT_CODE
+    assert client.requeued == ["42"]
+    assert _events(tmp_path) == ["failure", "requeue", "failure", "budget_exhausted"]
+    assert "max_failures=1" in RunHistory(tmp_path).summary()
+
+
+def test_other_ranks_do_nothing(tmp_path: Path) -> None:
+    client = FakeClient()
+    env = FakeEnv(is_main=False)
+    assert request_requeue(env, tmp_path, RequeueConfig(), "signal", client=client) == 0
+    assert client.requeued == [] and not (tmp_path / "events.jsonl").exists()
+
+
+def test_kind_passthrough_does_not_ask_slurm(tmp_path: Path) -> None:
+    class NoShowJob(FakeClient):
+        def show_job(self, job_id: str) -> dict[str, str]:
+            raise AssertionError("a classified kind must not ask Slurm again")
+
+    client = NoShowJob()
+    assert request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "preemption", client=client) == 0
+    assert _events(tmp_path) == ["preempted", "requeue"]
