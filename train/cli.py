@@ -1,0 +1,140 @@
+"""``python -m train --config SPEC.yaml [--set train.x=y ...] [--resume [PATH]] [--run-dir DIR]``.
+
+``main(argv) -> int`` also runs in-process (``jobs.launch.TrainLaunch`` calls it inside the
+allocation). Bad input (spec, ``--set``, inconsistent Slurm environment, missing data) prints
+ONE line ``error: ...`` on stderr and returns 2; other failures print one line and return 1; the
+traceback only with ``--debug``. A stop signal returns the requeue exit code (0 after
+``scontrol requeue``, 75 for the batch script to requeue, 3 when the requeue budget is spent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+from train.config import RunConfig, load_run_config
+from train.errors import ConfigError, TrainError
+
+__all__ = ["build_parser", "default_run_dir", "main"]
+
+log = logging.getLogger(__name__)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse prints usage + message and exits; we want one line and our exit code.
+        raise ConfigError(f"{message} (see python -m train --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m train``."""
+    p = _Parser(
+        prog="python -m train",
+        description="Train from a job spec's train/requeue/entrypoint sections (DDP on Slurm, "
+        "torchrun or one process). Auto-resumes when SLURM_RESTART_COUNT > 0.",
+    )
+    p.add_argument("--config", required=True, metavar="SPEC.yaml", help="job spec YAML file")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec value, e.g. --set train.batch_size=128 (repeatable)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="PATH",
+        help="resume from the newest valid checkpoint, or from PATH",
+    )
+    p.add_argument("--run-dir", metavar="DIR", help="run directory (overrides train.run_dir)")
+    p.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
+    return p
+
+
+def default_run_dir(config: RunConfig, job_id: str | None) -> Path:
+    """``train.run_dir``, else ``runs/job-JOBID`` (stable across requeues), else ``runs/local``."""
+    if config.train.run_dir:
+        return Path(config.train.run_dir)
+    return Path("runs") / (f"job-{job_id}" if job_id else "local")
+
+
+def _fail(exc: BaseException, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(exc)
+    msg = str(exc).replace("\n", " ").strip() or type(exc).__name__
+    if not isinstance(exc, TrainError):
+        msg = f"{type(exc).__name__}: {msg}"
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``python -m train`` with ``argv``; returns the exit code (never raises for errors)."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    run_dir: Path | None = None
+    env = None
+    try:
+        args = build_parser().parse_args(argv)
+        config = load_run_config(args.config, args.set)
+        from train.env import DistEnv
+
+        env = DistEnv.from_env(os.environ)
+        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config, env.job_id)
+        from train.metrics import setup_logging
+
+        setup_logging(env.rank, run_dir, debug=args.debug)
+        if config.entrypoint is not None:
+            from train.entry import run_entrypoint
+
+            return run_entrypoint(config, env, run_dir, args.resume)
+        from train.trainer import run_training
+
+        result = run_training(
+            config.train, env, run_dir, resume=args.resume, requeue=config.requeue
+        )
+        if env.is_main and result.exit_code == 0 and result.stopped is None:
+            log.info(
+                "done: %d steps, test accuracy %.2f%%, %s img/s, run dir %s",
+                result.steps,
+                100 * (result.test_accuracy or 0.0),
+                f"{result.images_per_s:.0f}" if result.images_per_s else "n/a",
+                run_dir,
+            )
+        return result.exit_code
+    except TrainError as exc:
+        _record_failure(exc, env, run_dir)
+        return _fail(exc, exc.exit_code, debug)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        _record_failure(exc, env, run_dir)
+        return _fail(exc, 1, debug)
+
+
+def _record_failure(exc: BaseException, env: object, run_dir: Path | None) -> None:
+    """Rank 0 appends a ``failure`` event (runtime failures only, not bad input)."""
+    if run_dir is None or env is None or getattr(exc, "exit_code", 1) == 2:
+        return
+    if not getattr(env, "is_main", False) or not run_dir.is_dir():
+        return
+    try:
+        from train.preempt import RunHistory
+
+        RunHistory(run_dir).append(
+            "failure",
+            step=None,
+            restart_count=getattr(env, "restart_count", 0),
+            job_id=getattr(env, "job_id", None),
+            error=f"{type(exc).__name__}: {exc}"[:300],
+        )
+    except Exception as err:  # never mask the original error
+        log.debug("could not record the failure event: %s", err)
