@@ -372,3 +372,20 @@ def test_rng_state_roundtrip_through_weights_only(tmp_path: Path) -> None:
     restore_rng_state(loaded)
     got = (random.random(), random.gauss(0, 1), np.random.rand(), torch.rand(1).item())
     assert got == expected
+
+
+def test_bench_checkpoint_save(setup: Any) -> None:
+    from train.ckpt_bench import bench_checkpoint_save
+
+    model, opt, root = setup
+    result = bench_checkpoint_save(model, opt, root, repeats=1)
+    assert set(result) == {
+        "torch_save_s",
+        "sync_s",
+        "async_blocking_s",
+        "async_total_s",
+        "bytes",
+        "repeats",
+    }
+    assert result["bytes"] > 0 and result["async_total_s"] >= result["async_blocking_s"] > 0
+    assert list(root.iterdir()) == []
