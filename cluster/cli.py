@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             res = lc.up(timeout=args.timeout)
             if res.started:
                 print(f"started: {', '.join(res.started)}")
+            elif res.config_changed:
+                print("config updated; running daemons reconfigured")
             else:
                 print("cluster already up and healthy; nothing changed")
             _print_status(lc)

@@ -10,11 +10,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from cluster import parse
-from cluster.errors import SlurmCommandError, SlurmNotFoundError, SlurmTimeoutError
+from cluster.errors import (
+    JobWaitTimeoutError,
+    SlurmCommandError,
+    SlurmNotFoundError,
+    SlurmTimeoutError,
+)
 from cluster.local.paths import resolve_slurm_conf
 from cluster.models import JobInfo, Node, Partition
 
@@ -194,6 +200,29 @@ class SlurmClient:
     def release(self, job_id: str) -> None:
         """Let a requeued job start now instead of after its BeginTime delay."""
         self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+    def wait_for(
+        self,
+        job_id: str,
+        until: Callable[[JobInfo], bool] = lambda j: j.terminal,
+        *,
+        timeout: float = 300.0,
+        poll: float = 1.0,
+    ) -> JobInfo:
+        """Poll one job until ``until(info)`` holds; raise JobWaitTimeoutError after ``timeout``.
+
+        Returns the last :class:`JobInfo` seen. Meant for tests, scripts and ``--follow``.
+        """
+        deadline = time.monotonic() + timeout
+        last: JobInfo | None = None
+        while True:
+            last = self.job_states([job_id]).get(str(job_id), last)
+            if last is not None and until(last):
+                return last
+            if time.monotonic() >= deadline:
+                state = last.state if last else "unknown to Slurm"
+                raise JobWaitTimeoutError(str(job_id), state, timeout)
+            time.sleep(poll)
 
 
 def _has_tasks(result: Mapping[str, JobInfo], job_id: str) -> bool:

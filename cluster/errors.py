@@ -1,13 +1,14 @@
 """Errors raised by the cluster package.
 
-    ClusterError                 base: anything that went wrong talking to or running Slurm
-    ├── SlurmNotFoundError       a Slurm command is not installed / not on PATH
-    ├── SlurmCommandError        a Slurm command ran and failed (carries cmd, exit code, stderr)
-    │   └── SlurmTimeoutError    a Slurm command did not answer within its timeout
-    ├── SlurmParseError          a Slurm command answered something we could not parse
-    ├── HostlistError            a malformed hostlist expression
-    ├── SlurmTimeError           a malformed Slurm time string
-    └── LocalClusterError        the local dev cluster could not be brought up / down
+ClusterError                 base: anything that went wrong talking to or running Slurm
+├── SlurmNotFoundError       a Slurm command is not installed / not on PATH
+├── SlurmCommandError        a Slurm command ran and failed (carries cmd, exit code, stderr)
+│   └── SlurmTimeoutError    a Slurm command did not answer within its timeout
+├── JobWaitTimeoutError      a job did not reach the awaited state in time
+├── SlurmParseError          a Slurm command answered something we could not parse
+├── HostlistError            a malformed hostlist expression
+├── SlurmTimeError           a malformed Slurm time string
+└── LocalClusterError        the local dev cluster could not be brought up / down
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ class SlurmTimeoutError(SlurmCommandError):
     def __init__(self, cmd: Sequence[str], timeout: float) -> None:
         super().__init__(cmd, -1, f"no answer within {timeout:g}s (is slurmctld running?)")
         self.timeout = timeout
+
+
+class JobWaitTimeoutError(ClusterError):
+    """A job did not reach the state waited for within the time allowed."""
+
+    def __init__(self, job_id: str, last_state: str, timeout: float) -> None:
+        super().__init__(f"job {job_id} still {last_state} after {timeout:g}s")
+        self.job_id = job_id
+        self.last_state = last_state
 
 
 class SlurmParseError(ClusterError):

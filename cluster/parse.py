@@ -152,7 +152,16 @@ def _expand_array_id(job_id: str) -> list[str]:
         raise SlurmParseError(f"bad array task range in job id {job_id!r}") from exc
 
 
-SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Partition", "Reason")
+SACCT_FIELDS = (
+    "JobID",
+    "JobName",
+    "State",
+    "ExitCode",
+    "Elapsed",
+    "NodeList",
+    "Partition",
+    "Reason",
+)
 
 
 def parse_sacct(text: str) -> dict[str, JobInfo]:

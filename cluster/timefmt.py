@@ -38,7 +38,7 @@ def parse_slurm_time(value: str | int) -> int | None:
     if text.upper() in _UNLIMITED:
         return None
     # Slurm's Elapsed/Timelimit fields may carry fractional seconds in some versions.
-    text = text.split(".", 1)[0] if re.match(r"^[\d:-]+\.\d+$", text) else text
+    text = text.split(".", 1)[0] if re.match(r"^[\d-]*\d+:[\d:]+\.\d+$", text) else text
     for pattern, units in _PATTERNS:
         m = pattern.match(text)
         if m:

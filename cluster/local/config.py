@@ -14,6 +14,7 @@ CLUSTER_NAME = "slurmtrain"
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 2
 GPUS_PER_NODE = 2
+REAL_MEMORY_MB = 4096
 # Ports away from Slurm's defaults so a system Slurm on the same machine is never disturbed.
 SLURMCTLD_PORT = 16817
 SLURMDBD_PORT = 16819
@@ -108,7 +109,7 @@ def render_slurm_conf(layout: Layout, hostname: str) -> str:
     r = layout.root
     nodes = "\n".join(
         f"NodeName={n} NodeHostname={hostname} NodeAddr=127.0.0.1 Port={SLURMD_BASE_PORT + i} "
-        f"CPUs={CPUS_PER_NODE} Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
+        f"CPUs={CPUS_PER_NODE} RealMemory={REAL_MEMORY_MB} Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
         for i, n in enumerate(NODES)
     )
     node_list = ",".join(NODES)

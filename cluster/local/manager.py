@@ -78,8 +78,7 @@ class LocalCluster:
             ("slurmctld", L.pid_file("slurmctld"), L.log_file("slurmctld")),
         ]
         out += [
-            (f"slurmd-{n}", L.run / f"slurmd-{n}.pid", L.log / f"slurmd-{n}.log")
-            for n in cfg.NODES
+            (f"slurmd-{n}", L.run / f"slurmd-{n}.pid", L.log / f"slurmd-{n}.log") for n in cfg.NODES
         ]
         return out
 
@@ -89,7 +88,8 @@ class LocalCluster:
         missing = sorted({pkg for exe, pkg in REQUIRED.items() if not shutil.which(exe, path=path)})
         if missing:
             raise LocalClusterError(
-                "Slurm packages missing: apt-get install -y " + " ".join(missing)
+                "Slurm packages missing: apt-get install -y "
+                + " ".join(missing)
                 + " (or run `make setup`, which installs them)"
             )
         if os.geteuid() != 0:
@@ -201,9 +201,10 @@ class LocalCluster:
 
         def ready() -> bool:
             cred = run_ok(["munge", "-n", f"--socket={L.munge_socket}"], self.env())
-            return cred is not None and run_ok(
-                ["unmunge", f"--socket={L.munge_socket}"], self.env(), cred
-            ) is not None
+            return (
+                cred is not None
+                and run_ok(["unmunge", f"--socket={L.munge_socket}"], self.env(), cred) is not None
+            )
 
         wait_until(ready, timeout=20, what="munged", log=L.munge_dir / "munged.log")
         # munged writes its pid file as the munge user inside its own dir; mirror it to run/.

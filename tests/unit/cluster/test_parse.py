@@ -1,0 +1,110 @@
+"""Parsers on outputs recorded from the local cluster (Slurm 22.05) plus real-cluster variants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster import parse
+from cluster.errors import SlurmParseError
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_key_values_with_spaces() -> None:
+    kv = parse.parse_key_values(
+        "NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=1 Reason=bad disk [root@x]"
+    )
+    assert kv["OS"] == "Linux 6.1 #1 SMP"
+    assert kv["RealMemory"] == "1"
+    assert kv["Reason"] == "bad disk [root@x]"
+
+
+@pytest.mark.parametrize(
+    ("text", "gres"),
+    [
+        ("gpu:2", {"gpu": 2}),
+        ("(null)", {}),
+        ("", {}),
+        ("gpu:a100:4(S:0-1)", {"gpu": 4}),
+        ("gpu:a100:4(S:0-1),gpu:v100:2(S:0)", {"gpu": 6}),
+        ("gpu:a100:4(S:0-1),shard:8", {"gpu": 4, "shard": 8}),
+        ("gpu", {"gpu": 1}),
+    ],
+)
+def test_gres(text: str, gres: dict[str, int]) -> None:
+    assert parse.parse_gres(text) == gres
+
+
+def test_nodes_recorded() -> None:
+    nodes = parse.parse_nodes((DATA / "scontrol_nodes.txt").read_text())
+    assert [(n.name, n.state, n.cpus, n.gres, n.partitions) for n in nodes] == [
+        ("n1", "IDLE", 2, {"gpu": 2}, ("debug", "urgent")),
+        ("n2", "IDLE", 2, {"gpu": 2}, ("debug", "urgent")),
+    ]
+    assert all(n.usable for n in nodes)
+
+
+def test_node_states() -> None:
+    text = (
+        "NodeName=a1 CPUTot=64 Gres=gpu:a100:8(S:0-1) State=MIXED+DRAIN Partitions=gpu\n"
+        "NodeName=a2 CPUTot=64 Gres=(null) State=DOWN* Partitions=cpu\n"
+    )
+    a1, a2 = parse.parse_nodes(text)
+    assert (a1.state, a1.gres, a1.usable) == ("MIXED", {"gpu": 8}, True)
+    assert (a2.state, a2.usable) == ("DOWN*", False)
+
+
+def test_partitions_recorded() -> None:
+    nodes = parse.parse_nodes((DATA / "scontrol_nodes.txt").read_text())
+    parts = parse.parse_partitions((DATA / "scontrol_partitions.txt").read_text(), nodes)
+    debug, urgent = parts
+    assert debug.name == "debug" and debug.default and not urgent.default
+    assert debug.max_time_s == 7200 and urgent.max_time_s == 3600
+    assert debug.nodes == ("n1", "n2")
+    assert (debug.preempt_mode, urgent.preempt_mode) == ("REQUEUE", "OFF")
+    assert (debug.priority_tier, urgent.priority_tier) == (1, 2)
+    assert debug.total_cpus == 4
+    assert debug.gres_per_node == {"gpu": 2}
+
+
+def test_partition_gres_is_minimum_over_nodes() -> None:
+    nodes = parse.parse_nodes(
+        "NodeName=a1 CPUTot=8 Gres=gpu:4 State=IDLE\nNodeName=a2 CPUTot=8 Gres=gpu:2 State=IDLE\n"
+    )
+    (p,) = parse.parse_partitions("PartitionName=p Nodes=a[1-2] MaxTime=UNLIMITED State=UP", nodes)
+    assert p.gres_per_node == {"gpu": 2} and p.max_time_s is None
+
+
+def test_sbatch_job_id() -> None:
+    assert parse.parse_sbatch_job_id("123\n") == "123"
+    assert parse.parse_sbatch_job_id("123;cluster\n") == "123"
+    with pytest.raises(SlurmParseError, match="expected a job id"):
+        parse.parse_sbatch_job_id("sbatch: error: Batch job submission failed")
+
+
+def test_sacct_recorded() -> None:
+    jobs = parse.parse_sacct((DATA / "sacct.txt").read_text())
+    assert jobs["4"].state == "FAILED" and jobs["4"].exit_code == 3
+    assert jobs["5"].state == "CANCELLED"
+    assert [jobs[f"3_{i}"].state for i in range(4)] == ["COMPLETED"] * 4
+    # A requeued job: the newest record (PENDING, BeginTime) wins over PREEMPTED.
+    assert (jobs["7"].state, jobs["7"].reason, jobs["7"].nodelist) == ("PENDING", "BeginTime", "")
+    # Pending array tasks on one line are expanded; the parallelism limit is dropped.
+    assert [k for k in jobs if k.startswith("8_")] == [f"8_{i}" for i in range(4, 10)]
+    assert jobs["9"].state == "TIMEOUT" and jobs["9"].elapsed_s == 86407
+    assert jobs["9"].terminal and not jobs["7"].terminal
+
+
+def test_squeue_recorded() -> None:
+    jobs = parse.parse_squeue((DATA / "squeue.txt").read_text())
+    assert set(jobs) == {"5", "3_0", "3_1", "3_2", "3_3", "4"}
+    assert jobs["3_2"].reason == "JobArrayTaskLimit" and jobs["3_0"].nodelist == "n1"
+    assert jobs["3_0"].source == "squeue"
+
+
+@pytest.mark.parametrize("parser", [parse.parse_sacct, parse.parse_squeue])
+def test_short_lines_rejected(parser: object) -> None:
+    with pytest.raises(SlurmParseError, match="fields"):
+        parser("1|2|3")  # type: ignore[operator]
