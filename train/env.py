@@ -202,14 +202,21 @@ class DistEnv:
         nnodes = _int(environ, "SLURM_STEP_NUM_NODES") or _int(environ, "SLURM_NNODES")
         if nnodes is not None and nnodes != len(hosts):
             raise EnvError(
-                f"the node list {nodelist!r} has {len(hosts)} host(s) but SLURM_NNODES={nnodes}: "
-                "check --nodes / --nodelist"
+                f"the node list {nodelist!r} has {len(hosts)} host(s) but the step has "
+                f"{nnodes} node(s): check --nodes / --nodelist"
             )
-        if ntpn is not None and world != ntpn * len(hosts):
+        # Job level: --ntasks must equal --nodes x --ntasks-per-node when both are given.
+        job_tasks, job_nodes = _int(environ, "SLURM_NTASKS"), _int(environ, "SLURM_NNODES")
+        if (
+            ntpn is not None
+            and job_tasks is not None
+            and job_nodes is not None
+            and job_tasks != ntpn * job_nodes
+        ):
             raise EnvError(
-                f"world size SLURM_NTASKS={world} does not match {len(hosts)} node(s) x "
-                f"--ntasks-per-node={ntpn}: set --ntasks={ntpn * len(hosts)} or drop --ntasks and "
-                "keep --nodes with --ntasks-per-node"
+                f"world size SLURM_NTASKS={job_tasks} does not match {job_nodes} node(s) x "
+                f"--ntasks-per-node={ntpn}: set --ntasks={ntpn * job_nodes} or drop --ntasks "
+                "and keep --nodes with --ntasks-per-node"
             )
         if per_node and sum(per_node) != world:
             raise EnvError(
