@@ -72,7 +72,7 @@ def preflight(spec: JobSpec, client: SlurmClient, where: Where | None = None) ->
                 f"{gpus} GPUs per node; nodes in {part.name} have at most {best_gpus}",
             )
         elif cpus > best_cpus:
-            field = "cpus_per_task"
+            field = "cpus_per_task" if res.cpus_per_task else "ntasks_per_node"
             why = (
                 f"{spec.ntasks_per_node} tasks x {res.cpus_per_task or 1} CPUs per node; nodes in "
                 f"{part.name} have at most {best_cpus} CPUs"

@@ -1,0 +1,87 @@
+"""TrainLaunch: picklable, torch-free, takes the signals back from submitit, passes train's code."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobs.launch import TrainLaunch, _remember
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def restore_signals() -> Iterator[None]:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def _fake_train(monkeypatch: pytest.MonkeyPatch, code: int) -> list[object]:
+    calls: list[object] = []
+
+    def main(argv: list[str]) -> int:
+        calls.append(list(argv))
+        calls.append(
+            {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+        )
+        return code
+
+    module = types.ModuleType("train.cli")
+    module.main = main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "train.cli", module)
+    return calls
+
+
+def test_pickles_by_reference_and_round_trips() -> None:
+    launch = TrainLaunch("/r/resolved.yaml", "/r", "USR1")
+    data = pickle.dumps(launch)
+    assert b"jobs.launch" in data
+    assert pickle.loads(data) == launch
+
+
+def test_calls_train_main_with_config_and_run_dir(
+    monkeypatch: pytest.MonkeyPatch, restore_signals: None
+) -> None:
+    calls = _fake_train(monkeypatch, 0)
+    # What submitit installs before calling us: a requeueing USR2 handler.
+    signal.signal(signal.SIGUSR2, lambda *_: None)
+    assert TrainLaunch("/r/resolved.yaml", "/r", "USR1")() == 0
+    assert calls[0] == ["--config", "/r/resolved.yaml", "--run-dir", "/r"]
+    handlers = calls[1]
+    assert isinstance(handlers, dict)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        assert handlers[sig] is _remember  # submitit's handlers are gone before train starts
+
+
+def test_nonzero_train_exit_becomes_the_task_exit_code(
+    monkeypatch: pytest.MonkeyPatch, restore_signals: None
+) -> None:
+    _fake_train(monkeypatch, 75)
+    with pytest.raises(SystemExit) as info:
+        TrainLaunch("/r/c.yaml", "/r")()
+    assert info.value.code == 75
+
+
+def test_importing_launch_does_not_import_torch_or_train() -> None:
+    code = (
+        "import sys, jobs.launch; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'train')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
