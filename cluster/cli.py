@@ -17,6 +17,12 @@ def _parser() -> argparse.ArgumentParser:
         "slurmctld, slurmd n1 and n2).",
     )
     p.add_argument("--state-dir", type=Path, help="config and state directory")
+    p.add_argument(
+        "--port-offset",
+        type=int,
+        default=0,
+        help="shift every port (run a second cluster, with its own --state-dir, beside another)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the cluster (idempotent) and wait for idle nodes")
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.local.manager import LocalCluster
 
     try:
-        lc = LocalCluster(args.state_dir)
+        lc = LocalCluster(args.state_dir, port_offset=args.port_offset)
         if args.command == "up":
             res = lc.up(timeout=args.timeout)
             if res.started:

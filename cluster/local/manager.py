@@ -52,8 +52,10 @@ class UpResult:
 class LocalCluster:
     """A real Slurm cluster of two nodes on this machine, in one state directory."""
 
-    def __init__(self, root: Path | None = None, hostname: str | None = None) -> None:
-        self.layout = cfg.Layout((root or default_state_dir()).resolve())
+    def __init__(
+        self, root: Path | None = None, hostname: str | None = None, port_offset: int = 0
+    ) -> None:
+        self.layout = cfg.Layout((root or default_state_dir()).resolve(), port_offset)
         self.hostname = hostname or socket.gethostname().split(".", 1)[0]
 
     # -- paths and environment ---------------------------------------------------------------
@@ -229,7 +231,7 @@ class LocalCluster:
         pid = spawn_detached(
             [
                 "mariadbd", "--no-defaults", "--user=mysql", f"--datadir={L.mysql_data}",
-                f"--socket={L.mysql_socket}", f"--port={cfg.MARIADB_PORT}",
+                f"--socket={L.mysql_socket}", f"--port={L.mariadb_port}",
                 "--bind-address=127.0.0.1", f"--pid-file={L.mysql_dir / 'mariadbd.pid'}",
                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve",
             ],
@@ -348,7 +350,8 @@ class LocalCluster:
             if name.startswith("slurmd") or name == "slurmctld"
         )  # fmt: skip
         raise LocalClusterError(
-            f"nodes not idle after {timeout:g}s (sinfo: {self.node_states() or 'no answer'})\n{logs}"
+            f"nodes not idle after {timeout:g}s "
+            f"(sinfo: {self.node_states() or 'no answer'})\n{logs}"
         )
 
     # -- down --------------------------------------------------------------------------------
