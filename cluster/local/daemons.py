@@ -53,6 +53,17 @@ def pid_alive(pid: int | None) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def pid_runs(pid: int | None, program: str) -> bool:
+    """Alive and running ``program``: a stale pid file whose pid was reused does not count."""
+    if not pid_alive(pid):
+        return False
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return True
+    return comm == program[:15]
+
+
 def log_tail(path: Path, lines: int = 15) -> str:
     try:
         data = path.read_text(errors="replace").splitlines()

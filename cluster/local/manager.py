@@ -22,6 +22,7 @@ from cluster.local.daemons import (
     log_tail,
     marked_processes,
     pid_alive,
+    pid_runs,
     read_pid,
     run_checked,
     spawn_detached,
@@ -101,7 +102,7 @@ class LocalCluster:
         out = []
         for name, pid_file, log in self.daemons():
             pid = read_pid(pid_file)
-            out.append(DaemonStatus(name, pid, pid_alive(pid), log))
+            out.append(DaemonStatus(name, pid, pid_runs(pid, name.split("-", 1)[0]), log))
         return out
 
     def healthy(self) -> bool:
@@ -367,8 +368,7 @@ class LocalCluster:
                 run_ok(["scancel", *jobs], self.env())
         for name, pid_file, _ in reversed(self.daemons()):
             pid = read_pid(pid_file)
-            if pid_alive(pid):
-                assert pid is not None
+            if pid is not None and pid_runs(pid, name.split("-", 1)[0]):
                 stop_pid(pid)
                 stopped.append(name)
             pid_file.unlink(missing_ok=True)
