@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
 # Signals that arrived between submitit's start and train's guard being installed.
@@ -41,13 +42,30 @@ class TrainLaunch:
     """Run ``python -m train --config CONFIG --run-dir RUN_DIR [extra...]`` in this process.
 
     ``signal_name`` is the spec's requeue signal (USR2 by default); it is released from
-    submitit as well as USR2 and TERM.
+    submitit as well as USR2 and TERM. ``resolved`` (JSON) is the task's validated spec when
+    it was not written at submission (big sweeps): the task writes ``config`` from it first.
     """
 
     config: str
     run_dir: str
     signal_name: str = "USR2"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    resolved: str = ""
+
+    def materialize(self) -> None:
+        """Write ``config`` from ``resolved`` unless it exists (every rank may race: atomic)."""
+        path = Path(self.config)
+        if not self.resolved or path.exists():
+            return
+        import json
+
+        import yaml
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        data = json.loads(self.resolved)
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        os.replace(tmp, path)
 
     def argv(self) -> list[str]:
         return ["--config", self.config, "--run-dir", self.run_dir, *self.extra_args]
@@ -57,6 +75,7 @@ class TrainLaunch:
         # submitit requeues on its own only for checkpointable callables after a timeout; we are
         # not one (no .checkpoint), and train decides about requeues through its budgets.
         os.environ.setdefault("SLURM_TRAIN_RUN_DIR", self.run_dir)
+        self.materialize()
         from train.cli import main  # torch is imported here, inside the allocation only
 
         code = int(main(self.argv()) or 0)

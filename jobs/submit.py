@@ -7,11 +7,13 @@ resolved spec per task. ``render.slurm_parameters`` feeds both this and ``--dry-
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ from jobs.render import sbatch_script, slurm_parameters, submitit_folder
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
+    from jobs.spec import JobSpec
 
 _Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
@@ -42,32 +45,64 @@ def dry_run_script(loaded: LoadedSpec, plan: Plan) -> str:
     return sbatch_script(loaded.spec, plan.run_dir, size)
 
 
-def _resolved_text(task: Task) -> str:
-    data = task.spec.model_dump(mode="json", exclude_none=True)
-    data.pop("sweep", None)
+def _resolved_data(spec: JobSpec, *, keep_sweep: bool = False) -> dict[str, Any]:
+    data = spec.model_dump(mode="json", exclude_none=True)
+    if not keep_sweep:
+        data.pop("sweep", None)
+    return data
+
+
+def _yaml_text(data: dict[str, Any]) -> str:
     text: str = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
     return text
 
 
-def write_run_files(loaded: LoadedSpec, plan: Plan) -> list[tuple[Task, Path, Path]]:
-    """Create the run directory; return (task, resolved spec path, train run dir) per task."""
+def _resolved_text(task: Task) -> str:
+    return _yaml_text(_resolved_data(task.spec))
+
+
+@dataclass(frozen=True)
+class TaskFiles:
+    """Where one task's resolved spec lives; ``pending`` holds it (JSON) when not yet written."""
+
+    task: Task
+    config: Path
+    run_dir: Path
+    pending: str = ""
+
+
+def write_run_files(loaded: LoadedSpec, plan: Plan, *, lazy: bool = False) -> list[TaskFiles]:
+    """Create the run directory with the spec as written and the resolved spec(s).
+
+    ``lazy`` (big sweeps on Slurm): the array tasks' resolved specs travel inside their pickles
+    and each task writes its own RUN_DIR/tasks/N/resolved.yaml when it starts; on a slow shared
+    file system 1000 directories and files at submission would cost seconds.
+    """
     try:
         (plan.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
         (plan.run_dir / "spec.yaml").write_text(loaded.text, encoding="utf-8")
+        if loaded.is_array:
+            # The whole validated spec, sweep included, for people reading the run directory.
+            text = _yaml_text(_resolved_data(loaded.spec, keep_sweep=True))
+            (plan.run_dir / "resolved.yaml").write_text(text, encoding="utf-8")
         out = []
         for task in loaded.tasks:
             task_dir = plan.task_dir(task.index if loaded.is_array else None)
+            config = task_dir / "resolved.yaml"
+            if lazy and loaded.is_array:
+                pending = json.dumps(_resolved_data(task.spec), separators=(",", ":"))
+                out.append(TaskFiles(task, config, task_dir, pending))
+                continue
             task_dir.mkdir(parents=True, exist_ok=True)
-            resolved = task_dir / "resolved.yaml"
-            resolved.write_text(_resolved_text(task), encoding="utf-8")
-            out.append((task, resolved, task_dir))
+            config.write_text(_resolved_text(task), encoding="utf-8")
+            out.append(TaskFiles(task, config, task_dir))
     except OSError as exc:
         raise SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc}") from None
     return out
 
 
 def new_record(
-    loaded: LoadedSpec, plan: Plan, executor: str, files: list[Any]
+    loaded: LoadedSpec, plan: Plan, executor: str, files: list[TaskFiles]
 ) -> records.RunRecord:
     return records.RunRecord(
         run_id=plan.run_id,
@@ -79,7 +114,7 @@ def new_record(
         submitted_at=time.time(),
         spec_path=str(loaded.path.absolute()),
         overrides=loaded.overrides,
-        tasks=[records.TaskRecord(t.index, str(d), t.values) for t, _, d in files],
+        tasks=[records.TaskRecord(f.task.index, str(f.run_dir), f.task.values) for f in files],
         world_size=loaded.spec.world_size,
         partition=loaded.spec.resources.partition or "",
     )
@@ -103,9 +138,11 @@ def submit_slurm(loaded: LoadedSpec, plan: Plan, client: SlurmClient) -> records
 
     from jobs.launch import TrainLaunch
 
-    files = write_run_files(loaded, plan)
+    files = write_run_files(loaded, plan, lazy=True)
     signal_name = loaded.spec.requeue.signal
-    launches = [TrainLaunch(str(cfg), str(d), signal_name) for _, cfg, d in files]
+    launches = [
+        TrainLaunch(str(f.config), str(f.run_dir), signal_name, resolved=f.pending) for f in files
+    ]
     folder = submitit_folder(plan.run_dir)
     with _environ(client.env()):
         try:

@@ -6,9 +6,11 @@ import io
 from pathlib import Path
 
 import pytest
+from submitit.core.utils import DelayedSubmission
 
 from cluster.client import SlurmClient
 from jobs.cli import main
+from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
 from jobs.render import sbatch_script
 from jobs.submit import make_plan, submit_slurm
@@ -137,6 +139,12 @@ def test_sweep_submission_is_one_sbatch_call(tmp_path: Path, stub_slurm: Path) -
     assert record.job_ids() == ["4242_0", "4242_1", "4242_2", "4242_3"]
     seeds = []
     for task in record.tasks:
+        # Each array task carries its resolved spec in its pickle and writes it when it starts.
+        pickle = Path(record.run_dir) / "slurm" / f"4242_{task.index}_submitted.pkl"
+        launch = DelayedSubmission.load(pickle).function
+        assert isinstance(launch, TrainLaunch)
+        assert launch.config == str(Path(task.run_dir) / "resolved.yaml")
+        launch.materialize()
         resolved = (Path(task.run_dir) / "resolved.yaml").read_text()
         assert "sweep" not in resolved
         seeds.append(task.values["train.seed"])

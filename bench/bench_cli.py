@@ -1,0 +1,200 @@
+"""CLI speed benchmark (not a timed test): ``python bench/bench_cli.py [--runs N] [--no-cluster]``.
+
+1. ``python -m jobs submit --dry-run examples/cifar.yaml`` against the floor
+   ``python -c "import submitit, pydantic, yaml"``, measured in the same run, interleaved,
+   medians after warm-up. Goal: dry-run <= 1.3x the floor (the default path, which serves an
+   unchanged spec from the validated-spec cache). The cold path (``SLURM_TRAIN_NO_CACHE=1``:
+   full pydantic validation every time) is measured and reported too.
+2. With the local cluster up: a 1000-point sweep is submitted as ONE array (goal < 2 s for the
+   whole ``python -m jobs submit``), ``status`` of its 1000 tasks uses ONE sacct call (counted
+   through a logging sacct shim on PATH); the array is cancelled afterwards.
+
+Prints every number and the ratios, writes bench/results/cli.json, exits 1 if a goal is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+RATIO_GOAL = 1.3
+SWEEP_GOAL_S = 2.0
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL, timeout=120)
+    return time.perf_counter() - t
+
+
+def bench_dry_run(runs: int, warmup: int, env: dict[str, str]) -> dict[str, object]:
+    cold_env = {**env, "SLURM_TRAIN_NO_CACHE": "1"}
+    cmds = {
+        "floor": ([PY, "-c", "import submitit, pydantic, yaml"], env),
+        "dry_run": ([PY, "-m", "jobs", "submit", "--dry-run", "examples/cifar.yaml"], env),
+        "dry_run_cold": (
+            [PY, "-m", "jobs", "submit", "--dry-run", "examples/cifar.yaml"],
+            cold_env,
+        ),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for i in range(warmup + runs):
+        for name, (cmd, e) in cmds.items():  # interleaved: load changes hit all alike
+            t = _run(cmd, e)
+            if i >= warmup:
+                times[name].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "runs": runs,
+        "warmup": warmup,
+        "median_s": med,
+        "all_s": times,
+        "ratio": med["dry_run"] / med["floor"],
+        "ratio_cold": med["dry_run_cold"] / med["floor"],
+        "goal_ratio": RATIO_GOAL,
+    }
+
+
+SWEEP_SPEC = """name: bench-sweep
+resources: {partition: debug, nodes: 1, ntasks_per_node: 1, cpus_per_task: 1, time: "00:05:00"}
+train:
+  model: tinycnn
+  width: 4
+  max_steps: 1
+  batch_size: 16
+  data: {kind: synthetic, train_size: 64, test_size: 16}
+sweep:
+  max_parallel: 2
+  grid:
+    train.seed: [%s]
+"""
+
+SACCT_SHIM = """#!/bin/sh
+echo "$@" >> "%s"
+exec "%s" "$@"
+"""
+
+
+def bench_cluster(env: dict[str, str], tmp: Path) -> dict[str, object]:
+    from cluster.client import SlurmClient
+
+    client = SlurmClient(environ=env)
+    if not client.ping():
+        return {"skipped": "no Slurm controller answers (python -m cluster up)"}
+    spec = tmp / "sweep1000.yaml"
+    spec.write_text(SWEEP_SPEC % ", ".join(str(i) for i in range(1000)))
+    shim = tmp / "shim"
+    shim.mkdir()
+    calls = tmp / "sacct-calls.txt"
+    real = shutil.which("sacct", path=env.get("PATH"))
+    assert real, "sacct not on PATH"
+    (shim / "sacct").write_text(SACCT_SHIM % (calls, real))
+    (shim / "sacct").chmod(0o755)
+    cenv = {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"}
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [PY, "-m", "jobs", "submit", str(spec), "--json"],
+        cwd=REPO,
+        env=cenv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    submit_s = time.perf_counter() - t
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip()}
+    sub = json.loads(proc.stdout)
+    try:
+        calls.write_text("")
+        t = time.perf_counter()
+        status = subprocess.run(
+            [PY, "-m", "jobs", "status", sub["run_id"], "--json"],
+            cwd=REPO,
+            env=cenv,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        status_s = time.perf_counter() - t
+        tasks = json.loads(status.stdout)["tasks"]
+        sacct_calls = len(calls.read_text().splitlines())
+    finally:
+        client.cancel([sub["job_id"]])
+    return {
+        "array_tasks": len(sub["job_ids"]),
+        "job_id": sub["job_id"],
+        "submit_s": submit_s,
+        "goal_submit_s": SWEEP_GOAL_S,
+        "status_s": status_s,
+        "status_tasks": len(tasks),
+        "status_sacct_calls": sacct_calls,
+        "cancelled": True,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-cluster", action="store_true", help="skip the sweep benchmarks")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cli-"))
+    env = dict(os.environ)
+    env["SLURM_TRAIN_STATE_DIR"] = str(tmp / "state")
+    env["SLURM_TRAIN_RUNS_DIR"] = str(tmp / "runs")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    result: dict[str, object] = {"python": sys.version.split()[0], "time": time.time()}
+    dry = bench_dry_run(args.runs, args.warmup, env)
+    result["dry_run"] = dry
+    med = dry["median_s"]
+    assert isinstance(med, dict)
+    print(
+        f"floor   python -c 'import submitit, pydantic, yaml'  median {med['floor'] * 1000:7.1f} ms"
+    )
+    print(
+        f"dry-run python -m jobs submit --dry-run (default)  median {med['dry_run'] * 1e3:7.1f} ms"
+    )
+    print(
+        f"dry-run cold (SLURM_TRAIN_NO_CACHE=1, validates)   median {med['dry_run_cold'] * 1e3:7.1f} ms"
+    )
+    print(f"ratio {dry['ratio']:.2f}x (goal <= {RATIO_GOAL}x); cold ratio {dry['ratio_cold']:.2f}x")
+    ok = float(dry["ratio"]) <= RATIO_GOAL  # type: ignore[arg-type]
+    if not args.no_cluster:
+        cl = bench_cluster(env, tmp)
+        result["cluster"] = cl
+        if "array_tasks" in cl:
+            print(
+                f"sweep: {cl['array_tasks']} tasks as one array (job {cl['job_id']}) submitted in "
+                f"{cl['submit_s']:.2f} s (goal < {SWEEP_GOAL_S} s)"
+            )
+            print(
+                f"status of {cl['status_tasks']} tasks: {cl['status_s']:.2f} s, "
+                f"{cl['status_sacct_calls']} sacct call(s); array cancelled"
+            )
+            ok = ok and float(cl["submit_s"]) < SWEEP_GOAL_S  # type: ignore[arg-type]
+            ok = ok and cl["status_sacct_calls"] == 1 and cl["status_tasks"] == 1000
+        else:
+            print(f"cluster benchmarks: {cl}")
+    result["goals_met"] = ok
+    out = REPO / "bench" / "results" / "cli.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out.relative_to(REPO)}; goals {'met' if ok else 'MISSED'}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
