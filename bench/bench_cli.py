@@ -166,9 +166,8 @@ def main() -> int:
     print(
         f"dry-run python -m jobs submit --dry-run (default)  median {med['dry_run'] * 1e3:7.1f} ms"
     )
-    print(
-        f"dry-run cold (SLURM_TRAIN_NO_CACHE=1, validates)   median {med['dry_run_cold'] * 1e3:7.1f} ms"
-    )
+    cold = med["dry_run_cold"] * 1e3
+    print(f"dry-run cold (SLURM_TRAIN_NO_CACHE=1, validates)   median {cold:7.1f} ms")
     print(f"ratio {dry['ratio']:.2f}x (goal <= {RATIO_GOAL}x); cold ratio {dry['ratio_cold']:.2f}x")
     ok = float(dry["ratio"]) <= RATIO_GOAL  # type: ignore[arg-type]
     if not args.no_cluster:
