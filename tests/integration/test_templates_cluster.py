@@ -1,0 +1,291 @@
+"""Each sbatch template submitted with plain ``sbatch`` to the local cluster, running real training.
+
+The way a user would: ``sbatch [options] sbatch_templates/NAME.sbatch SPEC.yaml [--set ...]`` from
+the checkout (so PROJECT_DIR and PYTHON come from the template's defaults). Training is kept tiny
+(tinycnn, a few hundred synthetic images, a handful of steps, one thread per rank): the machine
+has two cores shared by everyone. The "GPUs" are the cluster's dummy gres; CUDA is not available,
+so every spec sets ``train.allow_cpu_fallback`` and the runs train on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATES = REPO / "sbatch_templates"
+
+SPEC = """\
+name: tpl-it
+train:
+  model: tinycnn
+  width: 4
+  data: {{kind: synthetic, train_size: 256, test_size: 32, augment: false}}
+  optimizer: {{schedule: constant, lr: 0.05}}
+  batch_size: 16
+  max_steps: {max_steps}
+  checkpoint: {{interval_steps: {interval}, keep_last: 2}}
+  allow_cpu_fallback: true
+  num_threads: 1
+  log_interval: 1
+requeue: {{signal_delay_s: 30}}
+"""
+
+
+class Jobs:
+    """Submits templates with plain sbatch; cancels whatever is still queued at the end."""
+
+    def __init__(self, env: dict[str, str], client: Any, tmp: Path) -> None:
+        self.env = env
+        self.client = client
+        self.tmp = tmp
+        self.ids: list[str] = []
+
+    def sbatch(
+        self,
+        template: str,
+        options: list[str],
+        script_args: list[str],
+        env: dict[str, str] | None = None,
+    ) -> str:
+        # --output on the command line overrides the template's #SBATCH line (logs stay in tmp).
+        out = "slurm-%x-%A_%a.out" if any(o.startswith("--array") for o in options) else None
+        cmd = [
+            "sbatch",
+            "--parsable",
+            f"--output={self.tmp / (out or 'slurm-%x-%j.out')}",
+            *options,
+            str(TEMPLATES / f"{template}.sbatch"),
+            *script_args,
+        ]
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO,  # submitted from the checkout, as the README says
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        job_id = proc.stdout.strip().split(";")[0]
+        self.ids.append(job_id)
+        return job_id
+
+    def wait(self, job_id: str, states: set[str], timeout: float = 240) -> Any:
+        """Poll until the job (every task of an array) is in one of ``states``."""
+        deadline = time.monotonic() + timeout
+        infos: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            infos = self.client.job_states([job_id])
+            mine = [i for k, i in infos.items() if k == job_id or k.startswith(f"{job_id}_")]
+            if mine and all(i.state in states for i in mine):
+                return mine[0] if len(mine) == 1 else mine
+            done = [i for i in mine if i.terminal and i.state not in states]
+            if done:
+                pytest.fail(f"job {job_id} ended {done[0].state}:\n{self.logs()}")
+            time.sleep(1.0)
+        pytest.fail(f"job {job_id} not in {states} after {timeout}s ({infos}):\n{self.logs()}")
+
+    def logs(self) -> str:
+        parts = []
+        for path in sorted(self.tmp.rglob("*.out")):
+            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+    def cancel_all(self) -> None:
+        live = [
+            k
+            for k, info in self.client.job_states(self.ids).items()
+            if not info.terminal and k.split("_")[0] in self.ids
+        ]
+        if live:
+            self.client.cancel(sorted({k.split("_")[0] for k in live}))
+
+
+@pytest.fixture
+def jobs(slurm_env: dict[str, str], slurm_client: Any, tmp_path: Path) -> Iterator[Jobs]:
+    j = Jobs(slurm_env, slurm_client, tmp_path)
+    try:
+        yield j
+    finally:
+        j.cancel_all()
+
+
+def _spec(tmp: Path, max_steps: int, interval: int) -> Path:
+    path = tmp / "spec.yaml"
+    path.write_text(SPEC.format(max_steps=max_steps, interval=interval))
+    return path
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _kinds(run_dir: Path) -> list[str]:
+    return [e["event"] for e in _events(run_dir)]
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    root = run_dir / "checkpoints"
+    found = root.glob("step-*") if root.is_dir() else iter(())
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+@pytest.mark.timeout(300)
+def test_ddp_template_two_nodes(jobs: Jobs, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, max_steps=4, interval=2)
+    run_dir = tmp_path / "run-ddp"
+    job = jobs.sbatch(
+        "ddp",
+        ["-N2", "--ntasks-per-node=1", "--gres=gpu:1", "-c1", "--time=10"],
+        [str(spec), "--set", "train.seed=3"],
+        env={"RUN_DIR": str(run_dir)},
+    )
+    jobs.wait(job, {"COMPLETED"})
+    # One log per rank, named by job name, job id and task id (srun --output=%x-%j-rank%t.out).
+    logs = sorted(p.name for p in (run_dir / "logs").glob("*.out"))
+    assert logs == [f"train-ddp-{job}-rank0.out", f"train-ddp-{job}-rank1.out"], logs
+    assert "complete" in _kinds(run_dir), jobs.logs()
+    assert _checkpoints(run_dir), "no checkpoint written"
+    manifest = json.loads((_checkpoints(run_dir)[-1] / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_dataparallel_template_checkpoint_loads_into_bare_model(jobs: Jobs, tmp_path: Path) -> None:
+    """--gres=gpu:2 -n1: one task that would drive both GPUs; CUDA is absent here so it runs on
+    CPU (allow_cpu_fallback). Its checkpoint must load into a plain, unwrapped model."""
+    spec = _spec(tmp_path, max_steps=4, interval=2)
+    run_dir = tmp_path / "run-dp"
+    job = jobs.sbatch(
+        "dataparallel",
+        ["--gres=gpu:2", "-n1", "-c1", "--time=10"],
+        [str(spec)],
+        env={"RUN_DIR": str(run_dir)},
+    )
+    jobs.wait(job, {"COMPLETED"})
+    assert "complete" in _kinds(run_dir), jobs.logs()
+    batch_log = next(tmp_path.glob(f"slurm-*-{job}.out")).read_text()
+    assert "gpus=2" in batch_log
+    # One task saw both (dummy) GPUs and said that it falls back to the CPU.
+    rank_log = (run_dir / "logs" / f"train-dp-{job}-rank0.out").read_text()
+    assert "tinycnn/dp on cpu" in rank_log, rank_log
+
+    import torch
+
+    from train.models import build_model
+
+    latest = _checkpoints(run_dir)[-1]
+    shared = torch.load(latest / "shared.pt", map_location="cpu", weights_only=True)
+    state = shared["model"]
+    assert not any(k.startswith("module.") for k in state), "DataParallel prefix leaked"
+    model = build_model("tinycnn", width=4)
+    model.load_state_dict(state)  # strict: every key matches a bare model
+
+
+@pytest.mark.timeout(420)
+def test_requeue_template_survives_preemption(
+    jobs: Jobs, tmp_path: Path, slurm_env: dict[str, str], slurm_client: Any
+) -> None:
+    """The step runs as in a container without scontrol (PATH without Slurm), so train answers
+    the forwarded USR2 with a checkpoint and exit 75, and the batch script requeues the job."""
+    # Slow each step down with a checkpoint delay (sleeping, not burning the shared CPUs), so
+    # that the preemption lands in the middle of training.
+    spec = _spec(tmp_path, max_steps=24, interval=1)
+    run_dir = tmp_path / "run-requeue"
+    nobin = tmp_path / "container-bin"
+    nobin.mkdir()
+    job = jobs.sbatch(
+        "requeue",
+        ["-N1", "--ntasks-per-node=1", "--gres=gpu:1", "-c1", "--time=10"],
+        [str(spec)],
+        env={
+            "RUN_DIR": str(run_dir),
+            "SRUN_PREFIX": f"/usr/bin/env PATH={nobin}",
+            "TRAIN_CKPT_TEST_DELAY_S": "0.4",
+        },
+    )
+    info = jobs.wait(job, {"RUNNING"}, timeout=120)
+    deadline = time.monotonic() + 120
+    while not _checkpoints(run_dir):
+        assert time.monotonic() < deadline, f"no checkpoint yet:\n{jobs.logs()}"
+        time.sleep(0.5)
+    node = slurm_client.show_job(job).get("NodeList") or info.nodelist
+    # Preempt only the node this job runs on: a higher-priority job that wants all of it.
+    out = str(tmp_path / "urgent-%j.out")
+    urgent = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "urgent",
+            "-w",
+            node,
+            "--exclusive",
+            "-t",
+            "1",
+            "-o",
+            out,
+            "--wrap",
+            "sleep 5",
+        ],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert urgent.returncode == 0, urgent.stderr
+    jobs.ids.append(urgent.stdout.strip().split(";")[0])
+    # The job comes back PENDING (BeginTime) with the same id and Restarts=1.
+    deadline = time.monotonic() + 120
+    while True:
+        shown = slurm_client.show_job(job)
+        if int(shown.get("Restarts", "0")) >= 1 and shown.get("JobState") == "PENDING":
+            break
+        assert time.monotonic() < deadline, f"not requeued: {shown}\n{jobs.logs()}"
+        time.sleep(1.0)
+    slurm_client.release(job)
+    jobs.wait(job, {"COMPLETED"}, timeout=240)
+
+    batch_log = next(tmp_path.glob(f"slurm-*-{job}.out")).read_text()
+    assert "got SIGUSR2: forwarding it to the training step" in batch_log, batch_log
+    assert f"exited 75: scontrol requeue {job}" in batch_log, batch_log
+    assert "restart_count=1" in batch_log, batch_log
+    kinds = _kinds(run_dir)
+    assert "requeue" in kinds and "resume" in kinds and kinds[-1] == "complete", kinds
+    requeue = next(e for e in _events(run_dir) if e["event"] == "requeue")
+    assert requeue.get("via") == "exit_code", requeue
+    resume = next(e for e in _events(run_dir) if e["event"] == "resume")
+    assert resume["restart_count"] == 1 and resume["step"] > 0, resume
+
+
+@pytest.mark.timeout(300)
+def test_array_template_sweep_file(jobs: Jobs, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, max_steps=3, interval=3)
+    sweep = tmp_path / "seeds.txt"
+    sweep.write_text("# one line per task\n--set train.seed=1\n--set train.seed=2\n")
+    root = tmp_path / "runs"
+    job = jobs.sbatch(
+        "array",
+        ["--array=0-1%1", "--gres=gpu:1", "-c1", "--time=10"],
+        [str(spec)],
+        env={"SWEEP_FILE": str(sweep), "RUN_ROOT": str(root)},
+    )
+    jobs.wait(job, {"COMPLETED"})
+    for task in (0, 1):
+        run_dir = root / f"train-sweep-{job}" / f"task-{task}"
+        assert "complete" in _kinds(run_dir), jobs.logs()
+        assert _checkpoints(run_dir)
