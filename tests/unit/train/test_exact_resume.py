@@ -1,0 +1,301 @@
+"""Exact resume: a run interrupted and resumed (twice, at any step, mid-epoch) ends bitwise equal
+to the same run uninterrupted (the manifest digest), on CPU with deterministic settings.
+
+Against the real trainer (``train.trainer.run_training`` / ``python -m train``):
+- 1 process, in-process, stopped through the real stop path (guard -> save -> barrier ->
+  request_requeue) at epoch ends, mid-epoch and at interval-checkpoint steps, sync and async;
+- 2-rank gloo DDP on 127.0.0.1 (torchrun-style variables), the stop requested on one rank only
+  so the ranks must agree through the all-reduce;
+- ``python -m train`` SIGKILLed while a checkpoint is being written, then ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from train.checkpoint import CheckpointManager, verify_checkpoint
+from train.config import TrainConfig
+from train.env import DistEnv
+from train.history import RunHistory
+from train.preempt import REQUEUE_EXIT_CODE, PreemptionGuard
+from train.trainer import run_training
+
+REPO = Path(__file__).resolve().parents[3]
+
+# 256 images, global batch 32 in 2 micro-steps: 8 optimizer steps per epoch with 1 or 2 ranks.
+TRAIN: dict[str, Any] = {
+    "model": "tinycnn",
+    "width": 4,
+    "data": {"kind": "synthetic", "train_size": 256, "test_size": 64},
+    "epochs": 3,
+    "batch_size": 32,
+    "grad_accum": 2,
+    "deterministic": True,
+    "num_threads": 1,
+    "checkpoint": {"interval_steps": 5, "keep_last": 2},
+    "log_interval": 4,
+    "optimizer": {"lr": 0.05},
+}
+TOTAL_STEPS = 24
+
+
+def _config(strategy: str, async_save: bool = False) -> TrainConfig:
+    data = json.loads(json.dumps(TRAIN))
+    data["strategy"] = strategy
+    data["checkpoint"]["async"] = async_save
+    return TrainConfig.model_validate(data)
+
+
+def _final_digest(run_dir: Path) -> tuple[int, str]:
+    cm = CheckpointManager(run_dir / "checkpoints", rank=1, world_size=2)  # rank 1: read only
+    path = cm.latest_valid()
+    assert path is not None, f"no valid checkpoint in {run_dir}"
+    manifest = verify_checkpoint(path)
+    return int(manifest["step"]), str(manifest["digest"])
+
+
+class StopAfter(PreemptionGuard):
+    """The real guard, with the stop request raised at a chosen step instead of by a signal."""
+
+    def __init__(self, steps: int | None) -> None:
+        super().__init__()
+        self.left = steps
+
+    def should_stop(self, all_reduce_max: Any) -> bool:
+        if self.left is not None:
+            self.left -= 1
+            if self.left == 0:
+                self.trigger("USR2")
+        return super().should_stop(all_reduce_max)
+
+
+# -- one process, in-process ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def single_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, tuple[int, str]]:
+    out = {}
+    for async_save in (False, True):
+        run_dir = tmp_path_factory.mktemp(f"ref-async{int(async_save)}")
+        result = run_training(_config("single", async_save), DistEnv.from_env({}), run_dir)
+        assert result.exit_code == 0 and result.steps == TOTAL_STEPS
+        out[async_save] = _final_digest(run_dir)
+    assert out[False] == out[True]  # async saving does not change training
+    return out
+
+
+@pytest.mark.parametrize(
+    ("stops", "async_save"),
+    [
+        ((3, 8), False),  # mid-epoch, then exactly at an epoch end
+        ((5, 13), True),  # at an interval checkpoint (saved twice -> kept once), mid-epoch
+        ((1, 23), False),  # right after the start, one step before the end
+    ],
+)
+def test_single_process_interrupted_twice(
+    tmp_path: Path,
+    single_reference: dict[bool, tuple[int, str]],
+    stops: tuple[int, int],
+    async_save: bool,
+) -> None:
+    config, env = _config("single", async_save), DistEnv.from_env({})
+    previous = 0
+    for stop in (*stops, None):
+        guard = StopAfter(stop - previous if stop is not None else None)
+        result = run_training(config, env, tmp_path, guard=guard, resume=previous > 0 or None)
+        if previous:
+            # resumed from the checkpoint written at the stop: no completed step lost
+            assert result.resumed_from == tmp_path / "checkpoints" / f"step-{previous}"
+        if stop is not None:
+            assert result.exit_code == REQUEUE_EXIT_CODE and result.steps == stop
+            assert result.stopped == "signal"
+            previous = stop
+        else:
+            assert result.exit_code == 0 and result.steps == TOTAL_STEPS
+    assert _final_digest(tmp_path) == single_reference[async_save]
+    history = RunHistory(tmp_path)
+    assert history.to_dict()["preemptions"] == 2 and history.to_dict()["complete"]
+    assert history.summary() == (
+        f"preempted 2x, resumed at step {stops[1]}, complete at step {TOTAL_STEPS}"
+    )
+
+
+# -- two ranks, gloo DDP, one process each ----------------------------------------------------
+WORKER = textwrap.dedent(
+    """
+    import json, logging, os, sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from train.config import TrainConfig
+    from train.env import DistEnv
+    from train.preempt import PreemptionGuard
+    from train.trainer import run_training
+    logging.basicConfig(level=logging.WARNING)
+    config = TrainConfig.model_validate(json.loads(sys.argv[2]))
+    run_dir, stop_after, stop_rank = Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    resume = sys.argv[6] == "1"
+    env = DistEnv.from_env(os.environ)
+
+    class StopAfter(PreemptionGuard):
+        def __init__(self, steps):
+            super().__init__()
+            self.left = steps
+        def should_stop(self, all_reduce_max):
+            self.left -= 1
+            if self.left == 0 and env.rank == stop_rank:
+                self.trigger("USR2")
+            return super().should_stop(all_reduce_max)
+
+    guard = StopAfter(stop_after) if stop_after > 0 else None
+    r = run_training(config, env, run_dir, guard=guard, resume=True if resume else None)
+    print("RESULT", json.dumps({"rank": env.rank, "steps": r.steps, "exit_code": r.exit_code,
+          "resumed_from": str(r.resumed_from) if r.resumed_from else None}), flush=True)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_two_ranks(
+    config: TrainConfig, run_dir: Path, stop_after: int, stop_rank: int, resume: bool
+) -> list[dict[str, Any]]:
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+        }
+        for var in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID"):
+            env.pop(var, None)
+        argv = [
+            sys.executable,
+            "-c",
+            WORKER,
+            str(REPO),
+            config.model_dump_json(by_alias=False),
+            str(run_dir),
+            str(stop_after),
+            str(stop_rank),
+            "1" if resume else "0",
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+        assert line is not None, f"rank exited {p.returncode} without a result:\n{err[-3000:]}"
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    return sorted(results, key=lambda r: r["rank"])
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str]:
+    run_dir = tmp_path_factory.mktemp("ref-ddp")
+    results = _run_two_ranks(_config("ddp"), run_dir, 0, 0, False)
+    assert [r["steps"] for r in results] == [TOTAL_STEPS, TOTAL_STEPS]
+    return _final_digest(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stops", "stop_rank", "async_save"),
+    [
+        ((6, 12), 1, False),  # only rank 1 is signalled: rank 0 learns it from the all-reduce
+        ((8, 17), 0, True),
+    ],
+)
+def test_two_rank_ddp_interrupted_twice(
+    tmp_path: Path,
+    ddp_reference: tuple[int, str],
+    stops: tuple[int, int],
+    stop_rank: int,
+    async_save: bool,
+) -> None:
+    config = _config("ddp", async_save)
+    previous = 0
+    for stop in (*stops, None):
+        results = _run_two_ranks(
+            config, tmp_path, stop - previous if stop else 0, stop_rank, previous > 0
+        )
+        expected_steps = stop if stop is not None else TOTAL_STEPS
+        assert [r["steps"] for r in results] == [expected_steps] * 2
+        if previous:
+            assert {r["resumed_from"] for r in results} == {
+                str(tmp_path / "checkpoints" / f"step-{previous}")
+            }
+        # rank 0 returns the requeue code, the others 0 (srun reports the highest)
+        want = [REQUEUE_EXIT_CODE, 0] if stop is not None else [0, 0]
+        assert [r["exit_code"] for r in results] == want
+        previous = stop or previous
+    step, digest = _final_digest(tmp_path)
+    assert (step, digest) == ddp_reference
+    manifest = verify_checkpoint(tmp_path / "checkpoints" / f"step-{TOTAL_STEPS}")
+    assert manifest["world_size"] == 2 and set(manifest["files"]) == {
+        "shared.pt",
+        "rank-0.pt",
+        "rank-1.pt",
+    }
+
+
+# -- python -m train killed while writing a checkpoint ----------------------------------------
+def test_cli_sigkill_during_checkpoint_then_resume(
+    tmp_path: Path, single_reference: dict[bool, tuple[int, str]]
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"train": {**TRAIN, "strategy": "single"}}))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRAIN_CKPT_TEST_DELAY_S": "1"}
+    for var in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_RESTART_COUNT", "RANK", "WORLD_SIZE"):
+        env.pop(var, None)
+    argv = [sys.executable, "-m", "train", "--config", str(spec), "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    target = run_dir / "checkpoints" / ".step-10.tmp" / "shared.pt"
+    try:
+        deadline = time.monotonic() + 120
+        while not target.exists():
+            assert proc.poll() is None, f"train exited early: {proc.communicate()[1][-2000:]}"
+            assert time.monotonic() < deadline, "the step-10 save never started"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    ckpt = CheckpointManager(run_dir / "checkpoints", rank=1, world_size=1)
+    assert ckpt.latest_valid() == run_dir / "checkpoints" / "step-5"
+
+    env.pop("TRAIN_CKPT_TEST_DELAY_S")
+    done = subprocess.run(
+        [*argv, "--resume"], env=env, cwd=REPO, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _final_digest(run_dir) == single_reference[False]
+    events = [e["event"] for e in RunHistory(run_dir).events()]
+    assert events == ["start", "resume", "complete"]
+    assert RunHistory(run_dir).events()[1]["step"] == 5
