@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,3 +290,50 @@ def test_array_template_sweep_file(jobs: Jobs, tmp_path: Path) -> None:
         run_dir = root / f"train-sweep-{job}" / f"task-{task}"
         assert "complete" in _kinds(run_dir), jobs.logs()
         assert _checkpoints(run_dir)
+
+
+RENDERED_SPEC = """\
+name: tpl-rendered
+resources: {partition: debug, nodes: 2, gpus_per_node: 1, cpus_per_task: 1, time: "00:10:00"}
+""" + SPEC.split("\n", 1)[1].format(max_steps=8, interval=2)
+
+
+@pytest.mark.timeout(300)
+def test_rendered_template_from_jobs_cli(
+    jobs: Jobs, tmp_path: Path, slurm_env: dict[str, str]
+) -> None:
+    """`python -m jobs submit SPEC --dry-run --template ddp --set ...` prints a script that sbatch
+    runs as is: resources from the spec, the --set given to jobs reaches train."""
+    spec = tmp_path / "rendered.yaml"
+    spec.write_text(RENDERED_SPEC)
+    cmd = [sys.executable, "-m", "jobs", "submit", str(spec), "--dry-run", "--template", "ddp"]
+    proc = subprocess.run(
+        [*cmd, "--set", "train.max_steps=3"],
+        cwd=tmp_path,  # anywhere: the rendered script knows the checkout
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "tpl-rendered.sbatch"
+    script.write_text(proc.stdout)
+    run_dir = tmp_path / "run-rendered"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path / 'slurm-%x-%j.out'}", str(script)],
+        cwd=tmp_path,
+        env={**slurm_env, "RUN_DIR": str(run_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    jobs.ids.append(job)
+    jobs.wait(job, {"COMPLETED"})
+    done = [e for e in _events(run_dir) if e["event"] == "complete"]
+    assert done and done[-1]["step"] == 3, _events(run_dir)
+    logs = sorted(p.name for p in (run_dir / "logs").glob("*.out"))
+    assert logs == [f"tpl-rendered-{job}-rank0.out", f"tpl-rendered-{job}-rank1.out"], logs
