@@ -225,18 +225,23 @@ def request_requeue(
     *,
     step: int | None = None,
     client: Any = None,
+    error: str | None = None,
 ) -> int:
     """Record why the run stops, check the budgets and requeue; return the exit code.
 
-    Call on every rank after the checkpoint is written and all ranks met at a barrier. Rank 0
+    Call on every rank after the checkpoint is written and all ranks met at a barrier (for
+    ``kind="failure"``: from the rank whose training raised, ``error`` saying what). Rank 0
     classifies an unclassified ``"signal"`` with Slurm, appends the ``preempted``/``timeout``/
     ``failure`` event and then either ``budget_exhausted`` (returns
     :data:`BUDGET_EXHAUSTED_EXIT_CODE`, no requeue) or ``requeue``: ``scontrol requeue`` (returns
     0) or, where that is unavailable, :data:`REQUEUE_EXIT_CODE` for the batch script. Other
     ranks return 0 so that srun's exit code (the highest of all tasks) is rank 0's.
+    A failure returns 1 instead of 0 (the job is requeued, this run still failed), and outside
+    Slurm it is recorded but not turned into a requeue request.
     """
+    failed = kind == "failure"
     if not env.is_main:
-        return 0
+        return 1 if failed else 0
     history = RunHistory(run_dir)
     job_id = env.job_id
     k = kind or "signal"
@@ -244,7 +249,7 @@ def request_requeue(
         k = classify_stop(job_id, requeue_config.signal_delay_s, client=client)
     event = _EVENT_OF_KIND.get(k, "preempted")  # an unexplained signal counts as a preemption
     base = {"step": step, "restart_count": env.restart_count, "job_id": job_id}
-    history.append(event, **base, kind=k)
+    history.append(event, **base, kind=k, **({"error": error[:300]} if error else {}))
     reason = history.check_budget(requeue_config)
     if reason is not None:
         history.append("budget_exhausted", **base, reason=reason)
@@ -268,7 +273,9 @@ def request_requeue(
             return REQUEUE_EXIT_CODE
         history.append("requeue", **base, via="scontrol")
         log.warning("job %s requeued after %s at step %s", job_id, event, step)
-        return 0
+        return 1 if failed else 0
+    if failed:
+        return 1
     history.append("requeue", **base, via="exit_code")
     log.warning(
         "not under Slurm: exiting %d so the launcher can restart the run", REQUEUE_EXIT_CODE

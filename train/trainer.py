@@ -490,7 +490,21 @@ def run_training(
                 loop.step,
                 stop_at,
             )
-        result = loop.run(stop_at, guard, requeue)
+        try:
+            result = loop.run(stop_at, guard, requeue)
+        except Exception as exc:
+            if getattr(exc, "exit_code", 1) == 2:  # bad input: a requeue would fail the same way
+                raise
+            # A failure while training is recorded and requeued while requeue.max_failures
+            # allows; the run resumes from the newest valid checkpoint.
+            what = f"{type(exc).__name__}: {exc}"
+            debug = log.isEnabledFor(logging.DEBUG)
+            log.error("training failed at step %d: %s", loop.step, what, exc_info=debug)
+            result = loop.finish()
+            result.stopped = "failure"
+            result.exit_code = request_requeue(
+                env, run_dir, requeue, "failure", step=loop.step, error=what
+            )
         result.wall_s = time.perf_counter() - t0
         return result
     finally:

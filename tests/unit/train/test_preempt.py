@@ -202,7 +202,8 @@ def test_requeue_falls_back_to_exit_code(tmp_path: Path) -> None:
 def test_budget_exhausted_stops_without_requeue(tmp_path: Path) -> None:
     client = FakeClient()
     cfg = RequeueConfig(max_failures=1)
-    assert request_requeue(FakeEnv(), tmp_path, cfg, "failure", step=1, client=client) == 0
+    # a failure is requeued, but the process still reports that it failed
+    assert request_requeue(FakeEnv(), tmp_path, cfg, "failure", step=1, client=client) == 1
     code = request_requeue(FakeEnv(), tmp_path, cfg, "failure", step=2, client=client)
     assert code == BUDGET_EXHAUSTED_EXIT_CODE
     assert client.requeued == ["42"]
@@ -225,3 +226,13 @@ def test_kind_passthrough_does_not_ask_slurm(tmp_path: Path) -> None:
     client = NoShowJob()
     assert request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "preemption", client=client) == 0
     assert _events(tmp_path) == ["preempted", "requeue"]
+
+
+def test_failure_outside_slurm_is_recorded_not_requeued(tmp_path: Path) -> None:
+    code = request_requeue(
+        FakeEnv(job_id=None), tmp_path, RequeueConfig(), "failure", step=4, error="boom"
+    )
+    assert code == 1
+    events = RunHistory(tmp_path).events()
+    assert [e["event"] for e in events] == ["failure"] and events[0]["error"] == "boom"
+    assert request_requeue(FakeEnv(is_main=False), tmp_path, RequeueConfig(), "failure") == 1

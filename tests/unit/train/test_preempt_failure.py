@@ -1,0 +1,95 @@
+"""A failure while training: recorded, requeued while requeue.max_failures allows, then stopped.
+
+Runs the real trainer in-process; the Slurm client is a fake (never the real cluster's
+``scontrol requeue`` for a made-up job id).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import train.trainer
+from train.checkpoint import CheckpointManager, verify_checkpoint
+from train.config import RequeueConfig, TrainConfig
+from train.env import DistEnv
+from train.history import RunHistory
+from train.preempt import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+
+CONFIG = TrainConfig.model_validate(
+    {
+        "model": "tinycnn",
+        "width": 4,
+        "data": {"kind": "synthetic", "train_size": 128, "test_size": 32},
+        "epochs": 2,
+        "batch_size": 32,
+        "strategy": "single",
+        "deterministic": True,
+        "num_threads": 1,
+        "checkpoint": {"interval_steps": 2},
+    }
+)
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.requeued: list[str] = []
+
+    def requeue(self, job_id: str) -> None:
+        self.requeued.append(job_id)
+
+
+ORIGINAL_TRAIN_STEP = train.trainer._Loop.train_step
+
+
+def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int | None) -> None:
+    original = ORIGINAL_TRAIN_STEP
+
+    def train_step(self: Any, order: Any) -> None:
+        if step is not None and self.step == step:
+            raise RuntimeError(f"injected failure at step {step}")
+        original(self, order)
+
+    monkeypatch.setattr(train.trainer._Loop, "train_step", train_step)
+
+
+def test_failures_requeue_until_the_budget_is_spent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = FakeClient()
+    monkeypatch.setattr(train.trainer, "request_requeue", partial(request_requeue, client=client))
+    env = DistEnv.from_env({"SLURM_JOB_ID": "123456"})
+    requeue = RequeueConfig(max_failures=1)
+
+    reference = tmp_path / "ref"
+    train.trainer.run_training(CONFIG, DistEnv.from_env({}), reference)
+    ref_digest = verify_checkpoint(reference / "checkpoints" / "step-8")["digest"]
+
+    run = tmp_path / "run"
+    _fail_at(monkeypatch, 3)
+    first = train.trainer.run_training(CONFIG, env, run, requeue=requeue)
+    assert (first.stopped, first.exit_code, first.steps) == ("failure", 1, 3)
+    assert client.requeued == ["123456"]
+
+    _fail_at(monkeypatch, 5)  # the requeued run resumes from step 2 and fails again
+    second = train.trainer.run_training(CONFIG, env, run, requeue=requeue, resume=True)
+    assert second.resumed_from == run / "checkpoints" / "step-2"
+    assert second.exit_code == BUDGET_EXHAUSTED_EXIT_CODE and client.requeued == ["123456"]
+
+    history = RunHistory(run)
+    events = [e["event"] for e in history.events()]
+    assert events == ["start", "failure", "requeue", "resume", "failure", "budget_exhausted"]
+    assert "injected failure at step 3" in history.events()[1]["error"]
+    assert "failed 2x" in history.summary() and "max_failures=1" in history.summary()
+
+    # a later manual resume (budget raised) finishes with the uninterrupted run's parameters
+    _fail_at(monkeypatch, None)
+    last = train.trainer.run_training(
+        CONFIG, env, run, requeue=RequeueConfig(max_failures=5), resume=True
+    )
+    assert last.exit_code == 0 and last.resumed_from == run / "checkpoints" / "step-4"
+    newest = CheckpointManager(run / "checkpoints", rank=1, world_size=1).latest_valid()
+    assert newest is not None and verify_checkpoint(newest)["digest"] == ref_digest
