@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         from train.env import DistEnv
 
         env = DistEnv.from_env(os.environ)
+        env.export(os.environ)  # libraries that read RANK/WORLD_SIZE/... see the same answer
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config, env.job_id)
         from train.metrics import setup_logging
 
