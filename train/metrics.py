@@ -3,6 +3,7 @@
 - :class:`StepMeter` accumulates loss sums and correct counts as device tensors (no host sync per
   step); :meth:`StepMeter.reduce` all-reduces them once per log interval.
 - :class:`MetricsWriter` appends JSON lines to ``RUN_DIR/metrics.jsonl`` when ``is_main``.
+- :class:`StepTimer` times training steps only; :func:`evaluate` runs the held-out set.
 - :func:`setup_logging` prefixes every log line with the rank and also writes
   ``RUN_DIR/logs/rank-R.log``; :func:`progress_line` is rank 0's human-readable line.
 """
@@ -19,8 +20,20 @@ from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-__all__ = ["MetricsWriter", "StepMeter", "progress_line", "reduce_sums", "setup_logging"]
+from train.data import Augmenter, ImageSet
+from train.env import DistEnv
+
+__all__ = [
+    "MetricsWriter",
+    "StepMeter",
+    "StepTimer",
+    "evaluate",
+    "progress_line",
+    "reduce_sums",
+    "setup_logging",
+]
 
 
 def setup_logging(
@@ -130,3 +143,62 @@ def progress_line(record: dict[str, Any], total_steps: int) -> str:
     if record.get("images_per_s") is not None:
         parts.append(f"{record['images_per_s']:.0f} img/s")
     return " | ".join(parts)
+
+
+class StepTimer:
+    """Wall time of training steps only (eval/checkpoint paused); synchronises CUDA at edges."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.total = 0.0
+        self.images = 0
+        self.armed = False
+        self._start: float | None = None
+
+    def start(self) -> None:
+        if self.armed and self._start is None:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self._start = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._start is not None:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.total += time.perf_counter() - self._start
+            self._start = None
+
+    def count(self, images: int) -> None:
+        if self._start is not None:
+            self.images += images
+
+    @property
+    def images_per_s(self) -> float | None:
+        return self.images / self.total if self.total > 0 and self.images else None
+
+
+@torch.no_grad()
+def evaluate(
+    module: nn.Module,
+    test: ImageSet,
+    aug: Augmenter,
+    env: DistEnv,
+    batch: int,
+    out_device: torch.device,
+) -> tuple[float, float]:
+    """Mean loss and accuracy on held-out data, sharded over ranks (``rank::world``)."""
+    was_training = module.training
+    module.train(False)
+    sums = torch.zeros(3, dtype=torch.float64, device=out_device)
+    shard = torch.arange(env.rank, len(test), env.world_size, device=test.images.device)
+    for chunk in shard.split(batch):
+        logits = module(aug.normalize(test.images[chunk])).float()
+        y = test.labels[chunk].to(out_device, non_blocking=True)
+        loss = nn.functional.cross_entropy(logits, y, reduction="sum")
+        correct = (logits.argmax(1) == y).sum()
+        sums[0] += loss.double()
+        sums[1] += correct.double()
+        sums[2] += y.shape[0]
+    module.train(was_training)
+    loss_sum, correct_sum, count = reduce_sums(sums).tolist()
+    return loss_sum / max(count, 1.0), correct_sum / max(count, 1.0)

@@ -8,9 +8,11 @@ gloo group, so it never waits on a CUDA stream), ``barrier`` and ``broadcast_obj
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ import torch.distributed as dist
 from train.config import TrainConfig
 from train.env import DeviceInfo, DistEnv, verify_master_port
 
-__all__ = ["Runtime", "configure_torch", "setup_runtime"]
+__all__ = ["Runtime", "configure_torch", "precision_context", "setup_runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -109,3 +111,18 @@ def setup_runtime(env: DistEnv, devices: DeviceInfo, timeout_s: float = 1800.0) 
 def _ctrl_group(devices: DeviceInfo) -> Any:
     # NCCL collectives on CPU tensors are not possible and would sync the stream: use gloo.
     return dist.new_group(backend="gloo") if devices.backend == "nccl" else None
+
+
+def precision_context(
+    config: TrainConfig, devices: DeviceInfo
+) -> tuple[Callable[[], contextlib.AbstractContextManager[Any]], torch.amp.GradScaler | None]:
+    """Autocast factory and optional GradScaler for ``config.precision`` on this device."""
+    if config.precision == "fp32":
+        return contextlib.nullcontext, None
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float16
+    if not devices.cuda and dtype == torch.float16:
+        log.warning("precision fp16 needs CUDA; training in fp32 on %s", devices.device)
+        return contextlib.nullcontext, None
+    kind = devices.device.type
+    scaler = torch.amp.GradScaler(kind) if dtype == torch.float16 else None
+    return (lambda: torch.autocast(kind, dtype=dtype)), scaler

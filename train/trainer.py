@@ -15,11 +15,9 @@ interrupted and resumed run matches an uninterrupted one bitwise on CPU with
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -35,17 +33,17 @@ from train.checkpoint import (
     restore_rng_state,
 )
 from train.config import RequeueConfig, TrainConfig, config_hash
-from train.data import Augmenter, ImageSet, load_data
+from train.data import Augmenter, load_data
 from train.env import DeviceInfo, DistEnv, resolve_device
 from train.errors import ConfigError, TrainingError
-from train.metrics import MetricsWriter, StepMeter, progress_line, reduce_sums
+from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
 from train.models import build_model
 from train.optim import build_optimizer, build_scheduler
 from train.preempt import PreemptionGuard, RunHistory, request_requeue
-from train.runtime import Runtime, configure_torch, setup_runtime
+from train.runtime import Runtime, configure_torch, precision_context, setup_runtime
 from train.strategies import Strategy, build_strategy
 
-__all__ = ["WARMUP_STEPS", "TrainResult", "evaluate", "run_training"]
+__all__ = ["WARMUP_STEPS", "TrainResult", "run_training"]
 
 log = logging.getLogger(__name__)
 
@@ -70,80 +68,6 @@ class TrainResult:
     checkpoint: Path | None = None
     resumed_from: Path | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
-
-
-class _Timer:
-    """Wall time of training steps only (eval/checkpoint paused); synchronises CUDA at edges."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.total = 0.0
-        self.images = 0
-        self.armed = False
-        self._start: float | None = None
-
-    def start(self) -> None:
-        if self.armed and self._start is None:
-            if self.cuda:
-                torch.cuda.synchronize()
-            self._start = time.perf_counter()
-
-    def pause(self) -> None:
-        if self._start is not None:
-            if self.cuda:
-                torch.cuda.synchronize()
-            self.total += time.perf_counter() - self._start
-            self._start = None
-
-    def count(self, images: int) -> None:
-        if self._start is not None:
-            self.images += images
-
-    @property
-    def images_per_s(self) -> float | None:
-        return self.images / self.total if self.total > 0 and self.images else None
-
-
-@torch.no_grad()
-def evaluate(
-    module: nn.Module,
-    test: ImageSet,
-    aug: Augmenter,
-    env: DistEnv,
-    batch: int,
-    out_device: torch.device,
-) -> tuple[float, float]:
-    """Mean loss and accuracy on held-out data, sharded over ranks (``rank::world``)."""
-    was_training = module.training
-    module.train(False)
-    sums = torch.zeros(3, dtype=torch.float64, device=out_device)
-    shard = torch.arange(env.rank, len(test), env.world_size, device=test.images.device)
-    for chunk in shard.split(batch):
-        logits = module(aug.normalize(test.images[chunk])).float()
-        y = test.labels[chunk].to(out_device, non_blocking=True)
-        loss = nn.functional.cross_entropy(logits, y, reduction="sum")
-        correct = (logits.argmax(1) == y).sum()
-        sums[0] += loss.double()
-        sums[1] += correct.double()
-        sums[2] += y.shape[0]
-    module.train(was_training)
-    loss_sum, correct_sum, count = reduce_sums(sums).tolist()
-    return loss_sum / max(count, 1.0), correct_sum / max(count, 1.0)
-
-
-def _precision(
-    config: TrainConfig, devices: DeviceInfo
-) -> tuple[Callable[[], contextlib.AbstractContextManager[Any]], torch.amp.GradScaler | None]:
-    """Autocast factory and optional GradScaler for ``config.precision`` on this device."""
-    if config.precision == "fp32":
-        return contextlib.nullcontext, None
-    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float16
-    if not devices.cuda and dtype == torch.float16:
-        log.warning("precision fp16 needs CUDA; training in fp32 on %s", devices.device)
-        return contextlib.nullcontext, None
-    kind = devices.device.type
-    scaler = torch.amp.GradScaler(kind) if dtype == torch.float16 else None
-    return (lambda: torch.autocast(kind, dtype=dtype)), scaler
 
 
 class _Loop:
@@ -202,12 +126,12 @@ class _Loop:
         )
         self.optimizer = build_optimizer(config.optimizer, self.strat.model)
         self.scheduler = build_scheduler(config.optimizer, self.optimizer, self.planned)
-        self.autocast, self.scaler = _precision(config, devices)
+        self.autocast, self.scaler = precision_context(config, devices)
         in_dev, self.out_dev = self.strat.input_device, self.strat.output_device
         self.train_set, self.test_set = train_set.to(in_dev), test_set.to(in_dev)
         self.aug = Augmenter(in_dev, augment=config.data.augment, seed=config.seed)
         self.meter = StepMeter(self.out_dev)
-        self.timer = _Timer(self.out_dev)
+        self.timer = StepTimer(self.out_dev)
         self.metrics = MetricsWriter(run_dir, env.is_main)
         self.history = RunHistory(run_dir) if env.is_main else None
         self.step = self.epoch = self.epoch_step = 0
