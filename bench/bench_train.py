@@ -1,0 +1,264 @@
+"""Training throughput: our trainer against a minimal hand-written PyTorch loop.
+
+Both sides train the same model (``train.models.build_model``) on the same in-memory synthetic
+CIFAR tensors (``train.data.make_synthetic``), with the same global batch, optimizer (SGD,
+Nesterov momentum, weight decay) and world size, one CPU thread per process:
+
+- ``ours``: :func:`train.trainer.run_training` (what ``python -m train`` runs), images/s as the
+  trainer reports it (``TrainResult.images_per_s``: steps after ``WARMUP_STEPS``, evaluation and
+  checkpoints excluded, its own per-step stop-flag all-reduce, metrics and scheduler included);
+- ``hand``: :func:`hand_loop` below: index, normalise, forward, loss, backward, step, and
+  ``DistributedDataParallel`` over gloo for two ranks; timed over the same steps after the
+  same number of warm-up steps.
+
+Augmentation is off on both sides (the hand loop has none): what is compared is the training
+loop's own overhead; ``bench_data`` shows the augmentation pipeline separately.
+Each run is a fresh process (or two, on 127.0.0.1), ``ours`` and ``hand`` alternate, medians.
+Worker mode (used by the parent): ``python -m bench.bench_train --worker ours|hand ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench.common import Figure, Goal, Options, bench_env, free_port, interleave
+
+__all__ = ["TrainSetup", "hand_loop", "run"]
+
+SECTION = "Training throughput (CPU)"
+GOAL = Goal(">=", 0.97)
+#: Steps excluded from the measurement on both sides (train.trainer.WARMUP_STEPS).
+WARMUP_STEPS = 5
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """One comparison: model, global batch, world size, measured steps."""
+
+    model: str = "tinycnn"
+    width: int = 16
+    batch: int = 128
+    world: int = 1
+    steps: int = 30
+    lr: float = 0.05
+
+    @property
+    def train_size(self) -> int:
+        # One epoch covers every step, so no epoch boundary falls inside the timed window.
+        return (WARMUP_STEPS + self.steps + 2) * self.batch
+
+    def argv(self) -> list[str]:
+        return [
+            f"--model={self.model}",
+            f"--width={self.width}",
+            f"--batch={self.batch}",
+            f"--world={self.world}",
+            f"--steps={self.steps}",
+            f"--lr={self.lr}",
+        ]
+
+
+# -- the two sides (run inside worker processes) ------------------------------------------------
+def ours(setup: TrainSetup, rank: int, run_dir: Path) -> float:
+    """Images/s of :func:`train.trainer.run_training` for ``setup`` (as rank ``rank``)."""
+    from train.config import CheckpointConfig, DataConfig, OptimizerConfig, TrainConfig
+    from train.env import DistEnv
+    from train.trainer import WARMUP_STEPS as TRAINER_WARMUP
+    from train.trainer import run_training
+
+    if TRAINER_WARMUP != WARMUP_STEPS:
+        raise RuntimeError(f"train.trainer.WARMUP_STEPS is {TRAINER_WARMUP}, bench assumes 5")
+    config = TrainConfig(
+        model=setup.model,  # type: ignore[arg-type]
+        width=setup.width,
+        data=DataConfig(kind="synthetic", train_size=setup.train_size, test_size=64, augment=False),
+        optimizer=OptimizerConfig(name="sgd", lr=setup.lr, schedule="constant"),
+        max_steps=WARMUP_STEPS + setup.steps,
+        batch_size=setup.batch,
+        strategy="ddp" if setup.world > 1 else "single",
+        checkpoint=CheckpointConfig(interval_steps=0, keep_last=1, keep_best=False),
+        seed=0,
+        num_threads=1,
+        eval_every_epochs=1000,
+    )
+    env = DistEnv.from_env(os.environ)
+    result = run_training(config, env, run_dir, max_steps=WARMUP_STEPS + setup.steps)
+    if result.images_per_s is None:
+        raise RuntimeError("run_training reported no images/s")
+    return float(result.images_per_s)
+
+
+def hand_loop(setup: TrainSetup, rank: int, port: int) -> float:
+    """Images/s of a plain PyTorch loop: the baseline people would write by hand."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from train.data import CIFAR_MEAN, CIFAR_STD, make_synthetic
+    from train.models import build_model
+
+    torch.set_num_threads(1)
+    world = setup.world
+    if world > 1:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
+    data = make_synthetic(setup.train_size, seed=0, split="train", noise=0.5)
+    torch.manual_seed(0)
+    model: nn.Module = build_model(setup.model, setup.width)
+    params = list(model.parameters())
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(params, lr=setup.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    mean = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[rank::world]
+    micro = setup.batch // world
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(WARMUP_STEPS + setup.steps):
+        if step == WARMUP_STEPS:
+            t0 = time.perf_counter()
+        idx = order[step * micro : (step + 1) * micro]
+        x = (data.images[idx].float() / 255.0 - mean) / std
+        loss = nn.functional.cross_entropy(model(x), data.labels[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    elapsed = time.perf_counter() - t0
+    if world > 1:
+        dist.destroy_process_group()
+    return setup.steps * setup.batch / elapsed
+
+
+# -- the parent: launch workers, interleave, report ---------------------------------------------
+def _launch(impl: str, setup: TrainSetup, workdir: Path, timeout: float = 300.0) -> float:
+    """Run one measurement in fresh processes (``setup.world`` of them); rank 0's images/s."""
+    port = free_port()
+    run_dir = Path(tempfile.mkdtemp(prefix=f"train-{impl}-", dir=workdir))
+    out = run_dir / "result.json"
+    procs = []
+    for rank in range(setup.world):
+        extra = {}
+        if setup.world > 1:
+            extra = {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(setup.world),
+                "LOCAL_WORLD_SIZE": str(setup.world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.bench_train",
+            f"--worker={impl}",
+            f"--rank={rank}",
+            f"--port={port}",
+            f"--run-dir={run_dir}",
+            f"--out={out}",
+            *setup.argv(),
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=bench_env(extra),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    errors = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            errors.append(f"timed out after {timeout:.0f}s")
+            continue
+        if p.returncode != 0:
+            tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()][-1:]
+            errors.append(f"exit {p.returncode}: {' '.join(tail)}")
+    if errors:
+        raise RuntimeError(f"{impl} (world {setup.world}): {'; '.join(errors)}")
+    value: float = json.loads(out.read_text())["images_per_s"]
+    return value
+
+
+def run(opts: Options) -> list[Figure]:
+    """1 process and 2-rank DDP (gloo, 127.0.0.1), ours vs the hand loop, interleaved."""
+    workdir = opts.workdir / "train"
+    workdir.mkdir(parents=True, exist_ok=True)
+    repeats = 2 if opts.quick else min(opts.repeats, 3)
+    steps = 15 if opts.quick else 30
+    figures = []
+    for world, batch in ((1, 128), (2, 256)):
+        setup = TrainSetup(world=world, batch=batch, steps=steps)
+        opts.log(f"train: world {world}, batch {batch}, {steps} steps x {repeats} rounds")
+        samples = interleave(
+            {
+                "ours": partial(_launch, "ours", setup, workdir),
+                "hand": partial(_launch, "hand", setup, workdir),
+            },
+            repeats=repeats,
+            warmup=opts.warmup,
+        )
+        label = "1 process" if world == 1 else f"{world}-rank DDP (gloo, 127.0.0.1)"
+        figures.append(
+            Figure.measured(
+                SECTION,
+                f"images/s, {label}",
+                "img/s",
+                samples["ours"],
+                samples["hand"],
+                baseline_name="hand-written loop",
+                goal=GOAL,
+                note=(
+                    f"{setup.model} w{setup.width}, global batch {batch}, 1 thread/rank, "
+                    f"{steps} steps after {WARMUP_STEPS} warm-up, median of {repeats}"
+                ),
+            )
+        )
+    return figures
+
+
+def _worker(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bench_train")
+    p.add_argument("--worker", choices=("ours", "hand"), required=True)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="tinycnn")
+    p.add_argument("--width", type=int, default=16)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--lr", type=float, default=0.05)
+    a = p.parse_args(argv)
+    setup = TrainSetup(a.model, a.width, a.batch, a.world, a.steps, a.lr)
+    if a.worker == "ours":
+        value = ours(setup, a.rank, a.run_dir / "ours")
+    else:
+        value = hand_loop(setup, a.rank, a.port)
+    if a.rank == 0:
+        result: dict[str, Any] = {"images_per_s": value, "impl": a.worker, "world": a.world}
+        a.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1:]))
