@@ -40,7 +40,13 @@ from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progres
 from train.models import build_model
 from train.optim import build_optimizer, build_scheduler
 from train.preempt import PreemptionGuard, RunHistory, request_requeue
-from train.runtime import Runtime, configure_torch, precision_context, setup_runtime
+from train.runtime import (
+    Runtime,
+    configure_torch,
+    precision_context,
+    replay_early_signals,
+    setup_runtime,
+)
 from train.strategies import Strategy, build_strategy
 
 __all__ = ["WARMUP_STEPS", "TrainResult", "run_training"]
@@ -390,6 +396,7 @@ def run_training(
             signal_delay_s=requeue.signal_delay_s,
             is_main=env.is_main,
         ).install()
+    replay_early_signals(guard)
     rt = setup_runtime(env, devices)
     try:
         loop = _Loop(config, env, run_dir, devices, ckpt, rt)

@@ -1,0 +1,96 @@
+"""run_training: checkpoints at the interval and the end, stop path, early signals, metrics."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from train.config import TrainConfig
+from train.env import DistEnv
+from train.trainer import WARMUP_STEPS, run_training
+
+CFG = TrainConfig.model_validate(
+    {
+        "model": "tinycnn",
+        "width": 4,
+        "data": {"train_size": 320, "test_size": 64},
+        "batch_size": 32,
+        "epochs": 2,
+        "num_threads": 1,
+        "log_interval": 5,
+        "checkpoint": {"interval_steps": 4, "keep_last": 10},
+    }
+)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_globals() -> Iterator[None]:
+    threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det)
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_full_run_checkpoints_metrics_and_events(tmp_path: Path) -> None:
+    result = run_training(CFG, DistEnv(), tmp_path)
+    assert result.exit_code == 0 and result.stopped is None
+    assert result.steps == 20 and result.epoch == 2  # 10 steps/epoch x 2 epochs
+    names = sorted((tmp_path / "checkpoints").iterdir(), key=lambda p: int(p.name[5:]))
+    assert [p.name for p in names] == [f"step-{s}" for s in (4, 8, 12, 16, 20)]
+    assert result.checkpoint == tmp_path / "checkpoints" / "step-20"
+    records = _lines(tmp_path / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in train] == [5, 10, 15, 20]
+    assert [(r["step"], r["epoch"]) for r in evals] == [(10, 0), (20, 1)]  # every epoch end
+    assert all(r["lr"] >= 0 and r["images_per_s"] > 0 for r in train)
+    assert result.test_accuracy == evals[-1]["test_accuracy"]
+    assert result.images_per_s is not None and result.images_per_s > 0
+    assert [e["event"] for e in _lines(tmp_path / "events.jsonl")] == ["start", "complete"]
+
+
+def test_max_steps_truncates_without_changing_the_schedule(tmp_path: Path) -> None:
+    short = run_training(CFG, DistEnv(), tmp_path / "a", max_steps=WARMUP_STEPS + 2)
+    assert short.steps == WARMUP_STEPS + 2
+    lr_short = _lines(tmp_path / "a" / "metrics.jsonl")[0]["lr"]
+    run_training(CFG, DistEnv(), tmp_path / "b")
+    lr_full = _lines(tmp_path / "b" / "metrics.jsonl")[0]["lr"]
+    assert lr_short == lr_full  # step 5 of the same 20-step schedule
+
+
+def test_signal_before_training_started_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # jobs.launch records USR2/TERM that arrive while torch imports; train replays them.
+    early = [(int(signal.SIGUSR2), 0.0)]
+    monkeypatch.setitem(sys.modules, "jobs.launch", types.SimpleNamespace(EARLY_SIGNALS=early))
+    result = run_training(CFG, DistEnv(), tmp_path)
+    assert result.steps == 1 and result.stopped == "signal"
+    assert result.exit_code == 75  # no Slurm job: the launcher/batch script requeues
+    assert early == []
+    events = [e["event"] for e in _lines(tmp_path / "events.jsonl")]
+    assert events[0] == "start" and "requeue" in events
+    assert (tmp_path / "checkpoints" / "step-1" / "manifest.json").is_file()
+    # The restarted run (as after a Slurm requeue: restart_count > 0) resumes from step 1.
+    resumed = run_training(CFG, DistEnv(restart_count=1), tmp_path)
+    assert resumed.resumed_from == tmp_path / "checkpoints" / "step-1"
+    assert resumed.steps == 20 and resumed.exit_code == 0
+
+
+def test_batch_not_divisible_by_world_times_accum(tmp_path: Path) -> None:
+    from train.errors import ConfigError
+
+    bad = CFG.model_copy(update={"batch_size": 30, "grad_accum": 4})
+    with pytest.raises(ConfigError, match="not divisible"):
+        run_training(bad, DistEnv(), tmp_path)
