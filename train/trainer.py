@@ -184,7 +184,7 @@ class _Loop:
             "epoch": self.epoch,
             "epoch_step": self.epoch_step,
         }
-        self.result.checkpoint = self.ckpt.save(
+        path = self.ckpt.save(
             self.step,
             shared,
             rank_state,
@@ -193,6 +193,8 @@ class _Loop:
             model=self.strat.model,
             metric=metric,
         )
+        # None: this step was already saved (an interval save right before a stop signal).
+        self.result.checkpoint = path or self.result.checkpoint
 
     def event(self, name: str, **fields: Any) -> None:
         """Append to RUN_DIR/events.jsonl (rank 0)."""
