@@ -199,3 +199,59 @@ def test_local_executor_runs_without_slurm(env: dict[str, str]) -> None:
     tasks = data["tasks"]
     assert isinstance(tasks, list) and tasks[0]["state"] == "COMPLETED"
     assert jobs(env, "logs", job_id, "--rank", "1").stdout.strip()
+
+
+def test_preemption_shows_in_status(env: dict[str, str]) -> None:
+    """A higher-priority job preempts ours: train's guard (not submitit's) handles the signal,
+    requeues, and `status` reads the history from events.jsonl."""
+    proc = jobs(env, "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    urgent = ""
+    try:
+        wait_state(env, job_id, {"RUNNING"})
+        run_dir = Path(str(status(env, job_id)["run_dir"]))
+        deadline = time.monotonic() + 120
+        while '"start"' not in _read(run_dir / "events.jsonl"):  # the guard is installed
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(1)
+        urgent = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-p",
+                "urgent",
+                "-w",
+                "n1",
+                "-N1",
+                "-c2",
+                "--time=1",
+                "--wrap",
+                "sleep 1",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        deadline = time.monotonic() + 120
+        history = ""
+        while "preempted 1x" not in history:
+            assert time.monotonic() < deadline, f"no preemption recorded: {history!r}"
+            time.sleep(2)
+            tasks = status(env, job_id)["tasks"]
+            assert isinstance(tasks, list)
+            history = tasks[0]["history"]
+        assert "requeued 1x" in history
+        log = _read(run_dir / "slurm" / f"{job_id}_0_log.out")
+        assert "Job not requeued" not in log  # submitit did not act on the signal
+    finally:
+        subprocess.run(["scancel", job_id, *([urgent] if urgent else [])], env=env, timeout=30)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
