@@ -18,6 +18,7 @@ from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
+    from cluster.models import JobInfo
     from jobs.records import RunRecord
 
 
@@ -277,7 +278,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                 f"exit {info.exit_code}" if info.exit_code else "",
                 f"nodes {info.nodelist}" if info.nodelist and info.nodelist != "None" else "",
                 f"elapsed {_fmt_time(info.elapsed_s)}" if info.elapsed_s else "",
-                info.reason if info.reason and info.reason != "None" else "",
+                _reason(info),
                 " ".join(f"{k}={v}" for k, v in t.values.items()),
                 summaries.get(t.run_dir, ""),
             ]
@@ -285,6 +286,12 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                 f"  {jid:<14} {info.state:<11} {'  '.join(e for e in extra if e)}\n".rstrip() + "\n"
             )
     return 0
+
+
+def _reason(info: JobInfo) -> str:
+    from jobs.monitor import reason
+
+    return reason(info)
 
 
 def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:

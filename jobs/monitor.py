@@ -80,6 +80,13 @@ def task_states(record: RunRecord, client: ClientFactory) -> dict[str, JobInfo]:
     return states_many([record], client)
 
 
+def reason(info: JobInfo) -> str:
+    """Why a job waits (sacct keeps a pending reason after the job ran: drop it then)."""
+    if info.terminal and info.source != "local":
+        return ""
+    return "" if info.reason in ("", "None") else info.reason
+
+
 def outcome(states: dict[str, JobInfo]) -> int:
     """0 iff every task COMPLETED."""
     return 0 if states and all(s.state == "COMPLETED" for s in states.values()) else 1
@@ -143,7 +150,7 @@ def follow(
         states = {k: v for k, v in task_states(record, client).items() if k in tails}
         for jid, info in states.items():
             if show_states and last.get(jid) != info.state:
-                why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
+                why = f" ({reason(info)})" if reason(info) else ""
                 stream.write(f"[{time.strftime('%H:%M:%S')}] {jid}: {info.state}{why}\n")
                 last[jid] = info.state
         for jid, tail in tails.items():
