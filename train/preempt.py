@@ -38,6 +38,8 @@ __all__ = [
     "RunHistory",
     "StopKind",
     "classify_stop",
+    "install_early",
+    "note_early_signal",
     "request_requeue",
 ]
 
@@ -72,6 +74,35 @@ class _Env(Protocol):
 class _RequeueSettings(BudgetConfig, Protocol):
     @property
     def signal_delay_s(self) -> int: ...
+
+
+# Stop signals that arrived before a PreemptionGuard was installed: (signal, time).
+_EARLY: list[tuple[signal.Signals, float]] = []
+
+
+def note_early_signal(signum: int, when: float | None = None) -> None:
+    """Remember a stop signal received before the guard exists (for launchers' own handlers,
+    e.g. ``jobs.launch``): the next :meth:`PreemptionGuard.install` turns it into a stop."""
+    _EARLY.append((signal.Signals(signum), time.time() if when is None else when))
+
+
+def _early_handler(signum: int, frame: FrameType | None) -> None:
+    note_early_signal(signum)
+
+
+def install_early(signals: Sequence[str | int] = ("USR2", "TERM")) -> None:
+    """Call first thing in a training process, before importing torch (main thread only).
+
+    Slurm may send the time-limit signal up to a minute early, so a requeued job with a short
+    limit can get it while Python is still importing torch; with the default action the task
+    dies and the job FAILS instead of being requeued. These handlers only remember the signal;
+    :meth:`PreemptionGuard.install` picks it up and the run stops (checkpoint + requeue) at its
+    first step boundary. After the guard is uninstalled they remember (ignore) late repeats.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in dict.fromkeys(_signum(x) for x in signals):
+        signal.signal(s, _early_handler)
 
 
 def _signum(sig: str | int | signal.Signals) -> signal.Signals:
@@ -116,6 +147,13 @@ class PreemptionGuard:
             return self
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._handle)
+        early = [(s, t) for s, t in _EARLY if s in self.signals]
+        _EARLY.clear()
+        if early and not self._flag:
+            # a stop signal arrived during startup: honour it at the first step boundary
+            self._received, self._received_at = early[0]
+            self._flag = True
+            log.warning("%s arrived during startup: stopping at the first step", early[0][0].name)
         return self
 
     def uninstall(self) -> None:

@@ -236,3 +236,27 @@ def test_failure_outside_slurm_is_recorded_not_requeued(tmp_path: Path) -> None:
     events = RunHistory(tmp_path).events()
     assert [e["event"] for e in events] == ["failure"] and events[0]["error"] == "boom"
     assert request_requeue(FakeEnv(is_main=False), tmp_path, RequeueConfig(), "failure") == 1
+
+
+def test_signal_during_startup_is_kept_for_the_guard() -> None:
+    import train.preempt as preempt
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        preempt.install_early(("USR2", "TERM"))
+        os.kill(os.getpid(), signal.SIGUSR2)  # e.g. while torch is being imported: not fatal
+        guard = PreemptionGuard(("USR2", "TERM")).install()
+        assert guard.requested and guard.signal_name == "SIGUSR2"
+        assert guard.should_stop(lambda x: x)
+        guard.uninstall()
+        os.kill(os.getpid(), signal.SIGUSR2)  # a late repeat after the guard: still harmless
+        assert preempt._EARLY and preempt._EARLY[-1][0] == signal.SIGUSR2
+        preempt._EARLY.clear()
+        # a launcher's own handler can hand a signal over too; other signals are not taken
+        preempt.note_early_signal(signal.SIGUSR1)
+        assert not PreemptionGuard(("USR2",)).install().requested
+        assert not preempt._EARLY
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        preempt._EARLY.clear()

@@ -1,0 +1,233 @@
+"""Preemption and time limits on the real local Slurm cluster.
+
+A plain batch script runs ``srun python -m train --config SPEC --run-dir DIR`` in ``debug``
+with ``--requeue --open-mode=append --signal=USR2@40``:
+
+- preempted by a job in ``urgent`` on the same node: USR2 arrives (preempt_send_user_signal),
+  train checkpoints at the next step boundary, rank 0 runs ``scontrol requeue``; released from
+  BeginTime, the job resumes at exactly the step it stopped at and ends with the same parameter
+  digest as an uninterrupted in-process run;
+- with a one-minute time limit: the signal comes before the limit, the stop is recorded as a
+  ``timeout``, the job is requeued and completes (again with the reference digest).
+
+Runs are tiny (tinycnn, one task, one thread): the machine has two cores shared by everyone.
+Every job submitted here is cancelled at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from train.checkpoint import CheckpointManager, verify_checkpoint
+from train.config import load_run_config
+from train.env import DistEnv
+from train.history import RunHistory
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SIGNAL_DELAY_S = 40
+# ~800 optimizer steps of a 5k-parameter CNN: ~20 s of training here, long enough to be
+# preempted or reach the time-limit signal (sent ~15-20 s after start for --time=1).
+SPEC: dict[str, Any] = {
+    "train": {
+        "model": "tinycnn",
+        "width": 8,
+        "data": {"kind": "synthetic", "train_size": 2048, "test_size": 256},
+        "epochs": 25,
+        "batch_size": 64,
+        "strategy": "single",
+        "deterministic": True,
+        "num_threads": 1,
+        "checkpoint": {"interval_steps": 100, "keep_last": 2},
+        "log_interval": 20,
+    },
+    # a 1-minute job may need several requeues: Slurm sends the time-limit signal at a random
+    # point of each restart's first ~20 s (it checks limits every 30 s, up to 60 s early)
+    "requeue": {"signal": "USR2", "signal_delay_s": SIGNAL_DELAY_S, "max_timeouts": 30},
+}
+
+
+@pytest.fixture(scope="module")
+def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("preempt-spec") / "spec.yaml"
+    path.write_text(yaml.safe_dump(SPEC))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_digest(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The uninterrupted run, in this process (same world size: 1)."""
+    from train.trainer import run_training
+
+    run_dir = tmp_path_factory.mktemp("preempt-ref")
+    result = run_training(load_run_config(spec_path).train, DistEnv.from_env({}), run_dir)
+    assert result.exit_code == 0
+    return _final(run_dir)[1]
+
+
+def _final(run_dir: Path) -> tuple[int, str]:
+    path = CheckpointManager(run_dir / "checkpoints", rank=1, world_size=1).latest_valid()
+    assert path is not None, f"no valid checkpoint in {run_dir}"
+    manifest = verify_checkpoint(path)
+    return int(manifest["step"]), str(manifest["digest"])
+
+
+class Cluster:
+    """Submits jobs for one test and cancels all of them at the end."""
+
+    def __init__(self, client: Any, tmp: Path) -> None:
+        self.client = client
+        self.tmp = tmp
+        self.ids: list[str] = []
+
+    def submit_training(self, spec: Path, run_dir: Path, options: list[str]) -> str:
+        script = self.tmp / "train.sbatch"
+        python = shlex.quote(sys.executable)
+        script.write_text(
+            "#!/bin/bash\n"
+            f"cd {shlex.quote(str(REPO))}\n"
+            f"srun {python} -m train --config {shlex.quote(str(spec))}"
+            f" --run-dir {shlex.quote(str(run_dir))}\n"
+        )
+        args = [
+            "--partition=debug",
+            "--job-name=ckpt-it",
+            "--ntasks=1",
+            "--cpus-per-task=1",
+            "--requeue",
+            "--open-mode=append",
+            f"--signal=USR2@{SIGNAL_DELAY_S}",
+            f"--output={self.tmp / 'slurm-%j.out'}",
+            *options,
+        ]
+        job_id = str(self.client.submit(script, args))
+        self.ids.append(job_id)
+        return job_id
+
+    def submit_urgent(self, node: str) -> str:
+        script = self.tmp / "urgent.sbatch"
+        script.write_text("#!/bin/bash\nsleep 5\n")
+        args = [
+            "--partition=urgent",
+            "--job-name=ckpt-it-urgent",
+            f"--nodelist={node}",
+            "--exclusive",
+            "--output=/dev/null",
+        ]
+        job_id = str(self.client.submit(script, args))
+        self.ids.append(job_id)
+        return job_id
+
+    def job(self, job_id: str) -> dict[str, str]:
+        try:
+            return dict(self.client.show_job(job_id))
+        except Exception:
+            return {}
+
+    def wait(self, what: str, predicate: Any, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.log()}"
+            time.sleep(0.5)
+
+    def log(self) -> str:
+        return "\n".join(p.read_text()[-3000:] for p in self.tmp.glob("slurm-*.out"))
+
+    def run_to_completion(self, job_id: str, run_dir: Path, timeout_s: float) -> None:
+        """Release the job from BeginTime after every requeue until training completes."""
+        history = RunHistory(run_dir)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.job(job_id)
+            state = info.get("JobState", "")
+            done = any(e["event"] == "complete" for e in history.events())
+            if done and state in ("COMPLETED", ""):
+                return
+            assert state not in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), self.log()
+            assert not any(e["event"] == "budget_exhausted" for e in history.events())
+            if state == "PENDING" and info.get("Reason") == "BeginTime":
+                # it may just have changed state: then the next round tries again
+                with contextlib.suppress(Exception):
+                    self.client.release(job_id)
+            assert time.monotonic() < deadline, f"job {job_id} did not complete: {self.log()}"
+            time.sleep(1.0)
+
+    def cancel_all(self) -> None:
+        if self.ids:
+            with contextlib.suppress(Exception):
+                self.client.cancel(self.ids)
+
+
+@pytest.fixture
+def cluster(slurm_client: Any, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(slurm_client, tmp_path)
+    yield c
+    c.cancel_all()
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return RunHistory(run_dir).events()
+
+
+def test_preempted_job_is_requeued_and_resumes_exactly(
+    cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"])
+    # preempt once training has really started (first metrics line written)
+    metrics = run_dir / "metrics.jsonl"
+    cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 180)
+    node = cluster.job(job_id).get("NodeList", "n1")
+    cluster.submit_urgent(node)
+    cluster.wait(
+        "the requeue after preemption",
+        lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
+        120,
+    )
+    cluster.run_to_completion(job_id, run_dir, 300)
+
+    events = _events(run_dir)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "complete", kinds
+    preempted = [e for e in events if e["event"] == "preempted"]
+    assert preempted and preempted[0]["kind"] == "preemption", events
+    assert "timeout" not in kinds and "failure" not in kinds
+    requeues = [e for e in events if e["event"] == "requeue"]
+    assert requeues[0]["via"] == "scontrol" and requeues[0]["job_id"] == job_id
+    resumes = [e for e in events if e["event"] == "resume"]
+    # the resumed run starts at the step the signal stopped: no completed step lost
+    assert resumes[0]["step"] == preempted[0]["step"] and resumes[0]["restart_count"] >= 1
+    assert _final(run_dir)[1] == reference_digest
+    assert "preempted 1x" in RunHistory(run_dir).summary() or len(preempted) > 1
+
+
+def test_time_limit_signal_checkpoints_requeues_and_completes(
+    cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"])
+    cluster.wait(
+        "the requeue before the time limit",
+        lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
+        150,
+    )
+    cluster.run_to_completion(job_id, run_dir, 400)
+
+    events = _events(run_dir)
+    kinds = [e["event"] for e in events]
+    timeouts = [e for e in events if e["event"] == "timeout"]
+    assert timeouts and "preempted" not in kinds and kinds[-1] == "complete", events
+    resumes = [e for e in events if e["event"] == "resume"]
+    assert resumes[0]["step"] == timeouts[0]["step"]
+    assert _final(run_dir)[1] == reference_digest
+    assert f"timeout {len(timeouts)}x" in RunHistory(run_dir).summary()
