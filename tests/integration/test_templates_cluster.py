@@ -82,7 +82,11 @@ class Jobs:
         return job_id
 
     def wait(self, job_id: str, states: set[str], timeout: float = 240) -> Any:
-        """Poll until the job (every task of an array) is in one of ``states``."""
+        """Poll until the job (every task of an array) is in one of ``states``.
+
+        The cluster is shared: another test's job in ``urgent`` may preempt ours at any time.
+        Ours then come back PENDING (BeginTime, ~2 min); release them so the wait stays short.
+        """
         deadline = time.monotonic() + timeout
         infos: dict[str, Any] = {}
         while time.monotonic() < deadline:
@@ -90,11 +94,20 @@ class Jobs:
             mine = [i for k, i in infos.items() if k == job_id or k.startswith(f"{job_id}_")]
             if mine and all(i.state in states for i in mine):
                 return mine[0] if len(mine) == 1 else mine
+            for info in mine:
+                if info.state in ("PENDING", "REQUEUED") and self._begin_time(info.job_id):
+                    self.client.release(info.job_id)
             done = [i for i in mine if i.terminal and i.state not in states]
             if done:
                 pytest.fail(f"job {job_id} ended {done[0].state}:\n{self.logs()}")
             time.sleep(1.0)
         pytest.fail(f"job {job_id} not in {states} after {timeout}s ({infos}):\n{self.logs()}")
+
+    def _begin_time(self, job_id: str) -> bool:
+        try:
+            return self.client.show_job(job_id).get("Reason") == "BeginTime"
+        except Exception:  # gone from the controller meanwhile
+            return False
 
     def logs(self) -> str:
         parts = []
@@ -196,53 +209,33 @@ def test_dataparallel_template_checkpoint_loads_into_bare_model(jobs: Jobs, tmp_
     model.load_state_dict(state)  # strict: every key matches a bare model
 
 
-@pytest.mark.timeout(420)
-def test_requeue_template_survives_preemption(
-    jobs: Jobs, tmp_path: Path, slurm_env: dict[str, str], slurm_client: Any
-) -> None:
-    """The step runs as in a container without scontrol (PATH without Slurm), so train answers
-    the forwarded USR2 with a checkpoint and exit 75, and the batch script requeues the job."""
+def _preempt_and_resume(
+    jobs: Jobs, tmp: Path, template: str, env: dict[str, str], client: Any
+) -> tuple[str, str, Path]:
+    """Start ``template`` on one node, preempt it once training has checkpointed, release the
+    requeued job and wait for it to complete; returns (job id, batch log, run dir)."""
     # Slow each step down with a checkpoint delay (sleeping, not burning the shared CPUs), so
     # that the preemption lands in the middle of training.
-    spec = _spec(tmp_path, max_steps=24, interval=1)
-    run_dir = tmp_path / "run-requeue"
-    nobin = tmp_path / "container-bin"
-    nobin.mkdir()
+    spec = _spec(tmp, max_steps=24, interval=1)
+    run_dir = tmp / f"run-{template}"
     job = jobs.sbatch(
-        "requeue",
+        template,
         ["-N1", "--ntasks-per-node=1", "--gres=gpu:1", "-c1", "--time=10"],
         [str(spec)],
-        env={
-            "RUN_DIR": str(run_dir),
-            "SRUN_PREFIX": f"/usr/bin/env PATH={nobin}",
-            "TRAIN_CKPT_TEST_DELAY_S": "0.4",
-        },
+        env={"RUN_DIR": str(run_dir), "TRAIN_CKPT_TEST_DELAY_S": "0.4", **env},
     )
     info = jobs.wait(job, {"RUNNING"}, timeout=120)
     deadline = time.monotonic() + 120
     while not _checkpoints(run_dir):
         assert time.monotonic() < deadline, f"no checkpoint yet:\n{jobs.logs()}"
         time.sleep(0.5)
-    node = slurm_client.show_job(job).get("NodeList") or info.nodelist
+    node = client.show_job(job).get("NodeList") or info.nodelist
     # Preempt only the node this job runs on: a higher-priority job that wants all of it.
-    out = str(tmp_path / "urgent-%j.out")
+    out = str(tmp / "urgent-%j.out")
+    cmd = ["sbatch", "--parsable", "-p", "urgent", "-w", node, "--exclusive", "-t", "1"]
     urgent = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-p",
-            "urgent",
-            "-w",
-            node,
-            "--exclusive",
-            "-t",
-            "1",
-            "-o",
-            out,
-            "--wrap",
-            "sleep 5",
-        ],
-        env=slurm_env,
+        [*cmd, "-o", out, "--wrap", "sleep 5"],
+        env=jobs.env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -253,24 +246,46 @@ def test_requeue_template_survives_preemption(
     # The job comes back PENDING (BeginTime) with the same id and Restarts=1.
     deadline = time.monotonic() + 120
     while True:
-        shown = slurm_client.show_job(job)
+        shown = client.show_job(job)
         if int(shown.get("Restarts", "0")) >= 1 and shown.get("JobState") == "PENDING":
             break
         assert time.monotonic() < deadline, f"not requeued: {shown}\n{jobs.logs()}"
         time.sleep(1.0)
-    slurm_client.release(job)
+    client.release(job)
     jobs.wait(job, {"COMPLETED"}, timeout=240)
 
-    batch_log = next(tmp_path.glob(f"slurm-*-{job}.out")).read_text()
-    assert "got SIGUSR2: forwarding it to the training step" in batch_log, batch_log
-    assert f"exited 75: scontrol requeue {job}" in batch_log, batch_log
+    batch_log = next(tmp.glob(f"slurm-*-{job}.out")).read_text()
     assert "restart_count=1" in batch_log, batch_log
     kinds = _kinds(run_dir)
     assert "requeue" in kinds and "resume" in kinds and kinds[-1] == "complete", kinds
-    requeue = next(e for e in _events(run_dir) if e["event"] == "requeue")
-    assert requeue.get("via") == "exit_code", requeue
     resume = next(e for e in _events(run_dir) if e["event"] == "resume")
     assert resume["restart_count"] == 1 and resume["step"] > 0, resume
+    return job, batch_log, run_dir
+
+
+@pytest.mark.timeout(420)
+def test_requeue_template_survives_preemption(
+    jobs: Jobs, tmp_path: Path, slurm_client: Any
+) -> None:
+    """The step runs as in a container without scontrol (PATH without Slurm), so train answers
+    the forwarded USR2 with a checkpoint and exit 75, and the batch script requeues the job."""
+    nobin = tmp_path / "container-bin"
+    nobin.mkdir()
+    env = {"SRUN_PREFIX": f"/usr/bin/env PATH={nobin}"}
+    job, batch_log, run_dir = _preempt_and_resume(jobs, tmp_path, "requeue", env, slurm_client)
+    assert "got SIGUSR2: forwarding it to the training step" in batch_log, batch_log
+    assert f"exited 75: scontrol requeue {job}" in batch_log, batch_log
+    requeue = next(e for e in _events(run_dir) if e["event"] == "requeue")
+    assert requeue.get("via") == "exit_code", requeue
+
+
+@pytest.mark.timeout(420)
+def test_ddp_template_survives_preemption(jobs: Jobs, tmp_path: Path, slurm_client: Any) -> None:
+    """--signal=USR2@T (no B:) reaches the ranks at preemption; train checkpoints and requeues
+    the job itself with scontrol; the restarted job resumes from that checkpoint."""
+    _, _, run_dir = _preempt_and_resume(jobs, tmp_path, "ddp", {}, slurm_client)
+    requeue = next(e for e in _events(run_dir) if e["event"] == "requeue")
+    assert requeue.get("via") == "scontrol", requeue
 
 
 @pytest.mark.timeout(300)
