@@ -339,7 +339,3 @@ class JobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.resources.nodes * self.ntasks_per_node
-
-    def sections(self) -> dict[str, Any]:
-        """The spec as plain data (YAML-ready), without defaults' noise for absent sections."""
-        return self.model_dump(mode="json", exclude_none=True, by_alias=False)
