@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,22 @@ def _remember(signum: int, frame: FrameType | None) -> None:
         f"jobs.launch: signal {signal.Signals(signum).name} before training started",
         file=sys.stderr,
     )
+
+
+def forward_early_signals(stop: threading.Event, poll_s: float = 0.1) -> None:
+    """Re-send early signals once a Python handler (train's guard) has replaced ours.
+
+    A preemption that lands while torch is being imported would otherwise be lost; re-sending
+    it makes the guard checkpoint and requeue at the first step boundary. Runs in a daemon
+    thread until ``stop`` is set.
+    """
+    while not stop.wait(poll_s):
+        for signum, when in list(EARLY_SIGNALS):
+            handler = signal.getsignal(signum)
+            # Only to a Python handler: re-sending to SIG_DFL would kill the process.
+            if handler is not _remember and callable(handler):
+                EARLY_SIGNALS.remove((signum, when))
+                os.kill(os.getpid(), signum)
 
 
 def release_submitit_signals(names: tuple[str, ...] = ("USR2", "TERM")) -> None:
@@ -76,9 +93,14 @@ class TrainLaunch:
         # not one (no .checkpoint), and train decides about requeues through its budgets.
         os.environ.setdefault("SLURM_TRAIN_RUN_DIR", self.run_dir)
         self.materialize()
-        from train.cli import main  # torch is imported here, inside the allocation only
+        stop = threading.Event()
+        threading.Thread(target=forward_early_signals, args=(stop,), daemon=True).start()
+        try:
+            from train.cli import main  # torch is imported here, inside the allocation only
 
-        code = int(main(self.argv()) or 0)
+            code = int(main(self.argv()) or 0)
+        finally:
+            stop.set()
         if code != 0:
             # SystemExit passes through submitit's `except Exception`: the task (and so the
             # Slurm job) ends with train's exit code instead of a generic failure.

@@ -6,6 +6,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,27 @@ def test_nonzero_train_exit_becomes_the_task_exit_code(
     with pytest.raises(SystemExit) as info:
         TrainLaunch("/r/c.yaml", "/r")()
     assert info.value.code == 75
+
+
+def test_signal_before_train_starts_is_delivered_to_its_guard(
+    monkeypatch: pytest.MonkeyPatch, restore_signals: None
+) -> None:
+    got: list[int] = []
+
+    def main(argv: list[str]) -> int:
+        signal.raise_signal(signal.SIGUSR2)  # preempted while torch is still importing
+        assert got == []
+        signal.signal(signal.SIGUSR2, lambda s, f: got.append(s))  # train's guard
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return 0
+
+    module = types.ModuleType("train.cli")
+    module.main = main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "train.cli", module)
+    assert TrainLaunch("/r/c.yaml", "/r")() == 0
+    assert got == [signal.SIGUSR2]
 
 
 def test_importing_launch_does_not_import_torch_or_train() -> None:
