@@ -262,6 +262,14 @@ class DistEnv:
                 f"--ntasks-per-node=1 (or more) with --nodes={self.num_nodes}, or --nodes="
                 f"{self.world_size}"
             )
+        visible = len(self.visible_devices or ())
+        if not self.gpus_on_node and visible > 1 and self.local_world_size > visible:
+            # Every task sees the same CUDA_VISIBLE_DEVICES (no --gpus-per-task): too few GPUs.
+            raise EnvError(
+                f"{self.local_world_size} tasks per node but CUDA_VISIBLE_DEVICES lists {visible} "
+                f"GPU(s): set --ntasks-per-node={visible} or --gpus-per-node="
+                f"{self.local_world_size} (or --gpus-per-task=1)"
+            )
         gpus = self.gpus_on_node
         if gpus:
             if self.local_world_size > gpus:

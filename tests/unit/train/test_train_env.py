@@ -162,6 +162,17 @@ def test_from_env(environ: dict[str, str], expected: dict[str, object]) -> None:
             },
             r"--ntasks-per-node=4",
         ),
+        # 4 tasks per node that all see the same 2 GPUs
+        (
+            {
+                "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+                "SLURM_STEP_NUM_TASKS": "8",
+                "SLURM_NTASKS": "8",
+                "SLURM_NTASKS_PER_NODE": "4",
+                "CUDA_VISIBLE_DEVICES": "0,1",
+            },
+            r"CUDA_VISIBLE_DEVICES lists 2 GPU\(s\): set --ntasks-per-node=2",
+        ),
         # local id outside the tasks of this node
         ({"SLURM_LOCALID": "1"}, r"local rank 1 .* --ntasks-per-node"),
         ({"SLURM_PROCID": "x"}, r"SLURM_PROCID='x' is not an integer"),
@@ -236,3 +247,11 @@ def test_cpu_devices_for_every_strategy() -> None:
         info = resolve_device(DistEnv(), strategy, allow_cpu_fallback=False)
         if not torch.cuda.is_available():
             assert info.devices == (torch.device("cpu"),) and info.backend == "gloo"
+
+
+def test_one_visible_gpu_per_task_is_fine() -> None:
+    # --gpus-per-task=1 / gpu binding: each task sees exactly its own GPU as device 0.
+    environ = {**SLURM_1x2, "CUDA_VISIBLE_DEVICES": "1"}
+    del environ["SLURM_GPUS_ON_NODE"]
+    env = DistEnv.from_env(environ)
+    assert env.visible_devices == ("1",) and env.local_world_size == 2
