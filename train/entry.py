@@ -39,7 +39,7 @@ from train.config import RunConfig, config_hash
 from train.env import DeviceInfo, DistEnv, resolve_device
 from train.errors import EntrypointError
 from train.preempt import PreemptionGuard, RunHistory, request_requeue
-from train.runtime import Runtime, configure_torch, replay_early_signals, setup_runtime
+from train.runtime import Runtime, configure_torch, setup_runtime
 
 __all__ = ["TrainContext", "load_function", "run_entrypoint"]
 
@@ -185,7 +185,6 @@ def run_entrypoint(
         signal_delay_s=config.requeue.signal_delay_s,
         is_main=env.is_main,
     ).install()
-    replay_early_signals(guard)
     rt = setup_runtime(env, devices)
     try:
         ctx = TrainContext(env, devices, run_dir, ckpt, guard, config, rt, resume_from)

@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import logging
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,6 @@ __all__ = [
     "Runtime",
     "configure_torch",
     "precision_context",
-    "replay_early_signals",
     "setup_runtime",
 ]
 
@@ -133,21 +131,3 @@ def precision_context(
     kind = devices.device.type
     scaler = torch.amp.GradScaler(kind) if dtype == torch.float16 else None
     return (lambda: torch.autocast(kind, dtype=dtype)), scaler
-
-
-def replay_early_signals(guard: Any) -> None:
-    """Hand ``guard`` the stop signals a launcher caught before the guard existed.
-
-    ``jobs.launch.TrainLaunch`` takes USR2/TERM from submitit at task start and records them in
-    ``jobs.launch.EARLY_SIGNALS`` while torch imports; a preemption notice in that window must
-    still stop the run at its first step boundary. Looked up in ``sys.modules`` only: train
-    does not import jobs.
-    """
-    launch = sys.modules.get("jobs.launch")
-    early = getattr(launch, "EARLY_SIGNALS", None)
-    if not early:
-        return
-    for signum, _ in list(early):
-        log.warning("replaying signal %s received before training started", signum)
-        guard.trigger(signum)
-    early.clear()

@@ -44,7 +44,6 @@ from train.runtime import (
     Runtime,
     configure_torch,
     precision_context,
-    replay_early_signals,
     setup_runtime,
 )
 from train.strategies import Strategy, build_strategy
@@ -398,7 +397,6 @@ def run_training(
             signal_delay_s=requeue.signal_delay_s,
             is_main=env.is_main,
         ).install()
-    replay_early_signals(guard)
     rt = setup_runtime(env, devices)
     try:
         loop = _Loop(config, env, run_dir, devices, ckpt, rt)

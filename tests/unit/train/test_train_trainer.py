@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import torch
 
 from train.config import TrainConfig
 from train.env import DistEnv
+from train.preempt import PreemptionGuard
 from train.trainer import WARMUP_STEPS, run_training
 
 CFG = TrainConfig.model_validate(
@@ -69,16 +67,13 @@ def test_max_steps_truncates_without_changing_the_schedule(tmp_path: Path) -> No
     assert lr_short == lr_full  # step 5 of the same 20-step schedule
 
 
-def test_signal_before_training_started_is_not_lost(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # jobs.launch records USR2/TERM that arrive while torch imports; train replays them.
-    early = [(int(signal.SIGUSR2), 0.0)]
-    monkeypatch.setitem(sys.modules, "jobs.launch", types.SimpleNamespace(EARLY_SIGNALS=early))
-    result = run_training(CFG, DistEnv(), tmp_path)
+def test_stop_signal_saves_requeues_and_the_restart_resumes(tmp_path: Path) -> None:
+    # A signal already pending when training starts stops it at the first step boundary.
+    guard = PreemptionGuard(("USR2",))
+    guard.trigger("USR2")
+    result = run_training(CFG, DistEnv(), tmp_path, guard=guard)
     assert result.steps == 1 and result.stopped == "signal"
     assert result.exit_code == 75  # no Slurm job: the launcher/batch script requeues
-    assert early == []
     events = [e["event"] for e in _lines(tmp_path / "events.jsonl")]
     assert events[0] == "start" and "requeue" in events
     assert (tmp_path / "checkpoints" / "step-1" / "manifest.json").is_file()
