@@ -7,8 +7,10 @@ resolved spec per task. ``render.slurm_parameters`` feeds both this and ``--dry-
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -144,7 +146,8 @@ def submit_slurm(loaded: LoadedSpec, plan: Plan, client: SlurmClient) -> records
         TrainLaunch(str(f.config), str(f.run_dir), signal_name, resolved=f.pending) for f in files
     ]
     folder = submitit_folder(plan.run_dir)
-    with _environ(client.env()):
+    # submitit echoes sbatch's stderr on failure; the error below carries it as one line.
+    with _environ(client.env()), contextlib.redirect_stderr(io.StringIO()):
         try:
             # max_num_timeout=0 and a callable without .checkpoint: submitit never requeues by
             # itself; train's guard decides (budgets in the spec's requeue section).
@@ -155,6 +158,8 @@ def submit_slurm(loaded: LoadedSpec, plan: Plan, client: SlurmClient) -> records
             else:
                 jobs = [executor.submit(launches[0])]
         except Exception as exc:  # submitit raises plain RuntimeErrors for sbatch failures
+            if not (loaded.spec.train is not None and loaded.spec.train.run_dir):
+                shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing was submitted
             raise SubmitError(f"sbatch failed: {_last_line(exc)}") from exc
     record = new_record(loaded, plan, "slurm", files)
     record.job_id = jobs[0].job_id.split("_", 1)[0]

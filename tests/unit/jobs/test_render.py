@@ -10,6 +10,7 @@ from submitit.core.utils import DelayedSubmission
 
 from cluster.client import SlurmClient
 from jobs.cli import main
+from jobs.errors import SubmitError
 from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
 from jobs.render import sbatch_script
@@ -127,6 +128,22 @@ def test_dry_run_cache_notices_a_changed_spec(tmp_path: Path) -> None:
     assert "#SBATCH --nodes=2" in second.getvalue()
     spec.write_text("name: d\nresources: {nodes: 0}\ntrain: {}\n")
     assert main(["submit", str(spec), "--dry-run"], io.StringIO()) == 2
+
+
+def test_failed_sbatch_is_one_line_and_leaves_no_run(
+    tmp_path: Path, stub_slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (stub_slurm / "sbatch").write_text(
+        "#!/bin/sh\n"
+        "echo 'sbatch: error: Batch job submission failed: Invalid account' >&2\n"
+        "exit 1\n"
+    )
+    loaded = load_spec(EXAMPLE)
+    plan = make_plan(loaded, tmp_path / "runs")
+    with pytest.raises(SubmitError, match=r"^sbatch failed: .*Invalid account"):
+        submit_slurm(loaded, plan, SlurmClient())
+    assert not plan.run_dir.exists()
+    assert capsys.readouterr().err == ""  # the one line is the error's, printed by the CLI
 
 
 def test_sweep_submission_is_one_sbatch_call(tmp_path: Path, stub_slurm: Path) -> None:
