@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 ClientFactory = Callable[[], "SlurmClient"]
 FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
+UNKNOWN_GIVE_UP_S = 60.0
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -145,9 +146,15 @@ def follow(
     tails = {jid: LogTail(record.log_file(jid, rank)) for jid in ids}
     event_tails = {t.run_dir: LogTail(Path(t.run_dir) / "events.jsonl") for t in record.tasks}
     last: dict[str, str] = {}
-    settled = 0
+    settled = unknown = 0
     while True:
         states = {k: v for k, v in task_states(record, client).items() if k in tails}
+        # Accounting may lag a fresh submission for a moment; a job unknown for long is gone.
+        unknown = unknown + 1 if all(s.state == "UNKNOWN" for s in states.values()) else 0
+        if unknown * poll_s > UNKNOWN_GIVE_UP_S:
+            stream.write(f"jobs: Slurm does not know {', '.join(states)} (purged?); giving up\n")
+            stream.flush()
+            return 1
         for jid, info in states.items():
             if show_states and last.get(jid) != info.state:
                 why = f" ({reason(info)})" if reason(info) else ""

@@ -6,6 +6,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from cluster.models import JobInfo
 from jobs.monitor import follow, states_many
 from jobs.records import RunRecord, TaskRecord
@@ -63,6 +65,17 @@ def test_follow_exits_1_unless_every_task_completed(tmp_path: Path) -> None:
     out = io.StringIO()
     assert follow(rec, lambda: client, out=out, poll_s=0.01) == 1  # type: ignore[arg-type,return-value]
     assert "7_1: FAILED" in out.getvalue()
+
+
+def test_follow_gives_up_on_a_job_slurm_forgot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("jobs.monitor.UNKNOWN_GIVE_UP_S", 0.05)
+    rec = _record(tmp_path)
+    client = ScriptedClient([{}], tmp_path / "x.log", [])
+    out = io.StringIO()
+    assert follow(rec, lambda: client, out=out, poll_s=0.01) == 1  # type: ignore[arg-type,return-value]
+    assert "Slurm does not know 7" in out.getvalue()
 
 
 def test_states_many_is_one_query_for_many_runs(tmp_path: Path) -> None:
