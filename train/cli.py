@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from train.config import RunConfig, load_run_config
 from train.errors import ConfigError, TrainError
@@ -81,9 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     run_dir: Path | None = None
     env = None
+    previous: dict[signal.Signals, Any] = {}
     try:
         args = build_parser().parse_args(argv)
         config = load_run_config(args.config, args.set)
+        from train.preempt import install_early
+
+        # Before torch is imported (~1 s): a stop signal in that window is kept, not fatal.
+        # The caller's handlers come back when main returns (it also runs in-process).
+        names = (config.requeue.signal, "TERM")
+        sigs = [getattr(signal, f"SIG{n}") for n in dict.fromkeys(names)]
+        previous.update({s: signal.getsignal(s) for s in sigs})
+        install_early(names)
         from train.env import DistEnv
 
         env = DistEnv.from_env(os.environ)
@@ -119,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         _record_failure(exc, env, run_dir)
         return _fail(exc, 1, debug)
+    finally:
+        for sig, handler in previous.items():
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _record_failure(exc: BaseException, env: object, run_dir: Path | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -83,7 +84,10 @@ def test_inconsistent_slurm_env_exits_2(
 
 def test_run_then_resume(tmp_path: Path) -> None:
     run = tmp_path / "run"
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
     assert main(["--config", str(spec(tmp_path)), "--run-dir", str(run)]) == 0
+    # main runs in-process too (jobs.launch): the caller's signal handlers are restored.
+    assert {s: signal.getsignal(s) for s in before} == before
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [2, 4, 6]
     assert records[-1]["kind"] == "eval" and 0.0 <= records[-1]["test_accuracy"] <= 1.0
