@@ -2,7 +2,16 @@
 
 Importing this package is cheap and never imports torch: ``train.config`` (the spec models) and
 ``train.errors`` are torch-free so that ``jobs`` can validate specs without paying for torch.
-The trainer, models and data live in submodules that import torch when they are imported.
+
+Public pieces (each module imports torch only if it needs it):
+
+- ``python -m train --config SPEC.yaml`` / :func:`train.cli.main` (argv -> exit code);
+- :func:`train.trainer.run_training` (config, env, run_dir, max_steps) -> ``TrainResult``;
+- :class:`train.env.DistEnv` (``from_env(os.environ)``: rank, world, master, job, restarts);
+- :class:`train.entry.TrainContext`: what a spec ``entrypoint.function`` receives;
+- :class:`train.checkpoint.CheckpointManager`, :class:`train.preempt.PreemptionGuard`;
+- :mod:`train.data` (CIFAR-10 readers/writer, synthetic data), :mod:`train.models`,
+  :mod:`train.strategies` (ddp, dp, pipeline, single).
 """
 
 from __future__ import annotations
