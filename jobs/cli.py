@@ -18,7 +18,6 @@ from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
-    from cluster.models import JobInfo
     from jobs.records import RunRecord
 
 
@@ -204,17 +203,10 @@ def _submit_template(args: argparse.Namespace, loaded: Any, plan: Any, out: IO[s
 
 
 # -- status / list ------------------------------------------------------------------------------
-def _fmt_time(seconds: float | int | None) -> str:
-    if seconds is None:
-        return "-"
-    from cluster.timefmt import format_slurm_time
-
-    return format_slurm_time(int(seconds))
-
-
 def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
-    from jobs.monitor import events_summary, states_many
+    from jobs.monitor import states_many
     from jobs.records import find_run, iter_records
+    from jobs.statusview import status_json, write_status
 
     if args.run:
         runs = [find_run(args.run)]
@@ -223,75 +215,13 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
         if not runs:
             out.write("no runs recorded yet\n")
             return 0
-    states = states_many(runs, _client)
+    states = states_many(runs, _client)  # one sacct call for all of them
     if args.json:
-        data = []
-        for r in runs:
-            summaries = events_summary(r)
-            data.append(
-                {
-                    "run_id": r.run_id,
-                    "name": r.name,
-                    "job_id": r.job_id,
-                    "executor": r.executor,
-                    "run_dir": r.run_dir,
-                    "submitted_at": r.submitted_at,
-                    "tasks": [
-                        {
-                            "job_id": jid,
-                            "state": states[jid].state,
-                            "exit_code": states[jid].exit_code,
-                            "reason": states[jid].reason,
-                            "nodelist": states[jid].nodelist,
-                            "elapsed_s": states[jid].elapsed_s,
-                            "values": t.values,
-                            "history": summaries.get(t.run_dir, ""),
-                        }
-                        for jid, t in zip(r.job_ids(), r.tasks, strict=False)
-                        if jid in states
-                    ],
-                }
-            )
+        data = status_json(runs, states)
         out.write(json.dumps(data if not args.run else data[0], indent=1) + "\n")
-        return 0
-    for r in runs:
-        ids = r.job_ids()
-        submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at))
-        out.write(f"{r.run_id}  job {r.job_id}  {r.executor}  submitted {submitted}\n")
-        out.write(f"  run dir {r.run_dir}\n")
-        counts: dict[str, int] = {}
-        for jid in ids:
-            counts[states[jid].state] = counts.get(states[jid].state, 0) + 1
-        if len(ids) > 1:
-            out.write("  " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "\n")
-        summaries = events_summary(r) if len(ids) <= 50 else {}
-        shown = 0
-        for jid, t in zip(ids, r.tasks, strict=False):
-            info = states[jid]
-            if len(ids) > 20 and info.state == "COMPLETED":
-                continue
-            if shown >= 20:
-                out.write(f"  ... {len(ids) - shown} more (--json shows all)\n")
-                break
-            shown += 1
-            extra = [
-                f"exit {info.exit_code}" if info.exit_code else "",
-                f"nodes {info.nodelist}" if info.nodelist and info.nodelist != "None" else "",
-                f"elapsed {_fmt_time(info.elapsed_s)}" if info.elapsed_s else "",
-                _reason(info),
-                " ".join(f"{k}={v}" for k, v in t.values.items()),
-                summaries.get(t.run_dir, ""),
-            ]
-            out.write(
-                f"  {jid:<14} {info.state:<11} {'  '.join(e for e in extra if e)}\n".rstrip() + "\n"
-            )
+    else:
+        write_status(runs, states, out)
     return 0
-
-
-def _reason(info: JobInfo) -> str:
-    from jobs.monitor import reason
-
-    return reason(info)
 
 
 def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:

@@ -221,3 +221,10 @@ def events_summary(record: RunRecord) -> dict[str, str]:
     from jobs.records import summarize_events
 
     return {t.run_dir: summarize_events(read_events(t.run_dir)) for t in record.tasks}
+
+
+def progress_summary(record: RunRecord) -> dict[str, dict[str, object]]:
+    """Per task run dir: newest step, loss and test accuracy (from train's metrics.jsonl)."""
+    from jobs.records import latest_progress
+
+    return {t.run_dir: latest_progress(t.run_dir) for t in record.tasks}

@@ -242,3 +242,39 @@ def summarize_events(events: list[dict[str, Any]]) -> str:
             label = "requeue budget exhausted" if kind == "budget_exhausted" else "complete"
             parts.append(f"{label} at step {last.get('step', '?')}")
     return ", ".join(parts)
+
+
+def latest_progress(run_dir: str | Path, tail_bytes: int = 16384) -> dict[str, Any]:
+    """Newest step, loss and test accuracy from train's RUN_DIR/metrics.jsonl (its tail only)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - tail_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    progress: dict[str, Any] = {}
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the first (cut) or last (being written) line
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("kind") == "train":
+            progress.update(step=rec.get("step"), loss=rec.get("loss"))
+        elif rec.get("kind") == "eval" and rec.get("test_accuracy") is not None:
+            progress["test_accuracy"] = rec["test_accuracy"]
+    return progress
+
+
+def describe_progress(progress: dict[str, Any]) -> str:
+    """e.g. ``step 64 loss 0.421 test acc 99.2%``."""
+    parts = []
+    if progress.get("step") is not None:
+        parts.append(f"step {progress['step']}")
+    if isinstance(progress.get("loss"), int | float):
+        parts.append(f"loss {progress['loss']:.3f}")
+    if isinstance(progress.get("test_accuracy"), int | float):
+        parts.append(f"test acc {100 * progress['test_accuracy']:.1f}%")
+    return " ".join(parts)

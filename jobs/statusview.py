@@ -1,0 +1,101 @@
+"""What ``python -m jobs status`` shows: job states plus train's progress and requeue history.
+
+States come in from one Slurm query (:func:`jobs.monitor.states_many`); progress and history
+are read from each task's run directory (``metrics.jsonl`` tail, ``events.jsonl``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import IO, Any
+
+from cluster.models import JobInfo
+from jobs.monitor import events_summary, progress_summary, reason
+from jobs.records import RunRecord, describe_progress
+
+# Past this many tasks, status reads no per-task files (a 1000-task sweep stays fast).
+DETAIL_LIMIT = 50
+SHOWN_LIMIT = 20
+
+
+def _elapsed(seconds: int | None) -> str:
+    from cluster.timefmt import format_slurm_time
+
+    return format_slurm_time(seconds) if seconds else ""
+
+
+def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[str, Any]]:
+    """Machine-readable status of ``runs`` (every task, its state, progress and history)."""
+    data = []
+    for r in runs:
+        history = events_summary(r)
+        progress = progress_summary(r) if len(r.tasks) <= DETAIL_LIMIT else {}
+        tasks = []
+        for jid, t in zip(r.job_ids(), r.tasks, strict=False):
+            info = states.get(jid)
+            if info is None:
+                continue
+            tasks.append(
+                {
+                    "job_id": jid,
+                    "state": info.state,
+                    "exit_code": info.exit_code,
+                    "reason": reason(info),
+                    "nodelist": info.nodelist,
+                    "elapsed_s": info.elapsed_s,
+                    "values": t.values,
+                    "history": history.get(t.run_dir, ""),
+                    "progress": progress.get(t.run_dir, {}),
+                    "run_dir": t.run_dir,
+                }
+            )
+        data.append(
+            {
+                "run_id": r.run_id,
+                "name": r.name,
+                "job_id": r.job_id,
+                "executor": r.executor,
+                "run_dir": r.run_dir,
+                "submitted_at": r.submitted_at,
+                "tasks": tasks,
+            }
+        )
+    return data
+
+
+def write_status(runs: list[RunRecord], states: dict[str, JobInfo], out: IO[str]) -> None:
+    """Human-readable status: one header per run, one line per (interesting) task."""
+    for r in runs:
+        ids = r.job_ids()
+        submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at))
+        out.write(f"{r.run_id}  job {r.job_id}  {r.executor}  submitted {submitted}\n")
+        out.write(f"  run dir {r.run_dir}\n")
+        if len(ids) > 1:
+            counts: dict[str, int] = {}
+            for jid in ids:
+                counts[states[jid].state] = counts.get(states[jid].state, 0) + 1
+            out.write("  " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "\n")
+        detail = len(ids) <= DETAIL_LIMIT
+        history = events_summary(r) if detail else {}
+        progress = progress_summary(r) if detail else {}
+        shown = 0
+        for jid, t in zip(ids, r.tasks, strict=False):
+            info = states[jid]
+            if len(ids) > SHOWN_LIMIT and info.state == "COMPLETED":
+                continue  # a big sweep: show what still needs attention
+            if shown >= SHOWN_LIMIT:
+                out.write(f"  ... more tasks (--json shows all {len(ids)})\n")
+                break
+            shown += 1
+            nodes = info.nodelist if info.nodelist not in ("", "None") else ""
+            extra = [
+                f"exit {info.exit_code}" if info.exit_code else "",
+                f"nodes {nodes}" if nodes else "",
+                f"elapsed {_elapsed(info.elapsed_s)}" if info.elapsed_s else "",
+                reason(info),
+                " ".join(f"{k}={v}" for k, v in t.values.items()),
+                describe_progress(progress.get(t.run_dir, {})),
+                history.get(t.run_dir, ""),
+            ]
+            line = f"  {jid:<14} {info.state:<11} {'  '.join(e for e in extra if e)}"
+            out.write(line.rstrip() + "\n")
