@@ -14,7 +14,9 @@ from jobs.records import (
     RunRecord,
     TaskRecord,
     append_index,
+    describe_progress,
     find_run,
+    latest_progress,
     read_events,
     save_record,
     summarize_events,
@@ -110,3 +112,14 @@ def test_logs_prints_the_rank_file(tmp_path: Path, capsys: pytest.CaptureFixture
     assert out.getvalue() == "rank one says hi\n"
     assert main(["logs", "12", "--rank", "5"], io.StringIO()) == 2
     assert "ranks 0..1" in capsys.readouterr().err
+
+
+def test_progress_from_metrics_tail(tmp_path: Path) -> None:
+    lines = [{"kind": "train", "step": s, "loss": 1.0 / s} for s in range(1, 2000)]
+    lines.append({"kind": "eval", "step": 1999, "test_accuracy": 0.875})
+    text = "\n".join(json.dumps(x) for x in lines) + '\n{"kind": "tra'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    progress = latest_progress(tmp_path)
+    assert progress["step"] == 1999 and progress["test_accuracy"] == 0.875
+    assert describe_progress(progress) == "step 1999 loss 0.001 test acc 87.5%"
+    assert latest_progress(tmp_path / "missing") == {}
