@@ -154,6 +154,10 @@ def test_sweep_submission_is_one_sbatch_call(tmp_path: Path, stub_slurm: Path) -
     record = submit_slurm(loaded, make_plan(loaded, tmp_path / "runs"), SlurmClient())
     assert sorted(p.name for p in stub_slurm.glob("submitted-*.sh")) == ["submitted-0.sh"]
     assert record.job_ids() == ["4242_0", "4242_1", "4242_2", "4242_3"]
+    # The array script is exactly what --dry-run renders for the same run directory.
+    submitted = (stub_slurm / "submitted-0.sh").read_text()
+    assert submitted == sbatch_script(loaded.spec, Path(record.run_dir), 4)
+    assert "#SBATCH --array=0-3%3" in submitted
     seeds = []
     for task in record.tasks:
         # Each array task carries its resolved spec in its pickle and writes it when it starts.
