@@ -226,6 +226,7 @@ def test_preemption_shows_in_status(env: dict[str, str]) -> None:
                 "-N1",
                 "-c2",
                 "--time=1",
+                "--output=/dev/null",
                 "--wrap",
                 "sleep 1",
             ],
