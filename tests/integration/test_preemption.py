@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SIGNAL_DELAY_S = 40
+RELEASE_AFTER_S = 8.0
 # ~800 optimizer steps of a 5k-parameter CNN: ~20 s of training here, long enough to be
 # preempted or reach the time-limit signal (sent ~15-20 s after start for --time=1).
 SPEC: dict[str, Any] = {
@@ -147,6 +148,7 @@ class Cluster:
         """Release the job from BeginTime after every requeue until training completes."""
         history = RunHistory(run_dir)
         deadline = time.monotonic() + timeout_s
+        pending_since: float | None = None
         while True:
             info = self.job(job_id)
             state = info.get("JobState", "")
@@ -156,9 +158,15 @@ class Cluster:
             assert state not in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), self.log()
             assert not any(e["event"] == "budget_exhausted" for e in history.events())
             if state == "PENDING" and info.get("Reason") == "BeginTime":
-                # it may just have changed state: then the next round tries again
-                with contextlib.suppress(Exception):
-                    self.client.release(job_id)
+                # Released at once, the job can start while the node still cleans up the last
+                # run ("Killing non-startable batch job: Job credential revoked" -> FAILED):
+                # Slurm's own BeginTime delay exists for that. Give the cleanup a few seconds.
+                pending_since = pending_since or time.monotonic()
+                if time.monotonic() - pending_since > RELEASE_AFTER_S:
+                    with contextlib.suppress(Exception):  # it may just have changed state
+                        self.client.release(job_id)
+            else:
+                pending_since = None
             assert time.monotonic() < deadline, f"job {job_id} did not complete: {self.log()}"
             time.sleep(1.0)
 
@@ -179,6 +187,27 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return RunHistory(run_dir).events()
 
 
+def _check_history(events: list[dict[str, Any]], job_id: str) -> list[dict[str, Any]]:
+    """Common checks; returns the stop events (preempted/timeout) in order.
+
+    Every stop is followed by a scontrol requeue and a resume at exactly the stopped step (no
+    completed optimizer step lost, none repeated). Other people's urgent jobs may preempt ours
+    as well on the shared cluster, so extra preemptions are allowed.
+    """
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "complete", kinds
+    assert "failure" not in kinds and "budget_exhausted" not in kinds, events
+    stops = [e for e in events if e["event"] in ("preempted", "timeout")]
+    resumes = [e for e in events if e["event"] == "resume"]
+    requeues = [e for e in events if e["event"] == "requeue"]
+    assert stops and len(stops) == len(resumes) == len(requeues), events
+    for stop, requeue, resume in zip(stops, requeues, resumes, strict=True):
+        assert requeue["via"] == "scontrol" and requeue["job_id"] == job_id
+        assert resume["step"] == stop["step"], (stop, resume)
+        assert resume["restart_count"] == stop["restart_count"] + 1
+    return stops
+
+
 def test_preempted_job_is_requeued_and_resumes_exactly(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:
@@ -196,19 +225,11 @@ def test_preempted_job_is_requeued_and_resumes_exactly(
     )
     cluster.run_to_completion(job_id, run_dir, 300)
 
-    events = _events(run_dir)
-    kinds = [e["event"] for e in events]
-    assert kinds[0] == "start" and kinds[-1] == "complete", kinds
-    preempted = [e for e in events if e["event"] == "preempted"]
-    assert preempted and preempted[0]["kind"] == "preemption", events
-    assert "timeout" not in kinds and "failure" not in kinds
-    requeues = [e for e in events if e["event"] == "requeue"]
-    assert requeues[0]["via"] == "scontrol" and requeues[0]["job_id"] == job_id
-    resumes = [e for e in events if e["event"] == "resume"]
-    # the resumed run starts at the step the signal stopped: no completed step lost
-    assert resumes[0]["step"] == preempted[0]["step"] and resumes[0]["restart_count"] >= 1
+    stops = _check_history(_events(run_dir), job_id)
+    assert stops[0]["event"] == "preempted" and stops[0]["kind"] == "preemption", stops
+    assert all(s["event"] == "preempted" for s in stops)  # --time=10: never a time limit
     assert _final(run_dir)[1] == reference_digest
-    assert "preempted 1x" in RunHistory(run_dir).summary() or len(preempted) > 1
+    assert f"preempted {len(stops)}x" in RunHistory(run_dir).summary()
 
 
 def test_time_limit_signal_checkpoints_requeues_and_completes(
@@ -223,11 +244,8 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     )
     cluster.run_to_completion(job_id, run_dir, 400)
 
-    events = _events(run_dir)
-    kinds = [e["event"] for e in events]
-    timeouts = [e for e in events if e["event"] == "timeout"]
-    assert timeouts and "preempted" not in kinds and kinds[-1] == "complete", events
-    resumes = [e for e in events if e["event"] == "resume"]
-    assert resumes[0]["step"] == timeouts[0]["step"]
+    stops = _check_history(_events(run_dir), job_id)
+    timeouts = [s for s in stops if s["event"] == "timeout"]
+    assert stops[0]["event"] == "timeout" and stops[0]["kind"] == "timeout", stops
     assert _final(run_dir)[1] == reference_digest
     assert f"timeout {len(timeouts)}x" in RunHistory(run_dir).summary()
