@@ -13,8 +13,9 @@ Nesterov momentum, weight decay) and world size, one CPU thread per process:
 
 Augmentation is off on both sides (the hand loop has none): what is compared is the training
 loop's own overhead; ``bench_data`` shows the augmentation pipeline separately.
-Each run is a fresh process (or two, on 127.0.0.1), ``ours`` and ``hand`` alternate, medians.
-Worker mode (used by the parent): ``python -m bench.bench_train --worker ours|hand ...``.
+One worker process per rank (two on 127.0.0.1 for DDP, one process group shared by both sides)
+alternates ``ours`` and ``hand`` runs (ABBA), medians over the rounds after a warm-up round.
+Worker mode (used by the parent): ``python -m bench.bench_train --rank R --rounds N ...``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 from bench.common import Figure, Goal, Options, bench_env, free_port, interleave
 
@@ -109,7 +108,7 @@ def hand_loop(setup: TrainSetup, rank: int, port: int) -> float:
 
     torch.set_num_threads(1)
     world = setup.world
-    if world > 1:
+    if world > 1 and not dist.is_initialized():
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
@@ -136,49 +135,47 @@ def hand_loop(setup: TrainSetup, rank: int, port: int) -> float:
         loss.backward()
         opt.step()
     elapsed = time.perf_counter() - t0
-    if world > 1:
-        dist.destroy_process_group()
     return setup.steps * setup.batch / elapsed
 
 
-# -- the parent: launch workers, interleave, report ---------------------------------------------
-def _launch(impl: str, setup: TrainSetup, workdir: Path, timeout: float = 300.0) -> float:
-    """Run one measurement in fresh processes (``setup.world`` of them); rank 0's images/s."""
+# -- the parent: launch workers, report ------------------------------------------------------
+def _launch(setup: TrainSetup, rounds: int, warmup: int, workdir: Path) -> dict[str, list[float]]:
+    """One worker per rank; each alternates ours and hand in-process; rank 0's samples.
+
+    Alternating inside long-lived workers (instead of a fresh process per sample) keeps
+    process start-up out of the way, so more rounds fit and load drift hits both sides.
+    """
     port = free_port()
-    run_dir = Path(tempfile.mkdtemp(prefix=f"train-{impl}-", dir=workdir))
+    run_dir = Path(tempfile.mkdtemp(prefix="train-", dir=workdir))
     out = run_dir / "result.json"
     procs = []
     for rank in range(setup.world):
-        extra = {}
-        if setup.world > 1:
-            extra = {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(setup.world),
-                "LOCAL_WORLD_SIZE": str(setup.world),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            }
+        extra = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(setup.world),
+            "LOCAL_WORLD_SIZE": str(setup.world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
         argv = [
             sys.executable,
             "-m",
             "bench.bench_train",
-            f"--worker={impl}",
             f"--rank={rank}",
-            f"--port={port}",
+            f"--rounds={rounds}",
+            f"--warmup={warmup}",
             f"--run-dir={run_dir}",
             f"--out={out}",
             *setup.argv(),
         ]
+        env = bench_env(extra if setup.world > 1 else None)
         procs.append(
             subprocess.Popen(
-                argv,
-                env=bench_env(extra),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
+                argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
             )
         )
+    timeout = 120.0 + 60.0 * (rounds + warmup) * setup.world
     errors = []
     deadline = time.monotonic() + timeout
     for p in procs:
@@ -193,29 +190,22 @@ def _launch(impl: str, setup: TrainSetup, workdir: Path, timeout: float = 300.0)
             tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()][-1:]
             errors.append(f"exit {p.returncode}: {' '.join(tail)}")
     if errors:
-        raise RuntimeError(f"{impl} (world {setup.world}): {'; '.join(errors)}")
-    value: float = json.loads(out.read_text())["images_per_s"]
-    return value
+        raise RuntimeError(f"training workers (world {setup.world}): {'; '.join(errors)}")
+    samples: dict[str, list[float]] = json.loads(out.read_text())
+    return samples
 
 
 def run(opts: Options) -> list[Figure]:
-    """1 process and 2-rank DDP (gloo, 127.0.0.1), ours vs the hand loop, interleaved."""
+    """1 process and 2-rank DDP (gloo, 127.0.0.1): ours vs the hand loop, alternating."""
     workdir = opts.workdir / "train"
     workdir.mkdir(parents=True, exist_ok=True)
-    repeats = 2 if opts.quick else min(opts.repeats, 3)
+    rounds = 3 if opts.quick else max(5, opts.repeats)
     steps = 15 if opts.quick else 30
     figures = []
     for world, batch in ((1, 128), (2, 256)):
         setup = TrainSetup(world=world, batch=batch, steps=steps)
-        opts.log(f"train: world {world}, batch {batch}, {steps} steps x {repeats} rounds")
-        samples = interleave(
-            {
-                "ours": partial(_launch, "ours", setup, workdir),
-                "hand": partial(_launch, "hand", setup, workdir),
-            },
-            repeats=repeats,
-            warmup=opts.warmup,
-        )
+        opts.log(f"train: world {world}, batch {batch}, {steps} steps x {rounds} rounds")
+        samples = _launch(setup, rounds, opts.warmup, workdir)
         label = "1 process" if world == 1 else f"{world}-rank DDP (gloo, 127.0.0.1)"
         figures.append(
             Figure.measured(
@@ -228,7 +218,8 @@ def run(opts: Options) -> list[Figure]:
                 goal=GOAL,
                 note=(
                     f"{setup.model} w{setup.width}, global batch {batch}, 1 thread/rank, "
-                    f"{steps} steps after {WARMUP_STEPS} warm-up, median of {repeats}"
+                    f"{steps} steps after {WARMUP_STEPS} warm-up, alternating in the same "
+                    f"process(es), median of {rounds}"
                 ),
             )
         )
@@ -237,9 +228,9 @@ def run(opts: Options) -> list[Figure]:
 
 def _worker(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_train")
-    p.add_argument("--worker", choices=("ours", "hand"), required=True)
     p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--model", default="tinycnn")
@@ -250,13 +241,26 @@ def _worker(argv: list[str]) -> int:
     p.add_argument("--lr", type=float, default=0.05)
     a = p.parse_args(argv)
     setup = TrainSetup(a.model, a.width, a.batch, a.world, a.steps, a.lr)
-    if a.worker == "ours":
-        value = ours(setup, a.rank, a.run_dir / "ours")
-    else:
-        value = hand_loop(setup, a.rank, a.port)
+    import torch.distributed as dist
+
+    if setup.world > 1:
+        # One process group for both sides: run_training uses an existing group as it is.
+        dist.init_process_group("gloo", init_method="env://", rank=a.rank, world_size=a.world)
+    count = {"ours": 0}
+
+    def measure_ours() -> float:
+        count["ours"] += 1
+        return ours(setup, a.rank, a.run_dir / f"ours-{count['ours']}")
+
+    samples = interleave(
+        {"ours": measure_ours, "hand": lambda: hand_loop(setup, a.rank, 0)},
+        repeats=a.rounds,
+        warmup=a.warmup,
+    )
+    if setup.world > 1:
+        dist.destroy_process_group()
     if a.rank == 0:
-        result: dict[str, Any] = {"images_per_s": value, "impl": a.worker, "world": a.world}
-        a.out.write_text(json.dumps(result))
+        a.out.write_text(json.dumps(samples))
     return 0
 
 
