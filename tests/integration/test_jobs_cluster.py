@@ -61,7 +61,7 @@ def status(env: dict[str, str], run: str) -> dict[str, object]:
     return data
 
 
-def wait_state(env: dict[str, str], run: str, wanted: set[str], timeout: float = 120) -> list[str]:
+def wait_state(env: dict[str, str], run: str, wanted: set[str], timeout: float = 300) -> list[str]:
     deadline = time.monotonic() + timeout
     states: list[str] = []
     while time.monotonic() < deadline:
