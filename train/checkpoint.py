@@ -159,35 +159,44 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
+def _verify(path: Path, only: set[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Verify checkpoint ``path`` (all files, or those in ``only`` plus shared.pt); return the
+    manifest and the loaded shared state (loaded once, used for the digest check)."""
+    manifest = read_manifest(path)
+    m = _STEP_RE.match(path.name)
+    if m and int(m.group(1)) != int(manifest["step"]):
+        raise CheckpointError(f"{path}: manifest says step {manifest['step']}")
+    if SHARED_FILE not in manifest["files"]:
+        raise CheckpointError(f"{path}: {MANIFEST} does not list {SHARED_FILE}")
+    for name, info in manifest["files"].items():
+        if only is not None and name not in only and name != SHARED_FILE:
+            continue
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if f.stat().st_size != info["size"]:
+            raise CheckpointError(
+                f"{path}: {name} has {f.stat().st_size} bytes, manifest says {info['size']} "
+                "(truncated?)"
+            )
+        if _sha256_file(f) != info["sha256"]:
+            raise CheckpointError(f"{path}: {name} does not match its sha256 (corrupted)")
+    try:
+        shared = _torch_load(path / SHARED_FILE)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: {SHARED_FILE} cannot be loaded: {exc}") from exc
+    if not isinstance(shared, dict) or state_digest(shared.get("model", {})) != manifest["digest"]:
+        raise CheckpointError(f"{path}: model digest does not match the manifest")
+    return manifest, shared
+
+
 def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check a checkpoint completely; return its manifest or raise CheckpointError saying why.
 
     Checks: manifest present and well-formed, step matches the directory name, every listed
     file present with the recorded size and sha256, and the model digest of ``shared.pt``.
     """
-    p = Path(path)
-    manifest = read_manifest(p)
-    m = _STEP_RE.match(p.name)
-    if m and int(m.group(1)) != int(manifest["step"]):
-        raise CheckpointError(f"{p}: manifest says step {manifest['step']}")
-    for name, info in manifest["files"].items():
-        f = p / name
-        if not f.is_file():
-            raise CheckpointError(f"{p}: {name} is missing")
-        if f.stat().st_size != info["size"]:
-            raise CheckpointError(
-                f"{p}: {name} has {f.stat().st_size} bytes, manifest says {info['size']} "
-                "(truncated?)"
-            )
-        if _sha256_file(f) != info["sha256"]:
-            raise CheckpointError(f"{p}: {name} does not match its sha256 (corrupted)")
-    try:
-        shared = _torch_load(p / SHARED_FILE)
-    except Exception as exc:
-        raise CheckpointError(f"{p}: {SHARED_FILE} cannot be loaded: {exc}") from exc
-    if state_digest(shared.get("model", {})) != manifest["digest"]:
-        raise CheckpointError(f"{p}: model digest does not match the manifest")
-    return manifest
+    return _verify(Path(path))[0]
 
 
 class CheckpointManager:
@@ -254,7 +263,6 @@ class CheckpointManager:
         self.wait()
         if step == self._last_step:
             return None
-        self._last_step = step
         final = self.root / f"step-{step}"
         shared: dict[str, Any] | None = None
         if self.rank == 0:
@@ -263,7 +271,16 @@ class CheckpointManager:
             shared = make_weights_only_safe(shared, "shared_state")
         rank_payload = make_weights_only_safe(dict(rank_state), "rank_state")
         meta = {"step": step, "epoch": epoch, "epoch_step": epoch_step, "metric": metric}
-        if self.async_save:
+        self._last_step = step
+        if not self.async_save:
+            try:
+                self._write(meta, shared, rank_payload)
+            except BaseException as exc:
+                self._last_step = None  # a failed save may be retried at the same step
+                if isinstance(exc, OSError):
+                    raise CheckpointError(f"cannot write checkpoint step-{step}: {exc}") from exc
+                raise
+        else:
             shared, rank_payload = snapshot_to_cpu((shared, rank_payload))
             self._error = None
             self._thread = threading.Thread(
@@ -272,8 +289,6 @@ class CheckpointManager:
                 name=f"checkpoint-step-{step}",
             )
             self._thread.start()
-        else:
-            self._write(meta, shared, rank_payload)
         self.last_blocking_s = time.perf_counter() - start
         return final
 
@@ -284,6 +299,7 @@ class CheckpointManager:
             self._thread = None
         if self._error is not None:
             err, self._error = self._error, None
+            self._last_step = None  # a failed save may be retried at the same step
             if isinstance(err, CheckpointError):
                 raise err
             raise CheckpointError(f"asynchronous checkpoint save failed: {err}") from err
@@ -458,8 +474,8 @@ class CheckpointManager:
         """
         p = Path(path)
         r = self.rank if rank is None else rank
-        manifest = verify_checkpoint(p)
-        shared = _torch_load(p / SHARED_FILE)
+        # this rank reads shared.pt and its own file: verify those (and the digest) only
+        manifest, shared = _verify(p, only={_rank_file(r)})
         if self.spec_hash and manifest.get("spec_hash") not in ("", self.spec_hash):
             log.warning(
                 "%s was written with a different training config (spec hash %s, now %s); "

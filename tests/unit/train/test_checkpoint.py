@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+import train.checkpoint
 from train.checkpoint import (
     CheckpointManager,
     capture_rng_state,
@@ -389,3 +390,25 @@ def test_bench_checkpoint_save(setup: Any) -> None:
     }
     assert result["bytes"] > 0 and result["async_total_s"] >= result["async_blocking_s"] > 0
     assert list(root.iterdir()) == []
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_failed_save_can_be_retried_at_the_same_step(
+    setup: Any, monkeypatch: pytest.MonkeyPatch, async_save: bool
+) -> None:
+    model, opt, root = setup
+    cm = CheckpointManager(root, rank=0, world_size=1, async_save=async_save)
+    real = train.checkpoint._write_json_atomic
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train.checkpoint, "_write_json_atomic", full)
+    with pytest.raises(CheckpointError, match="No space left"):
+        _save(cm, model, opt, 4)
+        cm.wait()
+    assert cm.latest_valid() is None
+    monkeypatch.setattr(train.checkpoint, "_write_json_atomic", real)
+    assert _save(cm, model, opt, 4) == root / "step-4"
+    cm.wait()
+    assert cm.latest_valid() == root / "step-4"
