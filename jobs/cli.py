@@ -118,13 +118,8 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
     if args.template:
         return _submit_template(args, loaded, plan, out)
     executor = args.executor
-    if args.dry_run:
-        if executor == "local":
-            out.write(_local_plan(loaded, plan))
-        else:
-            from jobs.submit import dry_run_script
-
-            out.write(dry_run_script(loaded, plan))
+    if args.dry_run:  # --executor local (the Slurm dry-run returned above)
+        out.write(_local_plan(loaded, plan))
         return 0
     client = _client() if executor != "local" else None
     if executor == "auto":

@@ -25,7 +25,7 @@ from jobs import records
 from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.records import Plan
-from jobs.render import sbatch_script, slurm_parameters, submitit_folder
+from jobs.render import slurm_parameters, submitit_folder
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
@@ -39,12 +39,6 @@ def make_plan(loaded: LoadedSpec, root: Path) -> Plan:
     spec = loaded.spec
     explicit = spec.train.run_dir if spec.train is not None and not loaded.is_array else None
     return Plan.new(spec.name, explicit, root)
-
-
-def dry_run_script(loaded: LoadedSpec, plan: Plan) -> str:
-    """The sbatch script the real submission would write (same parameters, same renderer)."""
-    size = len(loaded.tasks) if loaded.is_array else None
-    return sbatch_script(loaded.spec, plan.run_dir, size)
 
 
 def _resolved_data(spec: JobSpec, *, keep_sweep: bool = False) -> dict[str, Any]:
