@@ -1,9 +1,13 @@
 """The user's front door: a YAML job spec and the ``python -m jobs`` command line.
 
-``jobs.spec`` loads and validates a spec (strict pydantic models, errors with file:line:column),
-``jobs.preflight`` checks it against the live cluster, ``jobs.render``/``jobs.submit`` turn it into
-one submitit submission (a job array for a sweep), ``jobs.records`` keeps a run directory and an
-index so ``status``/``logs``/``cancel``/``list`` work from any later shell.
+- ``jobs.spec`` (models), ``jobs.load`` (YAML -> --set -> validation -> sweep points, errors as
+  ``file:line:column: field: problem (hint)``), ``jobs.yamlsrc``, ``jobs.overrides``;
+- ``jobs.preflight``: the spec against the live cluster (partition, MaxTime, nodes, gres);
+- ``jobs.render`` (submitit parameters and the exact sbatch script), ``jobs.drycache``,
+  ``jobs.submit`` (one submitit submission; a sweep is one job array), ``jobs.launch``
+  (``TrainLaunch``, what runs in the allocation), ``jobs.localrun`` (``--executor local``);
+- ``jobs.records`` (run directories and the run index), ``jobs.monitor`` (states, follow, logs,
+  cancel), ``jobs.statusview``; ``jobs.cli`` is ``python -m jobs``.
 
 This package never imports torch: the command line stays fast, and only
 :class:`jobs.launch.TrainLaunch`, inside the allocation, imports ``train`` lazily.

@@ -295,7 +295,10 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(
+            "interrupted (a submitted job keeps running: python -m jobs cancel RUN)",
+            file=sys.stderr,
+        )
         return 130
     except BrokenPipeError:
         return 1
