@@ -17,7 +17,10 @@ Every job submitted here is cancelled at the end.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cluster.hostlist import expand_hostlist
 from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.config import load_run_config
 from train.env import DistEnv
@@ -58,6 +62,13 @@ SPEC: dict[str, Any] = {
 }
 
 
+# The same net as 2 DDP ranks, one per node: ~256 steps (DDP on the shared cores is slower).
+DDP_SPEC: dict[str, Any] = {
+    "train": {**SPEC["train"], "strategy": "ddp", "epochs": 8},
+    "requeue": SPEC["requeue"],
+}
+
+
 @pytest.fixture(scope="module")
 def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("preempt-spec") / "spec.yaml"
@@ -76,6 +87,39 @@ def reference_digest(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     return _final(run_dir)[1]
 
 
+@pytest.fixture(scope="module")
+def ddp_spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("preempt-ddp-spec") / "spec.yaml"
+    path.write_text(yaml.safe_dump(DDP_SPEC))
+    return path
+
+
+def _ddp_reference(spec: Path, run_dir: Path) -> str:
+    """The uninterrupted 2-rank run: two local `python -m train` processes (gloo, 127.0.0.1)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    procs = []
+    for rank in range(2):
+        env = {
+            **base,
+            "PYTHONPATH": str(REPO),
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        argv = [sys.executable, "-m", "train", "--config", str(spec), "--run-dir", str(run_dir)]
+        procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=400)
+        assert proc.returncode == 0, err[-3000:]
+    return _final(run_dir)[1]
+
+
 def _final(run_dir: Path) -> tuple[int, str]:
     path = CheckpointManager(run_dir / "checkpoints", rank=1, world_size=1).latest_valid()
     assert path is not None, f"no valid checkpoint in {run_dir}"
@@ -91,7 +135,9 @@ class Cluster:
         self.tmp = tmp
         self.ids: list[str] = []
 
-    def submit_training(self, spec: Path, run_dir: Path, options: list[str]) -> str:
+    def submit_training(
+        self, spec: Path, run_dir: Path, options: list[str], tasks: tuple[str, ...] = ("-n1",)
+    ) -> str:
         script = self.tmp / "train.sbatch"
         python = shlex.quote(sys.executable)
         script.write_text(
@@ -103,7 +149,7 @@ class Cluster:
         args = [
             "--partition=debug",
             "--job-name=ckpt-it",
-            "--ntasks=1",
+            *tasks,
             "--cpus-per-task=1",
             "--requeue",
             "--open-mode=append",
@@ -216,8 +262,7 @@ def test_preempted_job_is_requeued_and_resumes_exactly(
     # preempt once training has really started (first metrics line written)
     metrics = run_dir / "metrics.jsonl"
     cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 180)
-    node = cluster.job(job_id).get("NodeList", "n1")
-    cluster.submit_urgent(node)
+    cluster.submit_urgent(expand_hostlist(cluster.job(job_id).get("NodeList", "n1"))[0])
     cluster.wait(
         "the requeue after preemption",
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
@@ -249,3 +294,30 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     assert stops[0]["event"] == "timeout" and stops[0]["kind"] == "timeout", stops
     assert _final(run_dir)[1] == reference_digest
     assert f"timeout {len(timeouts)}x" in RunHistory(run_dir).summary()
+
+
+def test_preempted_two_rank_ddp_job_resumes_exactly(
+    cluster: Cluster, ddp_spec_path: Path, tmp_path: Path
+) -> None:
+    """Two ranks on two nodes: both save their part (marker files), meet at the barrier, rank 0
+    requeues; the resumed pair ends with the digest of an uninterrupted 2-rank run."""
+    run_dir = tmp_path / "run"
+    job_id = cluster.submit_training(
+        ddp_spec_path, run_dir, ["--time=10"], tasks=("--nodes=2", "--ntasks-per-node=1")
+    )
+    metrics = run_dir / "metrics.jsonl"
+    cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 240)
+    cluster.submit_urgent(expand_hostlist(cluster.job(job_id).get("NodeList", "n1"))[0])
+    cluster.wait(
+        "the requeue after preemption",
+        lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
+        120,
+    )
+    cluster.run_to_completion(job_id, run_dir, 400)
+
+    stops = _check_history(_events(run_dir), job_id)
+    assert stops[0]["event"] == "preempted" and stops[0]["kind"] == "preemption", stops
+    step, digest = _final(run_dir)
+    manifest = verify_checkpoint(run_dir / "checkpoints" / f"step-{step}")
+    assert manifest["world_size"] == 2 and {"rank-0.pt", "rank-1.pt"} <= set(manifest["files"])
+    assert digest == _ddp_reference(ddp_spec_path, tmp_path / "reference")
