@@ -54,6 +54,19 @@ def jobs(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Co
     )
 
 
+def scancel(env: dict[str, str], *job_ids: str) -> None:
+    """Cleanup that sticks: train's guard would requeue a job that scancel's SIGTERM reaches."""
+    for job_id in job_ids:
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job_id}", "Requeue=0"],
+            env=env,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    subprocess.run(["scancel", *job_ids], env=env, capture_output=True, timeout=30, check=False)
+
+
 def status(env: dict[str, str], run: str) -> dict[str, object]:
     proc = jobs(env, "status", run, "--json")
     assert proc.returncode == 0, proc.stderr
@@ -106,8 +119,21 @@ def test_cancel_a_running_job(env: dict[str, str]) -> None:
         assert cancelled.returncode == 0, cancelled.stderr
         assert f"cancelled {job_id}" in cancelled.stdout
         assert wait_state(env, job_id, {"CANCELLED"}) == ["CANCELLED"]
+        # train's guard sees scancel's SIGTERM and asks for a requeue: it must not bring the
+        # job back.
+        time.sleep(15)
+        assert [t["state"] for t in status(env, job_id)["tasks"]] == ["CANCELLED"]  # type: ignore[union-attr]
+        shown = subprocess.run(
+            ["scontrol", "show", "job", job_id, "--oneliner"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+        assert "Restarts=0" in shown or not shown
     finally:
-        subprocess.run(["scancel", job_id], env=env, timeout=30, check=False)
+        scancel(env, job_id)
 
 
 def test_sweep_of_four_is_one_array_job(env: dict[str, str], tmp_path: Path) -> None:
@@ -150,7 +176,7 @@ def test_sweep_of_four_is_one_array_job(env: dict[str, str], tmp_path: Path) -> 
         resolved = (run_dir / "tasks" / "2" / "resolved.yaml").read_text()
         assert "lr: 0.05" in resolved and "seed: 1" in resolved
     finally:
-        subprocess.run(["scancel", sub["job_id"]], env=env, timeout=30, check=False)
+        scancel(env, sub["job_id"])
 
 
 @pytest.mark.parametrize(
@@ -248,7 +274,7 @@ def test_preemption_shows_in_status(env: dict[str, str]) -> None:
         log = _read(run_dir / "slurm" / f"{job_id}_0_log.out")
         assert "Job not requeued" not in log  # submitit did not act on the signal
     finally:
-        subprocess.run(["scancel", job_id, *([urgent] if urgent else [])], env=env, timeout=30)
+        scancel(env, job_id, *([urgent] if urgent else []))
 
 
 def _read(path: Path) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cluster.models import JobInfo
-from jobs.monitor import follow, states_many
+from jobs.monitor import cancel, follow, states_many
 from jobs.records import RunRecord, TaskRecord
 
 
@@ -22,6 +22,7 @@ class ScriptedClient:
         self.log = log
         self.lines = lines
         self.cancelled: list[str] = []
+        self.commands: list[list[str]] = []
 
     def job_states(self, ids: list[str]) -> dict[str, JobInfo]:
         self.calls.append(list(ids))
@@ -34,6 +35,9 @@ class ScriptedClient:
 
     def cancel(self, ids: list[str]) -> None:
         self.cancelled.extend(ids)
+
+    def run(self, cmd: list[str], check: bool = True) -> None:
+        self.commands.append(list(cmd))
 
 
 def _record(tmp_path: Path, array: int | None = None) -> RunRecord:
@@ -99,3 +103,14 @@ def test_states_many_is_one_query_for_many_runs(tmp_path: Path) -> None:
         "9_1": "PENDING",
         "9_2": "UNKNOWN",
     }
+
+
+def test_cancel_makes_the_job_non_requeueable_first(tmp_path: Path) -> None:
+    rec = _record(tmp_path, array=3)
+    client = ScriptedClient([{}], tmp_path / "x.log", [])
+    assert cancel(rec, lambda: client) == ["7"]  # type: ignore[arg-type,return-value]
+    assert client.commands == [["scontrol", "update", "JobId=7", "Requeue=0"]]
+    assert client.cancelled == ["7"]
+    client = ScriptedClient([{}], tmp_path / "x.log", [])
+    assert cancel(rec, lambda: client, "7_2") == ["7_2"]  # type: ignore[arg-type,return-value]
+    assert client.commands == [["scontrol", "update", "JobId=7_2", "Requeue=0"]]
