@@ -316,9 +316,13 @@ class _Loop:
 
     def stop(self, guard: PreemptionGuard, requeue: RequeueConfig) -> TrainResult:
         """Stop signal agreed: save synchronously, wait, barrier, requeue; return the result."""
+        # signal_name is None on rank 0 when only another rank got the signal
+        self.event("signal", signal=guard.signal_name or "on another rank")
         self.save()
         self.ckpt.wait()
         self.rt.barrier()
+        # after the barrier: every rank's part of the checkpoint is complete
+        self.event("checkpoint", path=str(self.ckpt.root / f"step-{self.step}"))
         self.result.stopped = guard.reason
         self.result.exit_code = request_requeue(
             self.env, self.run_dir, requeue, guard.reason, step=self.step

@@ -124,6 +124,9 @@ def test_single_process_interrupted_twice(
             assert result.exit_code == 0 and result.steps == TOTAL_STEPS
     assert _final_digest(tmp_path) == single_reference[async_save]
     history = RunHistory(tmp_path)
+    stop = ["signal", "checkpoint", "preempted", "requeue", "resume"]
+    assert [e["event"] for e in history.events()] == ["start", *stop, *stop, "complete"]
+    assert history.events()[1]["signal"] == "SIGUSR2"
     assert history.to_dict()["preemptions"] == 2 and history.to_dict()["complete"]
     assert history.summary() == (
         f"preempted 2x, resumed at step {stops[1]}, complete at step {TOTAL_STEPS}"
