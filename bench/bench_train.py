@@ -199,7 +199,7 @@ def run(opts: Options) -> list[Figure]:
     """1 process and 2-rank DDP (gloo, 127.0.0.1): ours vs the hand loop, alternating."""
     workdir = opts.workdir / "train"
     workdir.mkdir(parents=True, exist_ok=True)
-    rounds = 3 if opts.quick else max(5, opts.repeats)
+    rounds = 3 if opts.quick else max(7, opts.repeats)
     steps = 15 if opts.quick else 30
     figures = []
     for world, batch in ((1, 128), (2, 256)):

@@ -39,6 +39,7 @@ __all__ = [
     "free_port",
     "interleave",
     "median",
+    "paired_spread",
     "ratio",
     "render_markdown",
     "run_command",
@@ -116,6 +117,21 @@ def ratio(ours: float | None, baseline: float | None) -> float | None:
     return ours / baseline
 
 
+def paired_spread(ours: Sequence[float], baseline: Sequence[float] | None) -> str:
+    """``per-round ratio 0.91-1.10 (median 1.02)`` when both sides ran in the same rounds.
+
+    Each round measures both sides back to back, so a round's own ratio is less exposed to load
+    drift than the ratio of the two medians; their range shows how noisy the row is.
+    """
+    if baseline is None or len(ours) != len(baseline) or len(ours) < 2:
+        return ""
+    paired = [o / b for o, b in zip(ours, baseline, strict=True) if b]
+    mid = median(paired)
+    if mid is None:
+        return ""
+    return f"per-round ratio {min(paired):.2f}-{max(paired):.2f} (median {mid:.2f})"
+
+
 @dataclass
 class Figure:
     """One row of the report: our number, the baseline measured in the same run, the ratio."""
@@ -148,6 +164,9 @@ class Figure:
         """A row from raw samples: medians, their ratio and the goal's verdict."""
         ours_m = median(ours)
         base_m = median(baseline) if baseline is not None else None
+        spread = paired_spread(ours, baseline)
+        if spread:
+            note = f"{note}; {spread}" if note else spread
         fig = cls(
             section,
             name,

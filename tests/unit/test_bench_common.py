@@ -15,6 +15,7 @@ from bench.common import (
     errored,
     interleave,
     median,
+    paired_spread,
     ratio,
     render_markdown,
     skipped,
@@ -83,6 +84,7 @@ def test_figure_measured_takes_medians_and_judges_the_ratio() -> None:
     assert (fig.ours, fig.baseline, fig.ratio) == (2.0, 1.0, 2.0)
     assert fig.status == "fail"
     assert fig.samples == {"ours": [1.0, 3.0, 2.0], "baseline": [1.0, 1.0, 1.0]}
+    assert fig.note == "per-round ratio 1.00-3.00 (median 2.00)"
 
 
 @pytest.mark.parametrize(
@@ -155,3 +157,16 @@ def test_write_report_round_trips_json(tmp_path: Path) -> None:
     assert fig["ours"] == 1.5
     assert fig["status"] == "pass"
     assert fig["goal"] == {"op": "<", "value": 2.0, "on": "ours", "text": "< 2"}
+
+
+@pytest.mark.parametrize(
+    ("ours", "base", "text"),
+    [
+        ([1.0, 2.0, 3.0], [1.0, 1.0, 2.0], "per-round ratio 1.00-2.00 (median 1.50)"),
+        ([1.0], [1.0], ""),
+        ([1.0, 2.0], None, ""),
+        ([1.0, 2.0], [1.0], ""),
+    ],
+)
+def test_paired_spread(ours: list[float], base: list[float] | None, text: str) -> None:
+    assert paired_spread(ours, base) == text
