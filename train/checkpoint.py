@@ -21,7 +21,6 @@ follows one).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
+from train import ckpt_io as _io
+from train.ckpt_io import FORMAT_VERSION, MANIFEST, SHARED_FILE, read_manifest, verify_checkpoint
 from train.ckpt_state import (
     capture_rng_state,
     load_model_state,
@@ -64,13 +64,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-SHARED_FILE = "shared.pt"
-# Test hook: seconds to sleep between the files of a save, so a test can SIGKILL a process in
-# the middle of writing a checkpoint. Never set in production.
-TEST_DELAY_ENV = "TRAIN_CKPT_TEST_DELAY_S"
-_STEP_RE = re.compile(r"^step-(\d+)$")
+_STEP_RE = _io.STEP_RE
 _TMP_RE = re.compile(r"^\.step-(\d+)\.tmp$")
 _JUNK_RE = re.compile(r"^\.step-(\d+)\.(del|corrupt)-\d+$")
 
@@ -96,107 +90,6 @@ class LoadedCheckpoint:
     @property
     def step(self) -> int:
         return int(self.manifest["step"])
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _write_torch(obj: Any, path: Path) -> dict[str, Any]:
-    """torch.save + fsync; returns the file's size and sha256 for the manifest."""
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    return {"size": path.stat().st_size, "sha256": _sha256_file(path)}
-
-
-def _write_json_atomic(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _test_delay() -> None:
-    delay = os.environ.get(TEST_DELAY_ENV)
-    if delay:
-        time.sleep(float(delay))
-
-
-def _torch_load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of checkpoint directory ``path`` (CheckpointError if missing/malformed)."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path}: no {MANIFEST} (incomplete save)") from exc
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: {MANIFEST} is not a format-{FORMAT_VERSION} manifest")
-    for key in ("step", "world_size", "digest", "files"):
-        if key not in manifest:
-            raise CheckpointError(f"{path}: {MANIFEST} lacks {key!r}")
-    return manifest
-
-
-def _verify(path: Path, only: set[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Verify checkpoint ``path`` (all files, or those in ``only`` plus shared.pt); return the
-    manifest and the loaded shared state (loaded once, used for the digest check)."""
-    manifest = read_manifest(path)
-    m = _STEP_RE.match(path.name)
-    if m and int(m.group(1)) != int(manifest["step"]):
-        raise CheckpointError(f"{path}: manifest says step {manifest['step']}")
-    if SHARED_FILE not in manifest["files"]:
-        raise CheckpointError(f"{path}: {MANIFEST} does not list {SHARED_FILE}")
-    for name, info in manifest["files"].items():
-        if only is not None and name not in only and name != SHARED_FILE:
-            continue
-        f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{path}: {name} is missing")
-        if f.stat().st_size != info["size"]:
-            raise CheckpointError(
-                f"{path}: {name} has {f.stat().st_size} bytes, manifest says {info['size']} "
-                "(truncated?)"
-            )
-        if _sha256_file(f) != info["sha256"]:
-            raise CheckpointError(f"{path}: {name} does not match its sha256 (corrupted)")
-    try:
-        shared = _torch_load(path / SHARED_FILE)
-    except Exception as exc:
-        raise CheckpointError(f"{path}: {SHARED_FILE} cannot be loaded: {exc}") from exc
-    if not isinstance(shared, dict) or state_digest(shared.get("model", {})) != manifest["digest"]:
-        raise CheckpointError(f"{path}: model digest does not match the manifest")
-    return manifest, shared
-
-
-def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check a checkpoint completely; return its manifest or raise CheckpointError saying why.
-
-    Checks: manifest present and well-formed, step matches the directory name, every listed
-    file present with the recorded size and sha256, and the model digest of ``shared.pt``.
-    """
-    return _verify(Path(path))[0]
 
 
 class CheckpointManager:
@@ -324,19 +217,19 @@ class CheckpointManager:
         tmp = self.root / f".step-{step}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         try:
-            info = _write_torch(rank_payload, tmp / _rank_file(self.rank))
+            info = _io.write_torch(rank_payload, tmp / _rank_file(self.rank))
         except OSError as exc:
             raise CheckpointError(f"cannot write checkpoint {tmp}: {exc}") from exc
-        _test_delay()
-        _write_json_atomic({"rank": self.rank, "step": step, **info}, tmp / _marker(self.rank))
+        _io.test_delay()
+        _io.write_json_atomic({"rank": self.rank, "step": step, **info}, tmp / _marker(self.rank))
         if self.rank != 0:
             return
         assert shared is not None
         try:
-            files = {SHARED_FILE: _write_torch(shared, tmp / SHARED_FILE)}
+            files = {SHARED_FILE: _io.write_torch(shared, tmp / SHARED_FILE)}
         except OSError as exc:
             raise CheckpointError(f"cannot write checkpoint {tmp}: {exc}") from exc
-        _test_delay()
+        _io.test_delay()
         files.update(self._collect_markers(tmp, step))
         manifest = {
             "format": FORMAT_VERSION,
@@ -347,11 +240,11 @@ class CheckpointManager:
             "time": time.time(),
             "files": files,
         }
-        _write_json_atomic(manifest, tmp / MANIFEST)
+        _io.write_json_atomic(manifest, tmp / MANIFEST)
         for r in range(self.world_size):
             (tmp / _marker(r)).unlink(missing_ok=True)
-        _fsync_dir(tmp)
-        _test_delay()
+        _io.fsync_dir(tmp)
+        _io.test_delay()
         self._commit(tmp, self.root / f"step-{step}")
         self._prune(keep=step)
 
@@ -392,7 +285,7 @@ class CheckpointManager:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return
         os.rename(tmp, final)
-        _fsync_dir(self.root)
+        _io.fsync_dir(self.root)
         log.info("checkpoint saved: %s", final)
 
     # -- housekeeping ------------------------------------------------------------------------
@@ -475,7 +368,7 @@ class CheckpointManager:
         p = Path(path)
         r = self.rank if rank is None else rank
         # this rank reads shared.pt and its own file: verify those (and the digest) only
-        manifest, shared = _verify(p, only={_rank_file(r)})
+        manifest, shared = _io.verify(p, only={_rank_file(r)})
         if self.spec_hash and manifest.get("spec_hash") not in ("", self.spec_hash):
             log.warning(
                 "%s was written with a different training config (spec hash %s, now %s); "
@@ -486,7 +379,7 @@ class CheckpointManager:
             )
         rank_state: dict[str, Any] | None = None
         if _rank_file(r) in manifest["files"]:
-            rank_state = _torch_load(p / _rank_file(r))
+            rank_state = _io.torch_load(p / _rank_file(r))
         else:
             log.warning(
                 "%s was written by %s ranks; rank %s starts with fresh RNG/sampler state",

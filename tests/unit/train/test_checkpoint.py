@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-import train.checkpoint
+import train.ckpt_io
 from train.checkpoint import (
     CheckpointManager,
     capture_rng_state,
@@ -129,7 +129,7 @@ def test_async_error_surfaces_on_wait(setup: Any, monkeypatch: Any) -> None:
     def boom(*a: Any, **k: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("train.checkpoint._write_torch", boom)
+    monkeypatch.setattr("train.ckpt_io.write_torch", boom)
     _save(cm, model, opt, 1)
     with pytest.raises(CheckpointError, match="disk full"):
         cm.wait()
@@ -398,17 +398,17 @@ def test_failed_save_can_be_retried_at_the_same_step(
 ) -> None:
     model, opt, root = setup
     cm = CheckpointManager(root, rank=0, world_size=1, async_save=async_save)
-    real = train.checkpoint._write_json_atomic
+    real = train.ckpt_io.write_json_atomic
 
     def full(*a: Any, **k: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(train.checkpoint, "_write_json_atomic", full)
+    monkeypatch.setattr(train.ckpt_io, "write_json_atomic", full)
     with pytest.raises(CheckpointError, match="No space left"):
         _save(cm, model, opt, 4)
         cm.wait()
     assert cm.latest_valid() is None
-    monkeypatch.setattr(train.checkpoint, "_write_json_atomic", real)
+    monkeypatch.setattr(train.ckpt_io, "write_json_atomic", real)
     assert _save(cm, model, opt, 4) == root / "step-4"
     cm.wait()
     assert cm.latest_valid() == root / "step-4"
