@@ -272,6 +272,12 @@ class CheckpointManager:
         return files
 
     def _commit(self, tmp: Path, final: Path) -> None:
+        """Put the complete ``tmp`` in place as ``final``; never destroy a valid ``final``.
+
+        An existing valid ``step-N`` (e.g. written before a ``--resume`` from an older step) is
+        swapped atomically with the new one and only then deleted; where an atomic swap is not
+        possible the existing one is kept and the new copy discarded.
+        """
         if final.exists():
             try:
                 verify_checkpoint(final)
@@ -280,9 +286,12 @@ class CheckpointManager:
                 log.warning("replacing invalid %s (%s); kept as %s", final, exc, aside.name)
                 os.rename(final, aside)
             else:
-                # Never replace a valid checkpoint: the existing one stays, the new copy goes.
-                log.warning("%s already exists and is valid; keeping it", final)
-                shutil.rmtree(tmp, ignore_errors=True)
+                if _io.exchange(tmp, final):
+                    _io.fsync_dir(self.root)
+                    log.warning("%s existed; replaced it atomically with this run's", final)
+                else:
+                    log.warning("%s already exists and is valid; keeping it", final)
+                shutil.rmtree(tmp, ignore_errors=True)  # the old one after a swap, else the new
                 return
         os.rename(tmp, final)
         _io.fsync_dir(self.root)

@@ -144,3 +144,24 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     file present with the recorded size and sha256, and the model digest of ``shared.pt``.
     """
     return verify(Path(path))[0]
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns False where the kernel, C library or file system cannot (the caller then keeps
+    the existing directory): at no moment is neither of the two in place.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return int(rc) == 0

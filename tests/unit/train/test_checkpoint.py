@@ -177,17 +177,23 @@ def test_keep_last_plus_best(setup: Any) -> None:
     assert [p.name for p in (root / "nb").iterdir()] == ["step-5"]
 
 
-def test_existing_valid_checkpoint_is_never_replaced(setup: Any) -> None:
+@pytest.mark.parametrize("can_swap", [True, False])
+def test_existing_valid_checkpoint_is_swapped_never_destroyed(
+    setup: Any, monkeypatch: pytest.MonkeyPatch, can_swap: bool
+) -> None:
     model, opt, root = setup
     cm = CheckpointManager(root, rank=0, world_size=1)
     _save(cm, model, opt, 3)
-    before = (root / "step-3" / "manifest.json").read_text()
+    old = verify_checkpoint(root / "step-3")["digest"]
     assert _save(cm, model, opt, 3) is None  # same manager: already saved
-    _train(model, opt)
-    cm2 = CheckpointManager(root, rank=0, world_size=1)  # e.g. after a restart
+    _train(model, opt)  # e.g. a run resumed from an older step reaches step 3 differently
+    if not can_swap:  # no renameat2(RENAME_EXCHANGE): the existing checkpoint is kept
+        monkeypatch.setattr(train.ckpt_io, "exchange", lambda a, b: False)
+    cm2 = CheckpointManager(root, rank=0, world_size=1)
     _save(cm2, model, opt, 3)
-    assert (root / "step-3" / "manifest.json").read_text() == before
-    assert verify_checkpoint(root / "step-3")["digest"] != model_digest(model)
+    assert old != model_digest(model)
+    want = model_digest(model) if can_swap else old
+    assert verify_checkpoint(root / "step-3")["digest"] == want
     assert [p.name for p in root.iterdir()] == ["step-3"]
 
 
