@@ -37,6 +37,7 @@ __all__ = [
     "PreemptionGuard",
     "RunHistory",
     "StopKind",
+    "classify_from_job_info",
     "classify_stop",
     "install_early",
     "note_early_signal",
