@@ -256,13 +256,32 @@ class PreemptRun:
             resume_to_first_step_s=first_t - resume_t,
         )
 
-    def cancel(self) -> None:
-        if self.job_id:
-            try:
-                self.client.cancel([self.job_id])
-                self.client.wait_for(self.job_id, timeout=60)
-            except Exception as exc:
-                self.opts.log(f"preempt: cancelling {self.job_id}: {exc}")
+    def cancel(self, timeout: float = 90.0) -> None:
+        """scancel until the job stays ended.
+
+        train takes scancel's SIGTERM for a stop signal, checkpoints and runs ``scontrol
+        requeue``, so one scancel of a running job can bring it back as PENDING; a pending job
+        is cancelled without signals, so the second scancel sticks. "Ended" is asked of the
+        controller (``squeue``): sacct keeps saying REQUEUED for a job cancelled while pending
+        after a requeue.
+        """
+        if not self.job_id:
+            return
+        deadline = time.monotonic() + timeout
+        ended_polls = 0
+        try:
+            while time.monotonic() < deadline:
+                if self.job_id not in self.client.queue():
+                    ended_polls += 1
+                    if ended_polls >= 3:
+                        return
+                else:
+                    ended_polls = 0
+                    self.client.cancel([self.job_id])
+                time.sleep(1.0)
+            self.opts.log(f"preempt: job {self.job_id} did not stay cancelled")
+        except Exception as exc:
+            self.opts.log(f"preempt: cancelling {self.job_id}: {exc}")
 
 
 def _import_torch(env: dict[str, str]) -> float:
