@@ -41,6 +41,7 @@ __all__ = [
     "classify_stop",
     "install_early",
     "note_early_signal",
+    "pop_early_signals",
     "request_requeue",
 ]
 
@@ -87,6 +88,18 @@ def note_early_signal(signum: int, when: float | None = None) -> None:
     _EARLY.append((signal.Signals(signum), time.time() if when is None else when))
 
 
+def pop_early_signals() -> list[signal.Signals]:
+    """Take the stop signals remembered since :func:`install_early` (oldest first).
+
+    For code that installs no :class:`PreemptionGuard` after ``install_early`` (e.g. a command
+    entrypoint): it must pass them on (to its child) or act on them, else a SIGTERM that arrived
+    during startup would be swallowed and the process would not stop.
+    """
+    taken = [s for s, _ in _EARLY]
+    _EARLY.clear()
+    return taken
+
+
 def _early_handler(signum: int, frame: FrameType | None) -> None:
     note_early_signal(signum)
 
@@ -99,6 +112,7 @@ def install_early(signals: Sequence[str | int] = ("USR2", "TERM")) -> None:
     dies and the job FAILS instead of being requeued. These handlers only remember the signal;
     :meth:`PreemptionGuard.install` picks it up and the run stops (checkpoint + requeue) at its
     first step boundary. After the guard is uninstalled they remember (ignore) late repeats.
+    Code that installs no guard afterwards must take them with :func:`pop_early_signals`.
     """
     if threading.current_thread() is not threading.main_thread():
         return

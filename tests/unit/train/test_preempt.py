@@ -256,6 +256,9 @@ def test_signal_during_startup_is_kept_for_the_guard() -> None:
         preempt.note_early_signal(signal.SIGUSR1)
         assert not PreemptionGuard(("USR2",)).install().requested
         assert not preempt._EARLY
+        # code without a guard (a command entrypoint) takes them to pass them on
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert preempt.pop_early_signals() == [signal.SIGTERM] and not preempt._EARLY
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
