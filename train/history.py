@@ -6,7 +6,8 @@ One JSON object per line, appended by rank 0 only::
      "job_id": "42", ...}
 
 Events: start, resume, signal, checkpoint, requeue, preempted, timeout, failure, complete,
-budget_exhausted. The budgets of :class:`train.config.RequeueConfig` are checked against the
+budget_exhausted, cancelled (a plain ``scancel``: checkpointed, not requeued). The budgets of
+:class:`train.config.RequeueConfig` are checked against the
 preempted/timeout/failure counts, and ``jobs`` shows :meth:`RunHistory.summary` ("preempted 2x,
 resumed at step 120").
 """
@@ -32,6 +33,7 @@ EVENTS = (
     "failure",
     "complete",
     "budget_exhausted",
+    "cancelled",
 )
 # events that consume a requeue budget, with the RequeueConfig field that limits them
 _BUDGETS = {
@@ -122,9 +124,8 @@ class RunHistory:
         counts = self.counts()
         resumes = [e for e in events if e["event"] == "resume"]
         last = events[-1] if events else None
-        final = next(
-            (e for e in reversed(events) if e["event"] in ("complete", "budget_exhausted")), None
-        )
+        terminal = ("complete", "budget_exhausted", "cancelled")
+        final = next((e for e in reversed(events) if e["event"] in terminal), None)
         return {
             "preemptions": counts["preempted"],
             "timeouts": counts["timeout"],
@@ -138,6 +139,7 @@ class RunHistory:
             "budget_exhausted": final["reason"]
             if final is not None and final["event"] == "budget_exhausted"
             else None,
+            "cancelled": final is not None and final["event"] == "cancelled",
             "counts": counts,
         }
 
@@ -158,6 +160,8 @@ class RunHistory:
             parts.append(f"complete at step {d['last_step']}")
         elif d["budget_exhausted"]:
             parts.append(f"stopped: {d['budget_exhausted']}")
+        elif d["cancelled"]:
+            parts.append(f"cancelled at step {d['last_step']}")
         if not parts:
             return "no events yet" if d["last_event"] is None else "no interruptions"
         return ", ".join(parts)

@@ -52,12 +52,13 @@ REQUEUE_EXIT_CODE = 75
 # A requeue budget is spent: stop for good (never requeue on this code).
 BUDGET_EXHAUSTED_EXIT_CODE = 3
 
-StopKind = Literal["preemption", "timeout", "signal", "failure"]
+StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure"]
 _EVENT_OF_KIND = {
     "preemption": "preempted",
     "preempted": "preempted",
     "timeout": "timeout",
     "failure": "failure",
+    "cancel": "cancelled",
 }
 _UNSET = {"", "none", "unknown", "n/a", "(null)"}
 
@@ -215,7 +216,7 @@ class PreemptionGuard:
 
     @property
     def reason(self) -> StopKind | None:
-        """``"preemption"``, ``"timeout"`` or ``"signal"`` (unclassified) once stopping."""
+        """``"preemption"``, ``"timeout"``, ``"cancel"`` or ``"signal"`` (unclassified)."""
         if not self._stopping and not self._flag:
             return None
         if self._reason is None:
@@ -235,25 +236,63 @@ def _parse_slurm_timestamp(value: str | None) -> float | None:
         return None
 
 
-def classify_from_job_info(
-    info: Mapping[str, str], signal_delay_s: float, now: float | None = None
-) -> Literal["preemption", "timeout"]:
-    """Preemption or time limit, from ``scontrol show job`` fields (pure; see classify_stop).
+def _time_limit_s(value: str | None) -> float | None:
+    if value is None or value.strip().lower() in _UNSET:
+        return None
+    try:
+        from cluster.timefmt import parse_slurm_time  # stdlib only; lazy like cluster.client
 
-    PreemptTime set -> preemption; EndTime within ``signal_delay_s + 60`` s -> time limit
-    (Slurm may send the signal up to 60 s early); otherwise (EndTime far away) -> preemption.
+        seconds = parse_slurm_time(value.strip())
+    except Exception:  # UNLIMITED parses to None; anything odd: unknown
+        return None
+    return float(seconds) if seconds is not None else None
+
+
+def classify_from_job_info(
+    info: Mapping[str, str],
+    signal_delay_s: float,
+    now: float | None = None,
+    restart_count: int | None = None,
+) -> Literal["preemption", "timeout", "cancel"]:
+    """Why Slurm is stopping the job, from ``scontrol show job`` fields (pure).
+
+    - PreemptTime set, or Restarts already above this run's restart count (Slurm requeued it
+      when the grace time ended) -> ``preemption``;
+    - job still RUNNING: EndTime within ``signal_delay_s + 60`` s -> ``timeout`` (Slurm may
+      send the signal up to 60 s early), EndTime far away -> ``preemption`` (also a manual
+      ``scancel --signal=USR2``: checkpoint and requeue);
+    - job already ending (COMPLETING, CANCELLED, ...): its time limit reached -> ``timeout``,
+      else ``cancel`` (a plain ``scancel`` sends SIGTERM: stop, never requeue).
     """
     now = time.time() if now is None else now
+    margin = signal_delay_s + 60
     if _parse_slurm_timestamp(info.get("PreemptTime")) is not None:
         return "preemption"
-    end = _parse_slurm_timestamp(info.get("EndTime"))
-    if end is not None and end - now <= signal_delay_s + 60:
+    restarts = info.get("Restarts", "")
+    if restart_count is not None and restarts.isdigit() and int(restarts) > restart_count:
+        return "preemption"
+    state = info.get("JobState", "RUNNING").strip().upper()
+    if state == "TIMEOUT":
         return "timeout"
-    return "preemption"
+    if state in ("RUNNING", "SUSPENDED", "CONFIGURING", "PENDING", ""):
+        end = _parse_slurm_timestamp(info.get("EndTime"))
+        if end is not None and end - now <= margin:
+            return "timeout"
+        return "preemption"
+    start = _parse_slurm_timestamp(info.get("StartTime"))
+    limit = _time_limit_s(info.get("TimeLimit"))
+    if start is not None and limit is not None and start + limit - now <= margin:
+        return "timeout"
+    return "cancel"
 
 
 def classify_stop(
-    job_id: str, signal_delay_s: float, *, client: Any = None, now: float | None = None
+    job_id: str,
+    signal_delay_s: float,
+    *,
+    client: Any = None,
+    now: float | None = None,
+    restart_count: int | None = None,
 ) -> StopKind:
     """Ask Slurm why job ``job_id`` is being stopped; ``"signal"`` if Slurm cannot be asked."""
     try:
@@ -265,7 +304,7 @@ def classify_stop(
     except Exception as exc:  # no scontrol in a container, controller down, ...
         log.warning("cannot ask Slurm about job %s (%s); stop kind unknown", job_id, exc)
         return "signal"
-    kind = classify_from_job_info(info, signal_delay_s, now)
+    kind = classify_from_job_info(info, signal_delay_s, now, restart_count)
     log.warning("job %s: stop is a %s", job_id, kind)
     return kind
 
@@ -290,7 +329,8 @@ def request_requeue(
     0) or, where that is unavailable, :data:`REQUEUE_EXIT_CODE` for the batch script. Other
     ranks return 0 so that srun's exit code (the highest of all tasks) is rank 0's.
     A failure returns 1 instead of 0 (the job is requeued, this run still failed), and outside
-    Slurm it is recorded but not turned into a requeue request.
+    Slurm it is recorded but not turned into a requeue request. A ``cancel`` (plain ``scancel``:
+    SIGTERM, the job already ending) is recorded as ``cancelled`` and returns 0, no requeue.
     """
     failed = kind == "failure"
     if not env.is_main:
@@ -298,11 +338,18 @@ def request_requeue(
     history = RunHistory(run_dir)
     job_id = env.job_id
     k = kind or "signal"
-    if k == "signal" and job_id:
-        k = classify_stop(job_id, requeue_config.signal_delay_s, client=client)
+    if k in ("signal", "cancel") and job_id:
+        # the guard does not know this run's restart count: ask again with it (a SIGTERM after
+        # the grace time of a preemption Slurm already requeued is not a cancel)
+        k = classify_stop(
+            job_id, requeue_config.signal_delay_s, client=client, restart_count=env.restart_count
+        )
     event = _EVENT_OF_KIND.get(k, "preempted")  # an unexplained signal counts as a preemption
     base = {"step": step, "restart_count": env.restart_count, "job_id": job_id}
     history.append(event, **base, kind=k, **({"error": error[:300]} if error else {}))
+    if event == "cancelled":
+        log.warning("job %s was cancelled: checkpoint kept at step %s, not requeuing", job_id, step)
+        return 0
     reason = history.check_budget(requeue_config)
     if reason is not None:
         history.append("budget_exhausted", **base, reason=reason)

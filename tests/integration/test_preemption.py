@@ -321,3 +321,29 @@ def test_preempted_two_rank_ddp_job_resumes_exactly(
     manifest = verify_checkpoint(run_dir / "checkpoints" / f"step-{step}")
     assert manifest["world_size"] == 2 and {"rank-0.pt", "rank-1.pt"} <= set(manifest["files"])
     assert digest == _ddp_reference(ddp_spec_path, tmp_path / "reference")
+
+
+def test_scancel_checkpoints_and_is_not_requeued(
+    cluster: Cluster, spec_path: Path, tmp_path: Path
+) -> None:
+    """A plain scancel sends SIGTERM too: train checkpoints but must not requeue the job."""
+    run_dir = tmp_path / "run"
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"])
+    metrics = run_dir / "metrics.jsonl"
+    cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 180)
+    cluster.client.cancel([job_id])
+    cluster.wait(
+        "the cancelled event",
+        lambda: any(e["event"] in ("cancelled", "requeue") for e in _events(run_dir)),
+        60,
+    )
+    time.sleep(RELEASE_AFTER_S)  # a requeue would show by now (PENDING with BeginTime)
+    state = cluster.job(job_id).get("JobState", "")
+    assert state in ("CANCELLED", "COMPLETING", ""), state
+    events = _events(run_dir)
+    kinds = [e["event"] for e in events]
+    assert kinds[-3:] == ["signal", "checkpoint", "cancelled"], events
+    assert "requeue" not in kinds and events[-3]["signal"] == "SIGTERM"
+    step = events[-1]["step"]
+    assert verify_checkpoint(run_dir / "checkpoints" / f"step-{step}")["step"] == step
+    assert RunHistory(run_dir).summary() == f"cancelled at step {step}"

@@ -106,19 +106,55 @@ def test_reason_is_classified_on_the_main_rank(monkeypatch: pytest.MonkeyPatch) 
 
 
 # -- classification -------------------------------------------------------------------------
+# Fields as `scontrol show job` printed them on the local cluster in each situation.
+RUNNING = {"JobState": "RUNNING", "PreemptTime": "None", "Restarts": "0"}
+ENDING = {"JobState": "COMPLETING", "PreemptTime": "None", "Restarts": "0"}
+
+
 @pytest.mark.parametrize(
     ("info", "kind"),
     [
-        ({"PreemptTime": _ts(-3), "EndTime": _ts(20)}, "preemption"),
-        ({"PreemptTime": "None", "EndTime": _ts(80)}, "timeout"),
-        ({"PreemptTime": "None", "EndTime": _ts(140)}, "timeout"),  # up to 60 s early
-        ({"PreemptTime": "None", "EndTime": _ts(3600)}, "preemption"),
-        ({"PreemptTime": "None", "EndTime": "Unknown"}, "preemption"),
+        # USR2 at preemption (preempt_send_user_signal): PreemptTime set, EndTime = +GraceTime
+        ({**RUNNING, "PreemptTime": _ts(-3), "EndTime": _ts(20)}, "preemption"),
+        # USR2 before the time limit
+        ({**RUNNING, "EndTime": _ts(80)}, "timeout"),
+        ({**RUNNING, "EndTime": _ts(140)}, "timeout"),  # Slurm sends up to 60 s early
+        # scancel --signal=USR2 by hand: checkpoint and requeue like a preemption
+        ({**RUNNING, "EndTime": _ts(3600)}, "preemption"),
+        ({**RUNNING, "EndTime": "Unknown"}, "preemption"),
         ({}, "preemption"),
+        # plain scancel: SIGTERM, job already COMPLETING, EndTime = now, limit far away
+        (
+            {**ENDING, "EndTime": _ts(0), "StartTime": _ts(-30), "TimeLimit": "00:10:00"},
+            "cancel",
+        ),
+        (
+            {**ENDING, "JobState": "CANCELLED", "StartTime": _ts(-30), "TimeLimit": "1-00:00:00"},
+            "cancel",
+        ),
+        # SIGTERM at the time limit itself (the early signal was missed)
+        ({**ENDING, "StartTime": _ts(-60), "TimeLimit": "00:01:00"}, "timeout"),
+        ({**ENDING, "JobState": "TIMEOUT"}, "timeout"),
+        # SIGTERM at the end of a preemption's grace time: Slurm already requeued the job
+        ({**ENDING, "Restarts": "1", "StartTime": _ts(-30), "TimeLimit": "00:10:00"}, "preemption"),
     ],
 )
 def test_classify_from_job_info(info: dict[str, str], kind: str) -> None:
-    assert classify_from_job_info(info, signal_delay_s=90) == kind
+    assert classify_from_job_info(info, signal_delay_s=90, restart_count=0) == kind
+
+
+def test_cancel_is_recorded_and_not_requeued(tmp_path: Path) -> None:
+    info = {**ENDING, "EndTime": _ts(0), "StartTime": _ts(-30), "TimeLimit": "00:10:00"}
+    client = FakeClient(info)
+    code = request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "signal", step=9, client=client)
+    assert code == 0 and client.requeued == []
+    assert _events(tmp_path) == ["cancelled"]
+    assert RunHistory(tmp_path).summary() == "cancelled at step 9"
+    # the guard's "cancel" is re-checked with this run's restart count: here Slurm requeued it
+    client = FakeClient({**info, "Restarts": "1"})
+    code = request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "cancel", step=9, client=client)
+    assert code == 0 and client.requeued == ["42"]
+    assert _events(tmp_path)[-2:] == ["preempted", "requeue"]
 
 
 def test_classify_stop_without_slurm_is_signal() -> None:
