@@ -38,7 +38,7 @@ from train.checkpoint import CheckpointManager, LoadedCheckpoint
 from train.config import RunConfig, config_hash
 from train.env import DeviceInfo, DistEnv, resolve_device
 from train.errors import EntrypointError
-from train.preempt import PreemptionGuard, RunHistory, request_requeue
+from train.preempt import PreemptionGuard, RunHistory, pop_early_signals, request_requeue
 from train.runtime import Runtime, configure_torch, setup_runtime
 
 __all__ = ["TrainContext", "load_function", "run_entrypoint"]
@@ -132,6 +132,9 @@ def _run_command(argv: list[str], env: DistEnv, run_dir: Path, resume_from: Path
     previous = {
         s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
     }
+    # A stop signal that arrived while we were starting (held by install_early) goes on too.
+    for signum in pop_early_signals():
+        proc.send_signal(signum)
     try:
         code = proc.wait()
     finally:

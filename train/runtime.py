@@ -53,16 +53,50 @@ class Runtime:
         self.owns_group = owns_group
         self.ctrl_group = ctrl_group
         self._flag = torch.zeros(1, dtype=torch.int32)
+        # Two buffers for the lagged stop flag: one in flight, one read.
+        self._lagged = [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)]
+        self._lag_index = 0
+        self._pending: Any = None
 
     @property
     def distributed(self) -> bool:
         """Whether collectives go over a process group."""
         return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
+    def _drain(self) -> None:
+        """Finish the in-flight lagged reduce before any other collective on the group."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+
+    def lagged_max(self, value: int) -> int:
+        """MAX over ranks of the value each rank passed at its PREVIOUS call.
+
+        The reduce of this call's value runs in the background while the next step computes,
+        so the per-step stop check costs no round trip. Every rank calls it at the same steps,
+        so every rank sees the same answer at the same step: the ranks still agree, one step
+        after the signal. The first call returns 0.
+        """
+        if not self.distributed:
+            return value
+        previous = 0
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+            previous = int(self._lagged[self._lag_index].item())
+        self._lag_index ^= 1
+        buf = self._lagged[self._lag_index]
+        buf.fill_(value)
+        self._pending = dist.all_reduce(
+            buf, op=dist.ReduceOp.MAX, group=self.ctrl_group, async_op=True
+        )
+        return previous
+
     def all_reduce_max(self, value: int) -> int:
         """MAX of an int over ranks (CPU tensor, reused: no per-step allocation)."""
         if not self.distributed:
             return value
+        self._drain()
         self._flag.fill_(value)
         dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.ctrl_group)
         return int(self._flag.item())
@@ -70,16 +104,19 @@ class Runtime:
     def barrier(self) -> None:
         """All ranks meet (over the CPU group)."""
         if self.distributed:
+            self._drain()
             dist.barrier(group=self.ctrl_group)
 
     def broadcast_object(self, objects: list[Any]) -> None:
         """Rank 0's picklable objects to every rank, in place."""
         if self.distributed:
+            self._drain()
             dist.broadcast_object_list(objects, src=0, group=self.ctrl_group)
 
     def close(self) -> None:
         """Destroy the process group if this runtime created it."""
         if self.owns_group and dist.is_initialized():
+            self._drain()
             dist.destroy_process_group()
 
 

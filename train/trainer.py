@@ -300,7 +300,8 @@ class _Loop:
                 if interval and self.step % interval == 0 and self.step < stop_at:
                     self.save()
                     self.timer.start()
-                if guard.should_stop(self.rt.all_reduce_max):
+                # Lagged: the flag's reduce overlaps the next step (no per-step round trip).
+                if guard.should_stop(self.rt.lagged_max):
                     return self.stop(guard, requeue)
             if self.epoch_step >= spe:
                 if (self.epoch + 1) % cfg.eval_every_epochs == 0 or self.step >= stop_at:
