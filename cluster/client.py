@@ -143,11 +143,12 @@ class SlurmClient:
             except SlurmCommandError:
                 result.update(self._squeue(chunk))
                 continue
-            # sacct can lag behind the controller for a just-submitted job: ask squeue for
-            # whatever accounting does not know yet.
-            missing = [j for j in chunk if j not in result and not _has_tasks(result, j)]
-            if missing:
-                result.update(self._squeue(missing))
+            # Accounting lags the controller: a just-submitted job is not in sacct yet, and a
+            # requeued job cancelled while pending stays REQUEUED there. For every id that
+            # sacct does not show finished, the controller (squeue) has the last word.
+            unsettled = [j for j in chunk if not _settled(result, j)]
+            if unsettled:
+                result.update(self._squeue(unsettled))
         return result
 
     def _sacct(self, ids: Sequence[str]) -> dict[str, JobInfo]:
@@ -225,6 +226,10 @@ class SlurmClient:
             time.sleep(poll)
 
 
-def _has_tasks(result: Mapping[str, JobInfo], job_id: str) -> bool:
+def _settled(result: Mapping[str, JobInfo], job_id: str) -> bool:
+    """Whether sacct reported ``job_id`` (or all its array tasks) in a terminal state."""
     prefix = f"{job_id}_"
-    return any(k.startswith(prefix) for k in result)
+    found = [info for key, info in result.items() if key == job_id or key.startswith(prefix)]
+    # A record without a partition is slurmdbd's placeholder, made when step records arrive
+    # before the job's own (name "allocation", wrong node list): not settled either.
+    return bool(found) and all(info.terminal and info.partition for info in found)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,10 +68,17 @@ def test_two_node_srun_lands_ranks_on_both_nodes(slurm_client: SlurmClient, tmp_
     rows = sorted(tuple(line.split()) for line in out.read_text().splitlines())
     assert rows == [("0", "n1", "0", "0"), ("1", "n1", "1", "0"), ("2", "n2", "0", "1"),
                     ("3", "n2", "1", "1")]  # fmt: skip
-    # sacct (accounting through slurmdbd) answers for it, in one call with other ids.
-    states = slurm_client.job_states([job, "999999"])
+    # sacct (accounting through slurmdbd) answers for it, in one call with other ids, once
+    # slurmdbd has the job's record (until then the controller answers).
+    deadline = time.monotonic() + 60
+    while True:
+        states = slurm_client.job_states([job, "999999"])
+        if states[job].source == "sacct" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert states[job].state == "COMPLETED" and states[job].source == "sacct"
     assert states[job].exit_code == 0 and states[job].nodelist == "n[1-2]"
+    assert "999999" not in states
 
 
 def test_gres_is_scheduled_for_real(slurm_client: SlurmClient, tmp_path: Path) -> None:
@@ -113,3 +121,18 @@ def test_urgent_preempts_requeue_job_which_can_be_released(
     finally:
         slurm_client.cancel([victim])
     assert slurm_client.wait_for(victim, timeout=60).state == "CANCELLED"
+
+
+def test_cancelled_while_requeued_is_reported_cancelled(
+    slurm_client: SlurmClient, tmp_path: Path
+) -> None:
+    """sacct keeps saying REQUEUED for a requeued job cancelled while pending; squeue is right."""
+    script = _script(tmp_path, "requeue.sbatch", "sleep 600\n")
+    job = slurm_client.submit(script, ["--requeue", "-n1", "-t", "5", f"--output={tmp_path}/out"])
+    try:
+        slurm_client.wait_for(job, lambda j: j.state == "RUNNING", timeout=180)
+        slurm_client.requeue(job)
+        slurm_client.wait_for(job, lambda j: j.state in {"PENDING", "REQUEUED"}, timeout=60)
+    finally:
+        slurm_client.cancel([job])
+    assert slurm_client.wait_for(job, timeout=60).state == "CANCELLED"

@@ -1,0 +1,88 @@
+"""SlurmClient's orchestration with recorded command outputs (stub commands on PATH)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from cluster.client import SlurmClient
+from cluster.errors import SlurmCommandError, SlurmNotFoundError
+
+
+def _stub(bin_dir: Path, name: str, stdout: str, rc: int = 0, stderr: str = "") -> None:
+    calls = bin_dir / "calls.log"
+    script = bin_dir / name
+    script.write_text(
+        "#!/bin/bash\n"
+        f'echo "{name} $*" >> {calls}\n'
+        f"cat <<'OUT'\n{stdout}OUT\n"
+        f"cat >&2 <<'ERR'\n{stderr}ERR\n"
+        f"exit {rc}\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+def _client(bin_dir: Path) -> SlurmClient:
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_CONF": "/nonexistent/slurm.conf"}
+    return SlurmClient(environ=env, timeout=10)
+
+
+def _calls(bin_dir: Path) -> list[str]:
+    path = bin_dir / "calls.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_finished_jobs_need_one_sacct_call(tmp_path: Path) -> None:
+    _stub(tmp_path, "sacct", "1|a|COMPLETED|0:0|00:00:01|n1|debug|None\n"
+                             "2|b|FAILED|1:0|00:00:01|n2|debug|None\n")  # fmt: skip
+    _stub(tmp_path, "squeue", "")
+    states = _client(tmp_path).job_states(["1", "2"])
+    assert {k: v.state for k, v in states.items()} == {"1": "COMPLETED", "2": "FAILED"}
+    assert _calls(tmp_path) == [
+        "sacct -X -n -P -o JobID,JobName,State,ExitCode,Elapsed,NodeList,Partition,Reason -j 1,2"
+    ]
+
+
+def test_controller_overrides_stale_or_missing_accounting(tmp_path: Path) -> None:
+    # sacct: 3 still REQUEUED (stale), 4 a placeholder record, 5 unknown yet.
+    _stub(tmp_path, "sacct", "1|a|COMPLETED|0:0|00:00:01|n1|debug|None\n"
+                             "3|c|REQUEUED|0:0|00:00:01|n1|debug|None\n"
+                             "4|allocation|COMPLETED|0:0|00:00:00|n1||None\n")  # fmt: skip
+    _stub(tmp_path, "squeue", "3|c|CANCELLED|None|n1|debug|0:00\n"
+                              "4|d|COMPLETED|None|n[1-2]|debug|0:03\n"
+                              "5|e|PENDING|Priority||debug|0:00\n")  # fmt: skip
+    states = _client(tmp_path).job_states(["1", "3", "4", "5"])
+    assert states["1"].source == "sacct"
+    assert (states["3"].state, states["3"].source) == ("CANCELLED", "squeue")
+    assert (states["4"].nodelist, states["4"].name) == ("n[1-2]", "d")
+    assert states["5"].state == "PENDING"
+    assert _calls(tmp_path)[1].endswith("-j 3,4,5")
+
+
+def test_squeue_fallback_when_accounting_is_off(tmp_path: Path) -> None:
+    _stub(tmp_path, "sacct", "", rc=1, stderr="Slurm accounting storage is disabled\n")
+    _stub(tmp_path, "squeue", "7|x|RUNNING|None|n1|debug|0:09\n")
+    assert _client(tmp_path).job_states(["7"])["7"].state == "RUNNING"
+
+
+def test_unknown_ids_to_squeue_are_not_an_error(tmp_path: Path) -> None:
+    _stub(tmp_path, "sacct", "")
+    _stub(tmp_path, "squeue", "", rc=1, stderr="slurm_load_jobs error: Invalid job id specified\n")
+    assert _client(tmp_path).job_states(["99"]) == {}
+
+
+def test_errors_carry_command_exit_code_and_stderr(tmp_path: Path) -> None:
+    _stub(tmp_path, "sbatch", "", rc=1, stderr="sbatch: error: invalid partition specified: x\n")
+    with pytest.raises(SlurmCommandError, match="invalid partition specified: x") as info:
+        _client(tmp_path).submit(tmp_path / "job.sh", ["-p", "x"])
+    assert info.value.returncode == 1 and info.value.cmd[:3] == ["sbatch", "--parsable", "-p"]
+
+
+def test_missing_command(tmp_path: Path) -> None:
+    client = SlurmClient(environ={"PATH": str(tmp_path)})
+    with pytest.raises(SlurmNotFoundError, match="scancel: not found"):
+        client.cancel(["1"])
+    assert not client.installed() and not client.ping()
