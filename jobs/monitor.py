@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from cluster.models import JobInfo
-from jobs.records import RunRecord, read_events
+from jobs.records import RunRecord
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
@@ -224,9 +224,14 @@ def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) ->
 
 def events_summary(record: RunRecord) -> dict[str, str]:
     """Per task run dir: the requeue history in a few words."""
-    from jobs.records import summarize_events
+    # train.history is torch-free: jobs and train read the same file the same way.
+    from train.history import RunHistory
 
-    return {t.run_dir: summarize_events(read_events(t.run_dir)) for t in record.tasks}
+    out = {}
+    for task in record.tasks:
+        history = RunHistory(task.run_dir)
+        out[task.run_dir] = history.summary() if history.events() else ""
+    return out
 
 
 def progress_summary(record: RunRecord) -> dict[str, dict[str, object]]:

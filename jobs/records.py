@@ -201,49 +201,6 @@ def find_run(query: str | None) -> RunRecord:
     )
 
 
-def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
-    """train's requeue history (RUN_DIR/events.jsonl); missing file: no events yet."""
-    try:
-        text = (Path(run_dir) / "events.jsonl").read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    events = []
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue  # a line being written right now
-        if isinstance(event, dict):
-            events.append(event)
-    return events
-
-
-_COUNTED = (
-    ("preempted", "preempted"),
-    ("timeout", "timed out"),
-    ("failure", "failed"),
-    ("requeue", "requeued"),
-)
-
-
-def summarize_events(events: list[dict[str, Any]]) -> str:
-    """e.g. ``preempted 2x, requeued 2x, resumed at step 120``; empty when nothing happened."""
-    parts = []
-    for kind, label in _COUNTED:
-        n = sum(1 for e in events if e.get("event") == kind)
-        if n:
-            parts.append(f"{label} {n}x")
-    resumes = [e for e in events if e.get("event") == "resume"]
-    if resumes:
-        parts.append(f"resumed at step {resumes[-1].get('step', '?')}")
-    for kind in ("budget_exhausted", "complete"):
-        last = next((e for e in reversed(events) if e.get("event") == kind), None)
-        if last is not None:
-            label = "requeue budget exhausted" if kind == "budget_exhausted" else "complete"
-            parts.append(f"{label} at step {last.get('step', '?')}")
-    return ", ".join(parts)
-
-
 def latest_progress(run_dir: str | Path, tail_bytes: int = 16384) -> dict[str, Any]:
     """Newest step, loss and test accuracy from train's RUN_DIR/metrics.jsonl (its tail only)."""
     path = Path(run_dir) / "metrics.jsonl"

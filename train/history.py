@@ -84,7 +84,7 @@ class RunHistory:
         """All events, oldest first; a torn or malformed line (a crash mid-write) is skipped."""
         try:
             text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         out = []
         for line in text.splitlines():

@@ -10,6 +10,7 @@ import pytest
 
 from jobs.cli import main
 from jobs.errors import RunNotFoundError
+from jobs.monitor import events_summary
 from jobs.records import (
     RunRecord,
     TaskRecord,
@@ -17,9 +18,7 @@ from jobs.records import (
     describe_progress,
     find_run,
     latest_progress,
-    read_events,
     save_record,
-    summarize_events,
 )
 
 
@@ -78,15 +77,17 @@ def test_events_summary(tmp_path: Path) -> None:
         {"event": "resume", "step": 90},
         {"event": "complete", "step": 200},
     ]
-    (tmp_path / "events.jsonl").write_text(
+    record = _record(tmp_path, "cifar", "10")
+    run_dir = Path(record.tasks[0].run_dir)
+    (run_dir / "events.jsonl").write_text(
         "\n".join(json.dumps(e) for e in events) + '\n{"event": "trunc'
     )
-    read = read_events(tmp_path)
-    assert len(read) == len(events)  # a half-written last line is skipped
-    assert summarize_events(read) == (
-        "preempted 2x, requeued 2x, resumed at step 90, complete at step 200"
-    )
-    assert summarize_events([]) == ""
+    # a half-written last line is skipped; the summary is train.history's
+    assert events_summary(record) == {
+        str(run_dir): "preempted 2x, resumed at step 90, complete at step 200"
+    }
+    (run_dir / "events.jsonl").unlink()
+    assert events_summary(record) == {str(run_dir): ""}
 
 
 def test_list_and_unknown_status_via_cli(
