@@ -279,6 +279,38 @@ def test_requeue_template_survives_preemption(
     assert requeue.get("via") == "exit_code", requeue
 
 
+@pytest.mark.timeout(300)
+def test_requeue_template_scancel_stays_cancelled(
+    jobs: Jobs, tmp_path: Path, slurm_client: Any
+) -> None:
+    """A plain scancel sends TERM to the batch shell and the step: in the container set-up the
+    step answers 75, and the batch script must still not requeue a cancelled job."""
+    nobin = tmp_path / "container-bin"
+    nobin.mkdir()
+    spec = _spec(tmp_path, max_steps=200, interval=1)
+    run_dir = tmp_path / "run-cancel"
+    env = {"SRUN_PREFIX": f"/usr/bin/env PATH={nobin}", "RUN_DIR": str(run_dir)}
+    env["TRAIN_CKPT_TEST_DELAY_S"] = "0.4"
+    job = jobs.sbatch(
+        "requeue",
+        ["-N1", "--ntasks-per-node=1", "--gres=gpu:1", "-c1", "--time=10"],
+        [str(spec)],
+        env=env,
+    )
+    jobs.wait(job, {"RUNNING"}, timeout=120)
+    deadline = time.monotonic() + 120
+    while not _checkpoints(run_dir):
+        assert time.monotonic() < deadline, f"no checkpoint yet:\n{jobs.logs()}"
+        time.sleep(0.5)
+    slurm_client.cancel([job])
+    jobs.wait(job, {"CANCELLED"}, timeout=120)
+    time.sleep(5)  # a wrongful requeue would show up as PENDING with Restarts=1 by now
+    shown = slurm_client.show_job(job)
+    assert shown.get("JobState") == "CANCELLED" and shown.get("Restarts") == "0", shown
+    batch_log = next(tmp_path.glob(f"slurm-*-{job}.out")).read_text()
+    assert "scontrol requeue" not in batch_log, batch_log
+
+
 @pytest.mark.timeout(420)
 def test_ddp_template_survives_preemption(jobs: Jobs, tmp_path: Path, slurm_client: Any) -> None:
     """--signal=USR2@T (no B:) reaches the ranks at preemption; train checkpoints and requeues

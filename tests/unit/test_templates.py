@@ -39,6 +39,10 @@ esac
 """
 
 STUB_SCONTROL = r"""#!/bin/bash
+if [[ "$1" == show ]]; then
+  echo "JobId=123 JobState=${STUB_JOB_STATE:-RUNNING} Reason=None PreemptTime=${STUB_PREEMPT:-None}"
+  exit 0
+fi
 printf '%s\0' "$@" >> "${STUB_DIR}/scontrol.args"
 exit "${STUB_SCONTROL_RC:-0}"
 """
@@ -322,6 +326,38 @@ def test_requeue_forwards_term_too(h: Harness) -> None:
     assert "TERM" in (h.stubs / "srun.signals").read_text()
     assert proc.returncode == 0, out
     assert h.scontrol_calls() == ["requeue", "123"]
+
+
+def test_requeue_never_requeues_a_cancelled_job(h: Harness) -> None:
+    """A plain scancel sends TERM as well: the job must stay cancelled, not come back."""
+    proc = h.popen(
+        "requeue", "spec.yaml", env={"STUB_MODE": "signal", "STUB_JOB_STATE": "COMPLETING"}
+    )
+    try:
+        _wait_for(h.stubs / "srun.started")
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert "was cancelled" in out
+    assert h.scontrol_calls() == []
+
+
+def test_requeue_preempted_by_term_alone_is_requeued(h: Harness) -> None:
+    """Without preempt_send_user_signal a preemption is TERM only; PreemptTime tells it apart."""
+    env = {
+        "STUB_MODE": "signal",
+        "STUB_JOB_STATE": "COMPLETING",
+        "STUB_PREEMPT": "2026-11-22T10:00:00",
+    }
+    proc = h.popen("requeue", "spec.yaml", env=env)
+    try:
+        _wait_for(h.stubs / "srun.started")
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert h.scontrol_calls() == ["requeue", "123"], out
 
 
 def test_requeue_exit_75_without_signal(h: Harness) -> None:
