@@ -75,6 +75,8 @@ def _config(epochs: int, batch: int, world: int) -> Any:
         strategy="ddp" if world > 1 else "single",
         checkpoint=CheckpointConfig(interval_steps=0, keep_last=1, keep_best=False),
         precision="bf16",
+        channels_last=True,
+        compile=os.environ.get("BENCH_GPU_COMPILE", "1") == "1",
         log_interval=50,
         eval_every_epochs=1,
         seed=0,

@@ -198,6 +198,14 @@ class TrainConfig(StrictModel):
             description="autocast precision on CUDA (fp16 uses a GradScaler); CPU runs fp32/bf16"
         ),
     ] = "fp32"
+    channels_last: Annotated[
+        bool,
+        Field(description="NHWC memory format for model and inputs (faster convolutions on GPUs)"),
+    ] = False
+    compile: Annotated[
+        bool,
+        Field(description="torch.compile the model in place (slower first steps, then faster)"),
+    ] = False
     log_interval: Annotated[
         int, Field(description="optimizer steps between metric lines (host syncs only then)", ge=1)
     ] = 50

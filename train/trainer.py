@@ -121,6 +121,11 @@ class _Loop:
 
         torch.manual_seed(config.seed)  # same initial weights on every rank and strategy
         model = build_model(config.model, config.width, norm=config.norm)
+        if config.channels_last:
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        if config.compile:
+            # In place (nn.Module.compile): state-dict keys stay free of "_orig_mod.".
+            model.compile()
         self.strat: Strategy = build_strategy(
             config.strategy,
             model,
@@ -233,6 +238,8 @@ class _Loop:
         for m in range(k):
             idx = order[self.epoch_step, m * micro : (m + 1) * micro]
             x = self.aug.apply(self.train_set.images[idx], crops, m * micro)
+            if self.config.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
             y = self.train_set.labels[idx].to(self.out_dev, non_blocking=True)
             with strat.no_sync(m < k - 1):
                 with self.autocast():

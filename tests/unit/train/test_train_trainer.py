@@ -89,3 +89,12 @@ def test_batch_not_divisible_by_world_times_accum(tmp_path: Path) -> None:
     bad = CFG.model_copy(update={"batch_size": 30, "grad_accum": 4})
     with pytest.raises(ConfigError, match="not divisible"):
         run_training(bad, DistEnv(), tmp_path)
+
+
+def test_channels_last_trains_like_the_default(tmp_path: Path) -> None:
+    """The GPU-path memory format runs on CPU too and computes the same steps (up to rounding)."""
+    cfg = CFG.model_copy(update={"channels_last": True})
+    plain = run_training(CFG, DistEnv(), tmp_path / "nchw", max_steps=3)
+    nhwc = run_training(cfg, DistEnv(), tmp_path / "nhwc", max_steps=3)
+    assert nhwc.steps == plain.steps == 3
+    assert abs(nhwc.loss - plain.loss) < 1e-3
