@@ -143,14 +143,12 @@ def run(opts: Options) -> list[Figure]:
     for rank in range(world):
         extra = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         if world > 1:
-            extra.update(
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(world),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
+            from train.env import DistEnv
+
+            DistEnv(
+                rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                master_port=port,
+            ).export(extra)  # fmt: skip
         argv = [
             sys.executable,
             "-m",

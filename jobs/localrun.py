@@ -22,6 +22,7 @@ from types import FrameType
 from typing import IO, Any
 
 from jobs.records import RunRecord, load_record
+from train.env import DistEnv
 
 STATE_FILE = "local_state.json"
 
@@ -78,15 +79,12 @@ class Supervisor:
         procs = []
         for rank in range(world):
             env = dict(os.environ)
-            env.update(
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(world),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                SLURM_TRAIN_RUN_DIR=task.run_dir,
-            )
+            # The torchrun variables, written the one way train writes them (torch-free).
+            DistEnv(
+                rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                master_port=port,
+            ).export(env)  # fmt: skip
+            env["SLURM_TRAIN_RUN_DIR"] = task.run_dir
             log = self.record.log_file(self.task_id(index), rank).open("ab")
             self.logs.append(log)
             cmd = [

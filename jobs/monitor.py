@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from cluster.local.daemons import pid_alive
 from cluster.models import JobInfo
 from jobs.records import RunRecord
 
@@ -25,29 +26,12 @@ FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
 UNKNOWN_GIVE_UP_S = 60.0
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of this very process still answers kill(0); reap it if it is ours.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return done == 0
-
-
 def local_states(record: RunRecord) -> dict[str, JobInfo]:
     """States of a local run from its supervisor's state file."""
     from jobs.localrun import read_state
 
     state = read_state(record.run_dir)
-    alive = _pid_alive(record.pid)
+    alive = pid_alive(record.pid)
     out: dict[str, JobInfo] = {}
     tasks = state.get("tasks", {})
     for job_id in record.job_ids():
@@ -206,7 +190,7 @@ def print_logs(record: RunRecord, rank: int, only: str | None, out: IO[str]) -> 
 def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) -> list[str]:
     """Cancel the run (or one task of it); returns what was cancelled."""
     if record.executor == "local":
-        if _pid_alive(record.pid):
+        if pid_alive(record.pid):
             assert record.pid is not None
             os.kill(record.pid, signal.SIGTERM)
             return [record.job_id]

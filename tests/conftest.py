@@ -27,6 +27,17 @@ def _skip_reason() -> str | None:
     return None
 
 
+@pytest.fixture(autouse=True)
+def _isolated_environ() -> Iterator[None]:
+    """``train.cli.main`` run in-process exports RANK/WORLD_SIZE/... into ``os.environ`` (as it
+    must for libraries inside a job); no test may leak them into the next one's subprocesses."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[object]:
     from cluster.local.manager import LocalCluster

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
@@ -49,6 +49,11 @@ from train.ckpt_state import (
     strip_module_prefix,
 )
 from train.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from train.config import TrainConfig
 
 __all__ = [
     "FORMAT_VERSION",
@@ -131,6 +136,21 @@ class CheckpointManager:
         self.root.mkdir(parents=True, exist_ok=True)
         if rank == 0:
             self._remove_leftovers()
+
+    @classmethod
+    def for_run(cls, run_dir: Path, config: TrainConfig, *, rank: int, world_size: int) -> Self:
+        """The manager of ``RUN_DIR/checkpoints`` with the spec's checkpoint settings."""
+        from train.config import config_hash
+
+        return cls(
+            run_dir / "checkpoints",
+            rank=rank,
+            world_size=world_size,
+            keep_last=config.checkpoint.keep_last,
+            keep_best=config.checkpoint.keep_best,
+            async_save=config.checkpoint.async_save,
+            spec_hash=config_hash(config),
+        )
 
     # -- saving ------------------------------------------------------------------------------
     def save(

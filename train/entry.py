@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from train.checkpoint import CheckpointManager, LoadedCheckpoint
-from train.config import RunConfig, config_hash
+from train.config import RunConfig
 from train.env import DeviceInfo, DistEnv, resolve_device
 from train.errors import EntrypointError
 from train.preempt import PreemptionGuard, RunHistory, pop_early_signals, request_requeue
@@ -152,15 +152,7 @@ def run_entrypoint(
         raise EntrypointError("the spec has no entrypoint section")
     train = config.train
     run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = CheckpointManager(
-        run_dir / "checkpoints",
-        rank=env.rank,
-        world_size=env.world_size,
-        keep_last=train.checkpoint.keep_last,
-        keep_best=train.checkpoint.keep_best,
-        async_save=train.checkpoint.async_save,
-        spec_hash=config_hash(train),
-    )
+    ckpt = CheckpointManager.for_run(run_dir, train, rank=env.rank, world_size=env.world_size)
     want = resume if resume is not None else (True if env.restart_count > 0 else None)
     resume_from: Path | None = None
     if want is True:

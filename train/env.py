@@ -136,9 +136,14 @@ class DistEnv:
         common: dict[str, Any] = dict(
             job_id=job_id, gpus_on_node=gpus, visible_devices=visible, cpus_per_task=cpus
         )
-        if "RANK" in environ and "WORLD_SIZE" in environ:
+        in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
+        torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ
+        # Inside an srun step, RANK/WORLD_SIZE count only when torchrun set them (`srun
+        # torchrun ...`): ones inherited from the submitting shell (a notebook, a previous run)
+        # would make every task rank 0 of a world of 1.
+        if torchrun_vars and (not in_step or "TORCHELASTIC_RUN_ID" in environ):
             env = cls._from_torchrun(environ, restart, common)
-        elif "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ:
+        elif in_step:
             env = cls._from_slurm(environ, restart, common)
         elif "SLURM_PROCID" in environ and (_int(environ, "SLURM_NTASKS", 1) or 1) > 1:
             raise EnvError(
@@ -230,6 +235,10 @@ class DistEnv:
         else:
             local_world = max(1, world // len(hosts))
         port = _int(environ, "MASTER_PORT")
+        addr = environ.get("MASTER_ADDR") or hosts[0]
+        if len(hosts) > 1 and (addr == "localhost" or addr.startswith("127.")):
+            # A loopback address inherited from the submitting shell cannot reach other nodes.
+            addr = hosts[0]
         return cls(
             rank=_req(environ, "SLURM_PROCID"),
             local_rank=_req(environ, "SLURM_LOCALID"),
@@ -237,7 +246,7 @@ class DistEnv:
             local_world_size=local_world,
             node_rank=node_rank,
             num_nodes=len(hosts),
-            master_addr=environ.get("MASTER_ADDR") or hosts[0],
+            master_addr=addr,
             master_port=port if port is not None else master_port_for_job(common["job_id"]),
             restart_count=restart,
             launcher="slurm",

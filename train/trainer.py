@@ -32,7 +32,7 @@ from train.checkpoint import (
     load_model_state,
     restore_rng_state,
 )
-from train.config import RequeueConfig, TrainConfig, config_hash
+from train.config import RequeueConfig, TrainConfig
 from train.data import Augmenter, load_data
 from train.env import DeviceInfo, DistEnv, resolve_device
 from train.errors import ConfigError, TrainingError
@@ -392,15 +392,7 @@ def run_training(
     configure_torch(config, env)
     devices = devices or resolve_device(env, config.strategy, config.allow_cpu_fallback)
     # Created before the first collective: rank 0 clears leftovers of interrupted saves.
-    ckpt = CheckpointManager(
-        run_dir / "checkpoints",
-        rank=env.rank,
-        world_size=env.world_size,
-        keep_last=config.checkpoint.keep_last,
-        keep_best=config.checkpoint.keep_best,
-        async_save=config.checkpoint.async_save,
-        spec_hash=config_hash(config),
-    )
+    ckpt = CheckpointManager.for_run(run_dir, config, rank=env.rank, world_size=env.world_size)
     own_guard = guard is None
     if guard is None:
         guard = PreemptionGuard(

@@ -45,7 +45,13 @@ def pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie is not alive for our purposes.
+    # A zombie is not alive for our purposes; reap it when it is our own child.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

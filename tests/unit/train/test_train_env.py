@@ -53,7 +53,10 @@ TORCHRUN = {
     "MASTER_ADDR": "10.0.0.5",
     "MASTER_PORT": "29400",
     "TORCHELASTIC_RESTART_COUNT": "2",
+    "TORCHELASTIC_RUN_ID": "none",
 }
+# What a shell that ran a single-process job before exports: must not leak into srun tasks.
+STALE = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
 
 @pytest.mark.parametrize(
@@ -110,6 +113,11 @@ TORCHRUN = {
         (
             {**SLURM_2x1, **TORCHRUN},  # srun torchrun ...: torchrun's numbering, Slurm's job
             dict(rank=3, world_size=4, launcher="torchrun", job_id="1234"),
+        ),
+        (
+            # srun python -m train from a shell with stale torchrun variables: Slurm's win.
+            {**SLURM_2x1, **STALE},
+            dict(rank=1, world_size=2, launcher="slurm", master_addr="n1"),
         ),
         ({}, dict(rank=0, world_size=1, launcher="single", master_addr="127.0.0.1")),
         (
