@@ -136,12 +136,19 @@ class Cluster:
         self.ids: list[str] = []
 
     def submit_training(
-        self, spec: Path, run_dir: Path, options: list[str], tasks: tuple[str, ...] = ("-n1",)
+        self,
+        spec: Path,
+        run_dir: Path,
+        options: list[str],
+        tasks: tuple[str, ...] = ("-n1",),
+        env: dict[str, str] | None = None,
     ) -> str:
         script = self.tmp / "train.sbatch"
         python = shlex.quote(sys.executable)
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
         script.write_text(
             "#!/bin/bash\n"
+            f"{exports}"
             f"cd {shlex.quote(str(REPO))}\n"
             f"srun {python} -m train --config {shlex.quote(str(spec))}"
             f" --run-dir {shlex.quote(str(run_dir))}\n"
@@ -281,7 +288,12 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"])
+    # Each checkpoint file write sleeps 1 s (8 saves): the run lasts longer than the ~15-45 s after
+    # which Slurm sends the time-limit signal, however fast the machine trains, without
+    # burning the shared CPUs.
+    job_id = cluster.submit_training(
+        spec_path, run_dir, ["--time=1"], env={"TRAIN_CKPT_TEST_DELAY_S": "1"}
+    )
     cluster.wait(
         "the requeue before the time limit",
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),

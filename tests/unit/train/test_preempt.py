@@ -48,7 +48,18 @@ class FakeClient:
         self.requeued.append(job_id)
 
 
+# Fixed when the module is collected: the parametrized cases below are built from it, and the
+# classification is asked "as of" this instant, however long after collection the test runs.
+NOW = float(int(time.time()))
+
+
+def _at(offset_s: float) -> str:
+    """A Slurm timestamp ``offset_s`` from NOW (for cases built at collection time)."""
+    return datetime.fromtimestamp(NOW + offset_s).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def _ts(offset_s: float) -> str:
+    """A Slurm timestamp ``offset_s`` from the real clock (for code that reads the clock)."""
     return datetime.fromtimestamp(time.time() + offset_s).strftime("%Y-%m-%dT%H:%M:%S")
 
 
@@ -115,32 +126,32 @@ ENDING = {"JobState": "COMPLETING", "PreemptTime": "None", "Restarts": "0"}
     ("info", "kind"),
     [
         # USR2 at preemption (preempt_send_user_signal): PreemptTime set, EndTime = +GraceTime
-        ({**RUNNING, "PreemptTime": _ts(-3), "EndTime": _ts(20)}, "preemption"),
+        ({**RUNNING, "PreemptTime": _at(-3), "EndTime": _at(20)}, "preemption"),
         # USR2 before the time limit
-        ({**RUNNING, "EndTime": _ts(80)}, "timeout"),
-        ({**RUNNING, "EndTime": _ts(140)}, "timeout"),  # Slurm sends up to 60 s early
+        ({**RUNNING, "EndTime": _at(80)}, "timeout"),
+        ({**RUNNING, "EndTime": _at(140)}, "timeout"),  # Slurm sends up to 60 s early
         # scancel --signal=USR2 by hand: checkpoint and requeue like a preemption
-        ({**RUNNING, "EndTime": _ts(3600)}, "preemption"),
+        ({**RUNNING, "EndTime": _at(3600)}, "preemption"),
         ({**RUNNING, "EndTime": "Unknown"}, "preemption"),
         ({}, "preemption"),
         # plain scancel: SIGTERM, job already COMPLETING, EndTime = now, limit far away
         (
-            {**ENDING, "EndTime": _ts(0), "StartTime": _ts(-30), "TimeLimit": "00:10:00"},
+            {**ENDING, "EndTime": _at(0), "StartTime": _at(-30), "TimeLimit": "00:10:00"},
             "cancel",
         ),
         (
-            {**ENDING, "JobState": "CANCELLED", "StartTime": _ts(-30), "TimeLimit": "1-00:00:00"},
+            {**ENDING, "JobState": "CANCELLED", "StartTime": _at(-30), "TimeLimit": "1-00:00:00"},
             "cancel",
         ),
         # SIGTERM at the time limit itself (the early signal was missed)
-        ({**ENDING, "StartTime": _ts(-60), "TimeLimit": "00:01:00"}, "timeout"),
+        ({**ENDING, "StartTime": _at(-60), "TimeLimit": "00:01:00"}, "timeout"),
         ({**ENDING, "JobState": "TIMEOUT"}, "timeout"),
         # SIGTERM at the end of a preemption's grace time: Slurm already requeued the job
-        ({**ENDING, "Restarts": "1", "StartTime": _ts(-30), "TimeLimit": "00:10:00"}, "preemption"),
+        ({**ENDING, "Restarts": "1", "StartTime": _at(-30), "TimeLimit": "00:10:00"}, "preemption"),
     ],
 )
 def test_classify_from_job_info(info: dict[str, str], kind: str) -> None:
-    assert classify_from_job_info(info, signal_delay_s=90, restart_count=0) == kind
+    assert classify_from_job_info(info, signal_delay_s=90, now=NOW, restart_count=0) == kind
 
 
 def test_cancel_is_recorded_and_not_requeued(tmp_path: Path) -> None:
