@@ -165,7 +165,7 @@ class SlurmClient:
         return parse.parse_sacct(self.run(cmd).stdout)
 
     def _squeue(self, ids: Sequence[str]) -> dict[str, JobInfo]:
-        cmd = ["squeue", "-h", "--states=all", "-o", parse.SQUEUE_FORMAT, "-j", ",".join(ids)]
+        cmd = ["squeue", "-h", "--states=all", "-O", parse.SQUEUE_FORMAT, "-j", ",".join(ids)]
         proc = self.run(cmd, check=False)
         if proc.returncode != 0:
             # squeue fails when every id is unknown to the controller (long finished).
@@ -176,7 +176,7 @@ class SlurmClient:
 
     def queue(self, user: str | None = None) -> dict[str, JobInfo]:
         """Jobs the controller knows now (``squeue``), optionally for one user."""
-        cmd = ["squeue", "-h", "-o", parse.SQUEUE_FORMAT]
+        cmd = ["squeue", "-h", "-O", parse.SQUEUE_FORMAT]
         if user:
             cmd += ["-u", user]
         return parse.parse_squeue(self.run(cmd).stdout)

@@ -9,7 +9,7 @@ import re
 
 from cluster.errors import HostlistError, SlurmParseError, SlurmTimeError
 from cluster.hostlist import expand_hostlist, expand_ranges
-from cluster.models import JobInfo, Node, Partition
+from cluster.models import TERMINAL_STATES, JobInfo, Node, Partition
 from cluster.timefmt import parse_slurm_time
 
 # A key=value token starts where a word of letters/digits/underscores/slashes is followed by "=".
@@ -199,27 +199,46 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
     return jobs
 
 
-SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%P|%M"
+# squeue --Format: a field without a width is never truncated; "exit_code" is the raw wait
+# status (code << 8 | signal), which the short -o format cannot print.
+SQUEUE_FIELDS = ("JobArrayID", "Name", "State", "Reason", "NodeList", "Partition", "TimeUsed",
+                 "exit_code")  # fmt: skip
+SQUEUE_FORMAT = ",".join(f"{f}:|" for f in SQUEUE_FIELDS)
+
+
+def _wait_status(text: str) -> tuple[int | None, int | None]:
+    if not text.strip().isdigit():
+        return None, None
+    status = int(text)
+    return status >> 8, (status & 0x7F) or None
 
 
 def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """``squeue -h -o '%i|%j|%T|%r|%N|%P|%M'`` output to job records keyed by job id."""
+    """``squeue -h -O <SQUEUE_FORMAT>`` output (``|`` after each field) to job records."""
     jobs: dict[str, JobInfo] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
         fields = line.split("|")
-        if len(fields) < 7:
-            raise SlurmParseError(f"squeue line has {len(fields)} fields, expected 7: {line!r}")
-        job_id, name, state, reason, nodelist, partition, elapsed = fields[:7]
+        if len(fields) < len(SQUEUE_FIELDS):
+            raise SlurmParseError(
+                f"squeue line has {len(fields)} fields, expected {len(SQUEUE_FIELDS)}: {line!r}"
+            )
+        job_id, name, state, reason, nodelist, partition, elapsed, status = (
+            f.strip() for f in fields[: len(SQUEUE_FIELDS)]
+        )
         try:
             elapsed_s = parse_slurm_time(elapsed) if elapsed and elapsed != "INVALID" else None
         except SlurmTimeError:
             elapsed_s = None
+        base = _base_state(state)
+        code, sig = _wait_status(status) if base in TERMINAL_STATES else (None, None)
         for jid in _expand_array_id(job_id):
             jobs[jid] = JobInfo(
                 job_id=jid,
-                state=_base_state(state),
+                state=base,
+                exit_code=code,
+                signal=sig,
                 reason="" if reason == "None" else reason,
                 nodelist=nodelist,
                 elapsed_s=elapsed_s,

@@ -51,9 +51,9 @@ def test_controller_overrides_stale_or_missing_accounting(tmp_path: Path) -> Non
     _stub(tmp_path, "sacct", "1|a|COMPLETED|0:0|00:00:01|n1|debug|None\n"
                              "3|c|REQUEUED|0:0|00:00:01|n1|debug|None\n"
                              "4|allocation|COMPLETED|0:0|00:00:00|n1||None\n")  # fmt: skip
-    _stub(tmp_path, "squeue", "3|c|CANCELLED|None|n1|debug|0:00\n"
-                              "4|d|COMPLETED|None|n[1-2]|debug|0:03\n"
-                              "5|e|PENDING|Priority||debug|0:00\n")  # fmt: skip
+    _stub(tmp_path, "squeue", "3|c|CANCELLED|None|n1|debug|0:00|15|\n"
+                              "4|d|COMPLETED|None|n[1-2]|debug|0:03|0|\n"
+                              "5|e|PENDING|Priority||debug|0:00|0|\n")  # fmt: skip
     states = _client(tmp_path).job_states(["1", "3", "4", "5"])
     assert states["1"].source == "sacct"
     assert (states["3"].state, states["3"].source) == ("CANCELLED", "squeue")
@@ -64,8 +64,9 @@ def test_controller_overrides_stale_or_missing_accounting(tmp_path: Path) -> Non
 
 def test_squeue_fallback_when_accounting_is_off(tmp_path: Path) -> None:
     _stub(tmp_path, "sacct", "", rc=1, stderr="Slurm accounting storage is disabled\n")
-    _stub(tmp_path, "squeue", "7|x|RUNNING|None|n1|debug|0:09\n")
-    assert _client(tmp_path).job_states(["7"])["7"].state == "RUNNING"
+    _stub(tmp_path, "squeue", "7|x|FAILED|NonZeroExitCode|n1|debug|0:09|512|\n")
+    info = _client(tmp_path).job_states(["7"])["7"]
+    assert (info.state, info.exit_code, info.source) == ("FAILED", 2, "squeue")
 
 
 def test_unknown_ids_to_squeue_are_not_an_error(tmp_path: Path) -> None:

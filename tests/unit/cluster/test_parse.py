@@ -99,9 +99,12 @@ def test_sacct_recorded() -> None:
 
 def test_squeue_recorded() -> None:
     jobs = parse.parse_squeue((DATA / "squeue.txt").read_text())
-    assert set(jobs) == {"5", "3_0", "3_1", "3_2", "3_3", "4"}
-    assert jobs["3_2"].reason == "JobArrayTaskLimit" and jobs["3_0"].nodelist == "n1"
-    assert jobs["3_0"].source == "squeue"
+    assert set(jobs) == {"335", "333_0", "333_1", "333_2", "333_3", "334"}
+    assert jobs["333_2"].reason == "JobArrayTaskLimit" and jobs["333_0"].nodelist == "n1"
+    assert jobs["333_0"].source == "squeue" and jobs["333_0"].exit_code is None  # running
+    # exit_code is the raw wait status: 768 = exit 3; 15 = killed by SIGTERM (scancel)
+    assert (jobs["334"].state, jobs["334"].exit_code, jobs["334"].signal) == ("FAILED", 3, None)
+    assert (jobs["335"].state, jobs["335"].exit_code, jobs["335"].signal) == ("CANCELLED", 0, 15)
 
 
 @pytest.mark.parametrize("parser", [parse.parse_sacct, parse.parse_squeue])
