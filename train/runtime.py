@@ -151,8 +151,14 @@ def setup_runtime(env: DistEnv, devices: DeviceInfo, timeout_s: float = 1800.0) 
 
 
 def _ctrl_group(devices: DeviceInfo) -> Any:
-    # NCCL collectives on CPU tensors are not possible and would sync the stream: use gloo.
-    return dist.new_group(backend="gloo") if devices.backend == "nccl" else None
+    """The control plane's own gloo group (stop flag, barriers, broadcasts).
+
+    NCCL cannot reduce CPU tensors (and would sync the stream); and on gloo a separate group keeps
+    the stop flag's in-flight reduce (Runtime.lagged_max) off the group that carries DDP's
+    gradient reduces, so the two never interleave on one process group.
+    """
+    del devices  # the same answer for every backend
+    return dist.new_group(backend="gloo")
 
 
 def precision_context(
