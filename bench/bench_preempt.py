@@ -257,29 +257,12 @@ class PreemptRun:
         )
 
     def cancel(self, timeout: float = 90.0) -> None:
-        """scancel until the job stays ended.
-
-        train takes scancel's SIGTERM for a stop signal, checkpoints and runs ``scontrol
-        requeue``, so one scancel of a running job can bring it back as PENDING; a pending job
-        is cancelled without signals, so the second scancel sticks. "Ended" is asked of the
-        controller (``squeue``): sacct keeps saying REQUEUED for a job cancelled while pending
-        after a requeue.
-        """
+        """Cancel the job for good (not requeueable first) and wait until it has ended."""
         if not self.job_id:
             return
-        deadline = time.monotonic() + timeout
-        ended_polls = 0
         try:
-            while time.monotonic() < deadline:
-                if self.job_id not in self.client.queue():
-                    ended_polls += 1
-                    if ended_polls >= 3:
-                        return
-                else:
-                    ended_polls = 0
-                    self.client.cancel([self.job_id])
-                time.sleep(1.0)
-            self.opts.log(f"preempt: job {self.job_id} did not stay cancelled")
+            self.client.cancel([self.job_id], no_requeue=True)
+            self.client.wait_for(self.job_id, timeout=timeout)
         except Exception as exc:
             self.opts.log(f"preempt: cancelling {self.job_id}: {exc}")
 

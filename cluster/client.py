@@ -187,10 +187,22 @@ class SlurmClient:
         first = out.strip().splitlines()[0] if out.strip() else ""
         return parse.parse_key_values(first)
 
-    def cancel(self, job_ids: Iterable[str], signal: str | None = None) -> None:
+    def cancel(
+        self, job_ids: Iterable[str], signal: str | None = None, *, no_requeue: bool = False
+    ) -> None:
+        """``scancel`` the jobs (or send them ``signal``).
+
+        ``no_requeue``: first make them non-requeueable. scancel's SIGTERM reaches a trainer
+        that may checkpoint and ``scontrol requeue`` (Slurm accepts a requeue of a cancelled
+        batch job); a job that is not requeueable stays cancelled. A finished job refuses the
+        update, which is fine.
+        """
         ids = [str(j) for j in job_ids]
         if not ids:
             return
+        if no_requeue:
+            for job_id in ids:
+                self.run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"], check=False)
         cmd = ["scancel", *(["--signal", signal] if signal else []), *ids]
         self.run(cmd)
 

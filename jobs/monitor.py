@@ -196,13 +196,8 @@ def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) ->
             return [record.job_id]
         return []
     target = [only] if only else [record.job_id]
-    slurm = client()
-    for job_id in target:
-        # scancel's SIGTERM reaches train's guard, which would checkpoint and `scontrol requeue`
-        # the job right back (Slurm allows requeueing a cancelled batch job). A job that is not
-        # requeueable any more stays cancelled; a finished job refuses the update: ignore it.
-        slurm.run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"], check=False)
-    slurm.cancel(target)
+    # Not requeueable first: neither Slurm nor train's guard may bring a cancelled job back.
+    client().cancel(target, no_requeue=True)
     return target
 
 

@@ -109,6 +109,18 @@ def run_checked(
     return proc
 
 
+def run_ok(cmd: list[str], env: dict[str, str], input_text: str | None = None) -> str | None:
+    """Stdout of a probe command, or None if it failed or is missing (used while waiting)."""
+    try:
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=15, input=input_text,
+            check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
 def spawn_detached(cmd: Sequence[str], *, env: Mapping[str, str], log: Path) -> int:
     """Start a process that does not daemonize itself, in its own session, output to ``log``."""
     with open(log, "ab") as out:

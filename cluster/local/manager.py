@@ -25,6 +25,7 @@ from cluster.local.daemons import (
     pid_runs,
     read_pid,
     run_checked,
+    run_ok,
     spawn_detached,
     stop_pid,
     wait_until,
@@ -380,17 +381,3 @@ class LocalCluster:
 
     def leftovers(self) -> list[int]:
         return [p for p in marked_processes(self.layout.root) if pid_alive(p)]
-
-
-def run_ok(cmd: list[str], env: dict[str, str], input_text: str | None = None) -> str | None:
-    """Stdout of a probe command, or None if it failed or is missing (used while waiting)."""
-    import subprocess
-
-    try:
-        proc = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=15, input=input_text,
-            check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None

@@ -82,6 +82,17 @@ def test_errors_carry_command_exit_code_and_stderr(tmp_path: Path) -> None:
     assert info.value.returncode == 1 and info.value.cmd[:3] == ["sbatch", "--parsable", "-p"]
 
 
+def test_cancel_for_good_makes_jobs_non_requeueable_first(tmp_path: Path) -> None:
+    _stub(tmp_path, "scontrol", "")
+    _stub(tmp_path, "scancel", "")
+    _client(tmp_path).cancel(["7", "8_2"], no_requeue=True)
+    assert _calls(tmp_path) == [
+        "scontrol update JobId=7 Requeue=0",
+        "scontrol update JobId=8_2 Requeue=0",
+        "scancel 7 8_2",
+    ]
+
+
 def test_missing_command(tmp_path: Path) -> None:
     client = SlurmClient(environ={"PATH": str(tmp_path)})
     with pytest.raises(SlurmNotFoundError, match="scancel: not found"):

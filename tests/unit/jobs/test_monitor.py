@@ -33,11 +33,11 @@ class ScriptedClient:
                 f.write(self.lines[n] + "\n")
         return {k: JobInfo(k, v) for k, v in snap.items()}
 
-    def cancel(self, ids: list[str]) -> None:
+    def cancel(self, ids: list[str], *, no_requeue: bool = False) -> None:
+        # What SlurmClient.cancel(no_requeue=True) runs first (tests/unit/cluster/test_client.py)
+        if no_requeue:
+            self.commands += [["scontrol", "update", f"JobId={i}", "Requeue=0"] for i in ids]
         self.cancelled.extend(ids)
-
-    def run(self, cmd: list[str], check: bool = True) -> None:
-        self.commands.append(list(cmd))
 
 
 def _record(tmp_path: Path, array: int | None = None) -> RunRecord:
