@@ -64,7 +64,7 @@ def _dry_run(opts: Options, env: dict[str, str]) -> list[Figure]:
     runs = 5 if opts.quick else max(9, 2 * opts.repeats)
     res: dict[str, Any] = bench_dry_run(runs, 2, env)
     times = res["all_s"]
-    note = f"median of {runs} (3 commands interleaved, 2 warm-up rounds; bench/bench_cli.py)"
+    note = f"median of {runs} (4 commands interleaved, 2 warm-up rounds; bench/bench_cli.py)"
     return [
         Figure.measured(
             SECTION,
@@ -84,6 +84,15 @@ def _dry_run(opts: Options, env: dict[str, str]) -> list[Figure]:
             times["floor"],
             baseline_name='python -c "import submitit, pydantic, yaml"',
             note=f"full validation every call; {note}",
+        ),
+        Figure.measured(
+            SECTION,
+            "for scale: import + one one-field pydantic model",
+            "s",
+            times["one_model"],
+            times["floor"],
+            baseline_name='python -c "import submitit, pydantic, yaml"',
+            note=f"the least any CLI that validates with pydantic pays; {note}",
         ),
     ]
 

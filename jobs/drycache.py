@@ -4,7 +4,7 @@ Validation needs pydantic's full import and the spec models built (tens of milli
 more than everything else on this path together). A dry-run is the edit-and-look loop, so the
 validated result (submitit parameters, job name, run_dir, array size) is kept under
 ``$SLURM_TRAIN_STATE_DIR/cache`` keyed by everything it depends on: the spec's bytes, the
-``--set`` values, the interpreter, the versions of pydantic/submitit/PyYAML and the path, size
+``--set`` values, the interpreter, the installed pydantic/pydantic-core/submitit/PyYAML files and the path, size
 and mtime of every source file that validates or renders (jobs/, train/config.py,
 train/errors.py, cluster/). The rendering itself always runs (submitit's function, a fresh run
 directory). Invalid specs are never cached; ``SLURM_TRAIN_NO_CACHE=1`` turns the cache off.
@@ -12,6 +12,7 @@ directory). Invalid specs are never cached; ``SLURM_TRAIN_NO_CACHE=1`` turns the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ NO_CACHE_ENV = "SLURM_TRAIN_NO_CACHE"
 _ROOT = Path(__file__).resolve().parents[1]
 _SOURCES = ("train/config.py", "train/errors.py", "train/__init__.py")
 _DIRS = ("jobs", "cluster")
-FORMAT = 1
+FORMAT = 2
 
 
 def _code_stamp() -> list[Any]:
@@ -46,17 +47,31 @@ def _code_stamp() -> list[Any]:
     return stamp
 
 
-def _versions() -> list[str]:
-    import pydantic.version
-    import submitit
-    import yaml
+def _library_stamp() -> list[Any]:
+    """The installed pydantic, pydantic-core, submitit and PyYAML, without importing them.
 
-    return [pydantic.version.VERSION, submitit.__version__, yaml.__version__]
+    Importing pydantic and PyYAML only to read their versions would cost more than the cache
+    saves; ``find_spec`` of a top-level package locates it without running it. Any install,
+    upgrade or edit rewrites these files (new size or mtime) or the package directory.
+    """
+    stamp: list[Any] = []
+    for name in ("pydantic", "pydantic_core", "submitit", "yaml"):
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        if not origin:
+            stamp.append([name, None])
+            continue
+        pkg = Path(origin).parent
+        files = [pkg, Path(origin)] + [p for p in (pkg / "version.py",) if p.exists()]
+        for f in files:
+            st = f.stat()
+            stamp.append([str(f), st.st_size, st.st_mtime_ns])
+    return stamp
 
 
 def cache_key(spec_text: str, overrides: Sequence[str]) -> str:
     """Everything the validated parameters depend on, as one string."""
-    data = [FORMAT, sys.executable, _versions(), list(overrides), spec_text, _code_stamp()]
+    data = [FORMAT, sys.executable, _library_stamp(), list(overrides), spec_text, _code_stamp()]
     return json.dumps(data, separators=(",", ":"))
 
 
