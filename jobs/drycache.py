@@ -4,10 +4,11 @@ Validation needs pydantic's full import and the spec models built (tens of milli
 more than everything else on this path together). A dry-run is the edit-and-look loop, so the
 validated result (submitit parameters, job name, run_dir, array size) is kept under
 ``$SLURM_TRAIN_STATE_DIR/cache`` keyed by everything it depends on: the spec's bytes, the
-``--set`` values, the interpreter, the installed pydantic/pydantic-core/submitit/PyYAML files and the path, size
-and mtime of every source file that validates or renders (jobs/, train/config.py,
-train/errors.py, cluster/). The rendering itself always runs (submitit's function, a fresh run
-directory). Invalid specs are never cached; ``SLURM_TRAIN_NO_CACHE=1`` turns the cache off.
+``--set`` values, the interpreter, the installed pydantic/pydantic-core/submitit/PyYAML files
+and the path, size and mtime of every source file that validates or renders (jobs/,
+train/config.py, train/errors.py, cluster/). The rendering itself always runs (submitit's
+function, a fresh run directory). Invalid specs are never cached; ``SLURM_TRAIN_NO_CACHE=1``
+turns the cache off.
 """
 
 from __future__ import annotations
