@@ -213,6 +213,15 @@ class TrainConfig(StrictModel):
         int,
         Field(description="evaluate on held-out data every N epochs (and always at the end)", ge=1),
     ] = 1
+    target_accuracy: Annotated[
+        float | None,
+        Field(
+            description="finish at the first evaluation whose test accuracy reaches this "
+            "(a fraction, e.g. 0.94); the run then counts as complete",
+            gt=0.0,
+            le=1.0,
+        ),
+    ] = None
 
     @model_validator(mode="after")
     def _batch_divides(self) -> TrainConfig:

@@ -275,12 +275,28 @@ class Augmenter:
         """
         if not self.augment:
             return None
+        return self._draw_cpu(n, epoch, step, rank).to(self.device, non_blocking=True)
+
+    def draw_epoch(self, n: int, steps: int, *, epoch: int, rank: int) -> torch.Tensor | None:
+        """``draw`` for every step of an epoch at once: ``int64 [steps, 3, n]`` on the device.
+
+        Step ``s`` of the result equals ``draw(n, epoch=epoch, step=s, rank=rank)``; the trainer
+        copies one tensor per epoch instead of one per step (no per-step host-to-device copy).
+        """
+        if not self.augment:
+            return None
+        out = torch.empty((steps, 3, n), dtype=torch.long)
+        for s in range(steps):
+            out[s] = self._draw_cpu(n, epoch, s, rank)
+        return out.to(self.device, non_blocking=True)
+
+    def _draw_cpu(self, n: int, epoch: int, step: int, rank: int) -> torch.Tensor:
         key = ((self.seed * 1_000_003 + epoch) * 1_000_003 + step) * 1_009 + rank
         self._gen.manual_seed(key % (2**63 - 1))
         # Drawn on the CPU (a few hundred bytes) so the stream is the same on every device type.
         offsets = torch.randint(0, 2 * self.pad + 1, (2, n), generator=self._gen)
         flips = (torch.rand(n, generator=self._gen) < 0.5).long()
-        return torch.cat([offsets, flips[None]]).to(self.device, non_blocking=True)
+        return torch.cat([offsets, flips[None]])
 
     def apply(
         self, images: torch.Tensor, crops: torch.Tensor | None, start: int = 0

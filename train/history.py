@@ -5,7 +5,8 @@ One JSON object per line, appended by rank 0 only::
     {"time": 1790000000.0, "event": "preempted", "step": 120, "restart_count": 1,
      "job_id": "42", ...}
 
-Events: start, resume, signal, checkpoint, requeue, preempted, timeout, failure, complete,
+Events: start, resume, signal, checkpoint, requeue, preempted, timeout, failure, target (the
+first evaluation at ``train.target_accuracy``; ``complete`` follows), complete,
 budget_exhausted, cancelled (a plain ``scancel``: checkpointed, not requeued). The budgets of
 :class:`train.config.RequeueConfig` are checked against the
 preempted/timeout/failure counts, and ``jobs`` shows :meth:`RunHistory.summary` ("preempted 2x,
@@ -31,6 +32,7 @@ EVENTS = (
     "preempted",
     "timeout",
     "failure",
+    "target",
     "complete",
     "budget_exhausted",
     "cancelled",

@@ -3,9 +3,9 @@
 One optimizer step = ``grad_accum`` micro-steps on every rank; the global batch is
 ``batch_size = world_size x grad_accum x micro_batch`` and each micro-loss is divided by
 ``grad_accum`` (DDP averages over ranks), so the gradient is the mean over the global batch.
-Per step the loop does no host sync: metrics stay on the device until a log interval, the
-augmentation generator is re-seeded (not re-created), and the stop flag is agreed over a CPU
-(gloo) group so a CUDA stream never waits.
+Per step the loop does no host sync and no host-to-device copy: metrics stay on the device
+until a log interval, the data order and the augmentation draws reach the device once per epoch,
+and the stop flag is agreed over a CPU (gloo) group so a CUDA stream never waits.
 
 Resume is exact: the data order is a function of (seed, epoch), augmentation of (seed, epoch,
 step, rank), and model/optimizer/scheduler/RNG/position come from the checkpoint, so an
@@ -140,6 +140,7 @@ class _Loop:
         in_dev, self.out_dev = self.strat.input_device, self.strat.output_device
         self.train_set, self.test_set = train_set.to(in_dev), test_set.to(in_dev)
         self.aug = Augmenter(in_dev, augment=config.data.augment, seed=config.seed)
+        self.crops: torch.Tensor | None = None  # this epoch's augmentation draws
         self.meter = StepMeter(self.out_dev)
         self.timer = StepTimer(self.out_dev)
         self.metrics = MetricsWriter(run_dir, env.is_main)
@@ -212,8 +213,8 @@ class _Loop:
             )
 
     # -- the loop ------------------------------------------------------------------------------
-    def run_eval(self, stop_at: int) -> None:
-        """Evaluate on the held-out set; record test loss/accuracy."""
+    def run_eval(self, stop_at: int) -> bool:
+        """Evaluate on the held-out set; record test loss/accuracy. True: a new best."""
         self.timer.pause()
         loss, acc = evaluate(
             self.strat.eval_module,
@@ -223,6 +224,7 @@ class _Loop:
             max(self.micro * 2, 256),
             self.out_dev,
         )
+        improved = self.best is None or acc > self.best
         self.best = acc if self.best is None else max(self.best, acc)
         self.result.test_loss, self.result.test_accuracy = loss, acc
         rec = self.metrics.write(
@@ -230,11 +232,36 @@ class _Loop:
         )
         if self.env.is_main:
             log.info("%s", progress_line(rec, stop_at))
+        return improved
+
+    def target_reached(self) -> bool:
+        """``train.target_accuracy`` reached (by this run, or before the checkpoint it resumed)."""
+        target = self.config.target_accuracy
+        return target is not None and self.best is not None and self.best >= target
+
+    def eval_due(self, stop_at: int) -> bool:
+        """Whether the epoch that ends at this step ends with an evaluation."""
+        return (self.epoch + 1) % self.config.eval_every_epochs == 0 or self.step >= stop_at
+
+    def end_epoch(self, stop_at: int) -> None:
+        """Evaluate when due, move to the next epoch, and save when the interval or a new best
+        (``checkpoint.keep_best``: the best checkpoint holds the model that scored it) asks."""
+        cfg = self.config.checkpoint
+        evaluated = self.eval_due(stop_at)
+        improved = self.run_eval(stop_at) if evaluated else False
+        self.epoch, self.epoch_step = self.epoch + 1, 0
+        if self.target_reached():
+            self.event("target", test_accuracy=self.best, target=self.config.target_accuracy)
+            return  # the loop ends; the final save follows
+        interval_due = cfg.interval_steps and self.step % cfg.interval_steps == 0
+        if evaluated and self.step < stop_at and (interval_due or (improved and cfg.keep_best)):
+            self.save(metric=self.result.test_accuracy)
+        self.timer.start()
 
     def train_step(self, order: torch.Tensor) -> None:
         """One optimizer step: ``grad_accum`` micro-steps, DDP sync on the last one only."""
         k, micro, strat = self.config.grad_accum, self.micro, self.strat
-        crops = self.aug.draw(k * micro, epoch=self.epoch, step=self.epoch_step, rank=self.env.rank)
+        crops = None if self.crops is None else self.crops[self.epoch_step]
         for m in range(k):
             idx = order[self.epoch_step, m * micro : (m + 1) * micro]
             x = self.aug.apply(self.train_set.images[idx], crops, m * micro)
@@ -290,12 +317,16 @@ class _Loop:
         n_epochs = math.ceil(self.planned / spe)
         start_step, since = self.step, (time.perf_counter(), self.step)
         self.strat.train(True)
-        while self.step < stop_at and self.epoch < n_epochs:
+        while self.step < stop_at and self.epoch < n_epochs and not self.target_reached():
             self.sampler.set_epoch(self.epoch)
             order = torch.tensor(list(self.sampler), dtype=torch.long)[
                 : spe * cfg.grad_accum * self.micro
             ]
             order = order.view(spe, -1).to(self.train_set.images.device)
+            # this epoch's crops and flips: one copy per epoch, like the order
+            self.crops = self.aug.draw_epoch(
+                cfg.grad_accum * self.micro, spe, epoch=self.epoch, rank=self.env.rank
+            )
             while self.epoch_step < spe and self.step < stop_at:
                 if self.step - start_step == WARMUP_STEPS:
                     self.timer.armed = True
@@ -304,17 +335,20 @@ class _Loop:
                 if self.step % cfg.log_interval == 0 or self.step == stop_at:
                     since = self.log_train(stop_at, since)
                 interval = cfg.checkpoint.interval_steps
-                if interval and self.step % interval == 0 and self.step < stop_at:
+                if (
+                    interval
+                    and self.step % interval == 0
+                    and self.step < stop_at
+                    # end_epoch saves this step itself, with the metric of its evaluation
+                    and not (self.epoch_step >= spe and self.eval_due(stop_at))
+                ):
                     self.save()
                     self.timer.start()
                 # Lagged: the flag's reduce overlaps the next step (no per-step round trip).
                 if guard.should_stop(self.rt.lagged_max):
                     return self.stop(guard, requeue)
             if self.epoch_step >= spe:
-                if (self.epoch + 1) % cfg.eval_every_epochs == 0 or self.step >= stop_at:
-                    self.run_eval(stop_at)
-                self.epoch, self.epoch_step = self.epoch + 1, 0
-                self.timer.start()
+                self.end_epoch(stop_at)
         if not self.metrics.records or self.metrics.records[-1]["kind"] != "eval":
             self.run_eval(stop_at)
         self.save(metric=self.result.test_accuracy)

@@ -294,7 +294,9 @@ def test_cli_sigkill_during_checkpoint_then_resume(
             proc.kill()
             proc.communicate(timeout=30)
     ckpt = CheckpointManager(run_dir / "checkpoints", rank=1, world_size=1)
-    assert ckpt.latest_valid() == run_dir / "checkpoints" / "step-5"
+    # step 8 (the end of epoch 1: its evaluation is a new best, kept for keep_best) is the newest
+    # complete one; the interrupted step-10 save is never loaded
+    assert ckpt.latest_valid() == run_dir / "checkpoints" / "step-8"
 
     env.pop("TRAIN_CKPT_TEST_DELAY_S")
     done = subprocess.run(
@@ -304,4 +306,4 @@ def test_cli_sigkill_during_checkpoint_then_resume(
     assert _final_digest(run_dir) == single_reference[False]
     events = [e["event"] for e in RunHistory(run_dir).events()]
     assert events == ["start", "resume", "complete"]
-    assert RunHistory(run_dir).events()[1]["step"] == 5
+    assert RunHistory(run_dir).events()[1]["step"] == 8

@@ -146,3 +146,16 @@ def test_models_and_stage_split(name: str) -> None:
     assert all(
         not isinstance(m, torch.nn.BatchNorm2d) for m in build_model(name, norm="none").modules()
     )
+
+
+def test_draw_epoch_matches_the_per_step_draws() -> None:
+    """The trainer's one-copy-per-epoch draws are exactly the per-step ones (resume stays exact)."""
+    aug = Augmenter(torch.device("cpu"), augment=True, seed=3)
+    epoch = aug.draw_epoch(12, 5, epoch=2, rank=1)
+    assert epoch is not None and epoch.shape == (5, 3, 12)
+    for s in range(5):
+        assert torch.equal(epoch[s], aug.draw(12, epoch=2, step=s, rank=1))
+    assert (
+        Augmenter(torch.device("cpu"), augment=False, seed=3).draw_epoch(12, 5, epoch=0, rank=0)
+        is None
+    )

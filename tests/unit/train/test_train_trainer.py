@@ -45,7 +45,8 @@ def test_full_run_checkpoints_metrics_and_events(tmp_path: Path) -> None:
     assert result.exit_code == 0 and result.stopped is None
     assert result.steps == 20 and result.epoch == 2  # 10 steps/epoch x 2 epochs
     names = sorted((tmp_path / "checkpoints").iterdir(), key=lambda p: int(p.name[5:]))
-    assert [p.name for p in names] == [f"step-{s}" for s in (4, 8, 12, 16, 20)]
+    # every 4 steps, and at the end of epoch 1 (step 10), whose evaluation was a new best
+    assert [p.name for p in names] == [f"step-{s}" for s in (4, 8, 10, 12, 16, 20)]
     assert result.checkpoint == tmp_path / "checkpoints" / "step-20"
     records = _lines(tmp_path / "metrics.jsonl")
     train = [r for r in records if r["kind"] == "train"]
@@ -56,6 +57,55 @@ def test_full_run_checkpoints_metrics_and_events(tmp_path: Path) -> None:
     assert result.test_accuracy == evals[-1]["test_accuracy"]
     assert result.images_per_s is not None and result.images_per_s > 0
     assert [e["event"] for e in _lines(tmp_path / "events.jsonl")] == ["start", "complete"]
+    # a checkpoint saved right after an evaluation carries its score (keep_best ranks by it)
+    manifests = {p.name: json.loads((p / "manifest.json").read_text()) for p in names}
+    assert manifests["step-10"]["metric"] == evals[0]["test_accuracy"]
+    assert manifests["step-20"]["metric"] == evals[1]["test_accuracy"]
+    assert manifests["step-8"]["metric"] is None
+
+
+def test_keep_best_keeps_the_checkpoint_of_the_best_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Scripted scores (the best is the second of four), so the best is not simply the last.
+    import train.trainer
+
+    scores = iter([0.5, 0.9, 0.3, 0.4])
+    monkeypatch.setattr(train.trainer, "evaluate", lambda *a, **k: (1.0, next(scores)))
+    cfg = CFG.model_copy(
+        update={
+            "epochs": 4,
+            "checkpoint": CFG.checkpoint.model_copy(update={"interval_steps": 3, "keep_last": 1}),
+        }
+    )
+    run_training(cfg, DistEnv(), tmp_path)
+    evals = [r for r in _lines(tmp_path / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [(r["step"], r["test_accuracy"]) for r in evals] == [
+        (10, 0.5),
+        (20, 0.9),
+        (30, 0.3),
+        (40, 0.4),
+    ]
+    kept = sorted((tmp_path / "checkpoints").iterdir())
+    assert [p.name for p in kept] == ["step-20", "step-40"]
+    assert json.loads((kept[0] / "manifest.json").read_text())["metric"] == 0.9
+
+
+def test_target_accuracy_finishes_early_and_stays_finished(tmp_path: Path) -> None:
+    cfg = CFG.model_copy(update={"target_accuracy": 0.05})
+    result = run_training(cfg, DistEnv(), tmp_path)
+    assert result.exit_code == 0 and result.stopped is None
+    assert result.steps == 10 and result.epoch == 1  # the first evaluation reached it
+    assert result.test_accuracy is not None and result.test_accuracy >= 0.05
+    events = _lines(tmp_path / "events.jsonl")
+    assert [e["event"] for e in events] == ["start", "target", "complete"]
+    assert events[1]["test_accuracy"] == result.test_accuracy and events[1]["step"] == 10
+    # resuming a run that reached its target trains no further
+    again = run_training(cfg, DistEnv(), tmp_path, resume=True)
+    assert again.steps == 10 and again.exit_code == 0
+    # an unreachable target changes nothing
+    full = run_training(CFG.model_copy(update={"target_accuracy": 1.0}), DistEnv(), tmp_path / "b")
+    assert full.steps == 20
 
 
 def test_max_steps_truncates_without_changing_the_schedule(tmp_path: Path) -> None:
