@@ -21,11 +21,13 @@ unavailable, returns :data:`REQUEUE_EXIT_CODE` for the batch script to requeue.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, Protocol
 
@@ -72,6 +74,8 @@ class _Env(Protocol):
     def job_id(self) -> str | None: ...
     @property
     def restart_count(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
 
 
 class _RequeueSettings(BudgetConfig, Protocol):
@@ -309,6 +313,22 @@ def classify_stop(
     return kind
 
 
+def _claim_failure(run_dir: Any, job_id: str, restart_count: int, is_main: bool) -> bool:
+    """True for the first rank of attempt (job, restart) to claim its failure (an exclusive
+    create of ``RUN_DIR/.failures/JOB-RESTART`` on the shared run directory)."""
+    marker = Path(run_dir) / ".failures" / f"{job_id}-{restart_count}"
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        log.warning("cannot claim the failure in %s (%s)", marker.parent, exc)
+        return is_main
+    os.close(fd)
+    return True
+
+
 def request_requeue(
     env: _Env,
     run_dir: Any,
@@ -322,7 +342,8 @@ def request_requeue(
     """Record why the run stops, check the budgets and requeue; return the exit code.
 
     Call on every rank after the checkpoint is written and all ranks met at a barrier (for
-    ``kind="failure"``: from the rank whose training raised, ``error`` saying what). Rank 0
+    ``kind="failure"``: from the rank whose training raised, ``error`` saying what; in a Slurm
+    job with several ranks the first failing rank, whichever it is, acts as rank 0). Rank 0
     classifies an unclassified ``"signal"`` with Slurm, appends the ``preempted``/``timeout``/
     ``failure`` event and then either ``budget_exhausted`` (returns
     :data:`BUDGET_EXHAUSTED_EXIT_CODE`, no requeue) or ``requeue``: ``scontrol requeue`` (returns
@@ -333,7 +354,12 @@ def request_requeue(
     SIGTERM, the job already ending) is recorded as ``cancelled`` and returns 0, no requeue.
     """
     failed = kind == "failure"
-    if not env.is_main:
+    if failed and env.job_id and env.world_size > 1:
+        # Any rank may be the one that failed (and srun --kill-on-bad-exit ends the others
+        # before rank 0 could learn of it): the first failing rank of this attempt records it.
+        if not _claim_failure(run_dir, env.job_id, env.restart_count, env.is_main):
+            return 1
+    elif not env.is_main:
         return 1 if failed else 0
     history = RunHistory(run_dir)
     job_id = env.job_id

@@ -142,15 +142,17 @@ class Cluster:
         options: list[str],
         tasks: tuple[str, ...] = ("-n1",),
         env: dict[str, str] | None = None,
+        srun_args: tuple[str, ...] = (),
     ) -> str:
         script = self.tmp / "train.sbatch"
         python = shlex.quote(sys.executable)
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
+        srun = shlex.join(["srun", *srun_args])
         script.write_text(
             "#!/bin/bash\n"
             f"{exports}"
             f"cd {shlex.quote(str(REPO))}\n"
-            f"srun {python} -m train --config {shlex.quote(str(spec))}"
+            f"{srun} {python} -m train --config {shlex.quote(str(spec))}"
             f" --run-dir {shlex.quote(str(run_dir))}\n"
         )
         args = [
@@ -359,3 +361,61 @@ def test_scancel_checkpoints_and_is_not_requeued(
     step = events[-1]["step"]
     assert verify_checkpoint(run_dir / "checkpoints" / f"step-{step}")["step"] == step
     assert RunHistory(run_dir).summary() == f"cancelled at step {step}"
+
+
+# Loaded by every Python of the job through PYTHONPATH (sitecustomize): on rank 1 of the first
+# attempt only, training raises at step FAIL_STEP, as an OOM or a bad batch would.
+FAIL_STEP = 6
+INJECT = f"""
+import os
+if os.environ.get("SLURM_PROCID") == "1" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    import train.trainer as trainer
+
+    _step = trainer._Loop.train_step
+
+    def train_step(self, order):
+        if self.step == {FAIL_STEP}:
+            raise RuntimeError("injected failure on rank 1")
+        _step(self, order)
+
+    trainer._Loop.train_step = train_step
+"""
+
+
+def test_failure_on_a_rank_other_than_0_is_requeued_despite_kill_on_bad_exit(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """srun --kill-on-bad-exit=1 ends the step as soon as rank 1 exits non-zero, before rank 0
+    could learn of the failure: rank 1 records it and requeues the job itself (once: rank 0,
+    failing too as its peer is gone, finds the failure already claimed)."""
+    spec = tmp_path / "spec.yaml"
+    train_cfg = {**DDP_SPEC["train"], "epochs": 2, "checkpoint": {"interval_steps": 4}}
+    spec.write_text(yaml.safe_dump({"train": train_cfg, "requeue": {"max_failures": 1}}))
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(INJECT)
+    run_dir = tmp_path / "run"
+    job_id = cluster.submit_training(
+        spec,
+        run_dir,
+        ["--time=10"],
+        tasks=("--nodes=2", "--ntasks-per-node=1"),
+        env={"PYTHONPATH": f"{inject}{os.pathsep}{REPO}"},
+        srun_args=("--kill-on-bad-exit=1",),
+    )
+    cluster.wait(
+        "the failure's requeue",
+        lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
+        240,
+    )
+    cluster.run_to_completion(job_id, run_dir, 400)
+
+    events = _events(run_dir)
+    kinds = [e["event"] for e in events]
+    assert kinds == ["start", "failure", "requeue", "resume", "complete"], events
+    failure, requeue, resume = events[1], events[2], events[3]
+    assert "injected failure on rank 1" in failure["error"] and failure["step"] == FAIL_STEP
+    assert requeue["via"] == "scontrol" and requeue["job_id"] == job_id
+    assert resume["step"] == 4 and resume["restart_count"] == 1
+    assert (run_dir / ".failures" / f"{job_id}-0").is_file()
+    assert RunHistory(run_dir).to_dict()["failures"] == 1

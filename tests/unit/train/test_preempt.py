@@ -29,6 +29,7 @@ class FakeEnv:
     is_main: bool = True
     job_id: str | None = "42"
     restart_count: int = 0
+    world_size: int = 1
 
 
 class FakeClient:
@@ -256,6 +257,33 @@ def test_budget_exhausted_stops_without_requeue(tmp_path: Path) -> None:
     assert client.requeued == ["42"]
     assert _events(tmp_path) == ["failure", "requeue", "failure", "budget_exhausted"]
     assert "max_failures=1" in RunHistory(tmp_path).summary()
+
+
+def test_the_first_failing_rank_of_an_attempt_records_and_requeues(tmp_path: Path) -> None:
+    """srun --kill-on-bad-exit ends the step when any rank fails: a failure on rank 1 must not
+    wait for rank 0 to record it; a second failing rank of the same attempt adds nothing."""
+    client = FakeClient()
+    cfg = RequeueConfig(max_failures=3)
+    rank1 = FakeEnv(is_main=False, world_size=2)
+    rank0 = FakeEnv(is_main=True, world_size=2)
+    assert request_requeue(rank1, tmp_path, cfg, "failure", step=7, error="OOM", client=client) == 1
+    assert client.requeued == ["42"]
+    assert _events(tmp_path) == ["failure", "requeue"]
+    # rank 0 fails too (its peer is gone): the same attempt, already recorded
+    assert request_requeue(rank0, tmp_path, cfg, "failure", step=7, client=client) == 1
+    assert client.requeued == ["42"] and _events(tmp_path) == ["failure", "requeue"]
+    # the next attempt (restart 1) fails on rank 0: recorded again, the budget counts both
+    again = FakeEnv(is_main=True, world_size=2, restart_count=1)
+    assert request_requeue(again, tmp_path, cfg, "failure", step=9, client=client) == 1
+    assert _events(tmp_path) == ["failure", "requeue", "failure", "requeue"]
+    assert RunHistory(tmp_path).to_dict()["failures"] == 2
+    # outside Slurm (no job id) only rank 0 records, as before
+    local = tmp_path / "local"
+    local.mkdir()
+    code = request_requeue(
+        FakeEnv(is_main=False, job_id=None, world_size=2), local, cfg, "failure", step=1
+    )
+    assert code == 1 and not (local / "events.jsonl").exists()
 
 
 def test_other_ranks_do_nothing(tmp_path: Path) -> None:
