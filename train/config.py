@@ -213,6 +213,15 @@ class TrainConfig(StrictModel):
         int,
         Field(description="evaluate on held-out data every N epochs (and always at the end)", ge=1),
     ] = 1
+    stop_check_s: Annotated[
+        float,
+        Field(
+            description="distributed runs: seconds of training between the ranks' checks for a "
+            "stop signal (the stop follows within about twice this); 0 = every step",
+            ge=0.0,
+            le=60.0,
+        ),
+    ] = 0.5
     target_accuracy: Annotated[
         float | None,
         Field(

@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from train.env import DeviceInfo, DistEnv, verify_master_port
 
 __all__ = [
     "Runtime",
+    "StopPoll",
     "configure_torch",
     "precision_context",
     "setup_runtime",
@@ -118,6 +120,53 @@ class Runtime:
         if self.owns_group and dist.is_initialized():
             self._drain()
             dist.destroy_process_group()
+
+
+class StopPoll:
+    """At which steps the ranks check for a stop signal (:meth:`Runtime.lagged_max`).
+
+    Every step at first; once ``calibrate_steps`` steps have been timed (from ``start + skip``,
+    past the first-touch costs), every ``k`` steps, ``k`` the number of steps in ``interval_s``
+    by the slowest rank's clock, agreed once over ranks (MIN), so every rank checks at the same
+    steps. A stop then follows the signal within about ``2 * interval_s``: the flag rides the
+    next check's reduce, which is read at the check after (the lag keeps each check from being
+    a blocking round trip). One process, or ``interval_s == 0``: every step.
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        interval_s: float,
+        start: int,
+        *,
+        skip: int = 5,
+        calibrate_steps: int = 5,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.rt, self.interval_s, self.clock = rt, interval_s, clock
+        self.every = 1
+        self._next = start
+        adaptive = interval_s > 0 and rt.distributed
+        self._mark_at = start + skip if adaptive else None
+        self._calibrate_at = start + skip + calibrate_steps if adaptive else None
+        self._mark = 0.0
+
+    def due(self, step: int) -> bool:
+        """Call after every step with the number of completed steps; True: check now."""
+        if self._calibrate_at is not None:
+            if step == self._mark_at:
+                self._mark = self.clock()
+            elif step == self._calibrate_at:
+                assert self._mark_at is not None
+                per_step = (self.clock() - self._mark) / (step - self._mark_at)
+                mine = max(1, min(10_000, int(self.interval_s / max(per_step, 1e-9))))
+                self.every = -self.rt.all_reduce_max(-mine)  # MIN over ranks
+                self._calibrate_at = None
+                log.debug("checking for stop signals every %d step(s)", self.every)
+        if step >= self._next:
+            self._next = step + self.every
+            return True
+        return False
 
 
 def setup_runtime(env: DistEnv, devices: DeviceInfo, timeout_s: float = 1800.0) -> Runtime:

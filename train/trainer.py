@@ -42,6 +42,7 @@ from train.optim import build_optimizer, build_scheduler
 from train.preempt import PreemptionGuard, RunHistory, request_requeue
 from train.runtime import (
     Runtime,
+    StopPoll,
     configure_torch,
     precision_context,
     setup_runtime,
@@ -316,6 +317,7 @@ class _Loop:
         cfg, spe = self.config, self.steps_per_epoch
         n_epochs = math.ceil(self.planned / spe)
         start_step, since = self.step, (time.perf_counter(), self.step)
+        poll = StopPoll(self.rt, cfg.stop_check_s, start_step, skip=WARMUP_STEPS)
         self.strat.train(True)
         while self.step < stop_at and self.epoch < n_epochs and not self.target_reached():
             self.sampler.set_epoch(self.epoch)
@@ -344,8 +346,8 @@ class _Loop:
                 ):
                     self.save()
                     self.timer.start()
-                # Lagged: the flag's reduce overlaps the next step (no per-step round trip).
-                if guard.should_stop(self.rt.lagged_max):
+                # Lagged: the flag's reduce overlaps the next steps (no round trip per check).
+                if poll.due(self.step) and guard.should_stop(self.rt.lagged_max):
                     return self.stop(guard, requeue)
             if self.epoch_step >= spe:
                 self.end_epoch(stop_at)

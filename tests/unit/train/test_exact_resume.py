@@ -47,15 +47,17 @@ TRAIN: dict[str, Any] = {
     "checkpoint": {"interval_steps": 5, "keep_last": 2},
     "log_interval": 4,
     "optimizer": {"lr": 0.05},
+    # check for the stop flag at every step: the tests stop at exact steps (StopPoll: below)
+    "stop_check_s": 0.0,
 }
 TOTAL_STEPS = 24
 
 
-def _config(strategy: str, async_save: bool = False) -> TrainConfig:
+def _config(strategy: str, async_save: bool = False, **extra: Any) -> TrainConfig:
     data = json.loads(json.dumps(TRAIN))
     data["strategy"] = strategy
     data["checkpoint"]["async"] = async_save
-    return TrainConfig.model_validate(data)
+    return TrainConfig.model_validate({**data, **extra})
 
 
 def _final_digest(run_dir: Path) -> tuple[int, str]:
@@ -307,3 +309,25 @@ def test_cli_sigkill_during_checkpoint_then_resume(
     events = [e["event"] for e in RunHistory(run_dir).events()]
     assert events == ["start", "resume", "complete"]
     assert RunHistory(run_dir).events()[1]["step"] == 8
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_checking_every_k_steps_stops_together(
+    tmp_path: Path, ddp_reference: tuple[int, str]
+) -> None:
+    """The default stop polling (every k steps after calibration, k agreed over ranks): a signal
+    on rank 1 only stops both ranks at the same step, and the resumed run is still exact."""
+    config = _config("ddp", stop_check_s=0.05)
+    # the 12th check comes after the calibration at step 10, so k > 1 is in effect
+    results = _run_two_ranks(config, tmp_path, 12, 1, False)
+    steps = {r["steps"] for r in results}
+    assert len(steps) == 1, results
+    stopped_at = steps.pop()
+    assert 12 <= stopped_at < TOTAL_STEPS
+    assert [r["exit_code"] for r in results] == [REQUEUE_EXIT_CODE, 0]
+    done = _run_two_ranks(config, tmp_path, 0, 0, True)
+    assert [r["steps"] for r in done] == [TOTAL_STEPS] * 2
+    assert {r["resumed_from"] for r in done} == {
+        str(tmp_path / "checkpoints" / f"step-{stopped_at}")
+    }
+    assert _final_digest(tmp_path) == ddp_reference
