@@ -2,7 +2,9 @@
 
 ``entrypoint: {function: "pkg.mod:fn"}``: ``fn(ctx: TrainContext)`` is called in this process
 after the environment, device, process group, checkpoint manager and preemption guard are set
-up; it returns an exit code (None = 0). See ``examples/custom_train.py``::
+up; it returns an exit code (None = 0); an exception it raises is a failure, recorded and requeued
+within ``requeue.max_failures`` like one of the built-in trainer. See
+``examples/custom_train.py``::
 
     def main(ctx: TrainContext) -> int:
         model = ...to(ctx.device); state = ctx.load_resume()       # None on a fresh start
@@ -183,7 +185,17 @@ def run_entrypoint(
     rt = setup_runtime(env, devices)
     try:
         ctx = TrainContext(env, devices, run_dir, ckpt, guard, config, rt, resume_from)
-        code = fn(ctx)
+        try:
+            code = fn(ctx)
+        except Exception as exc:
+            if getattr(exc, "exit_code", 1) == 2:  # bad input: a requeue would fail the same way
+                raise
+            # As in the built-in trainer: recorded (by the first failing rank) and requeued
+            # while requeue.max_failures allows; the requeued run resumes from a checkpoint.
+            what = f"{type(exc).__name__}: {exc}"
+            debug = log.isEnabledFor(logging.DEBUG)
+            log.error("%s failed: %s", entry.function, what, exc_info=debug)
+            return request_requeue(env, run_dir, config.requeue, "failure", error=what)
         if history is not None and code in (None, 0) and not guard.requested:
             history.append(
                 "complete", step=None, restart_count=env.restart_count, job_id=env.job_id

@@ -150,6 +150,51 @@ def test_entrypoint_function_import_error(
     assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
 
 
+def test_entrypoint_function_failure_is_recorded_and_requeued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """User code that raises is a failure like the trainer's: recorded with the real error and,
+    in a Slurm job, requeued while requeue.max_failures allows."""
+    from functools import partial
+
+    import train.entry
+    from train.preempt import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+
+    (tmp_path / "failing_user_train.py").write_text(
+        "def main(ctx):\n    raise RuntimeError('user code exploded')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    requeued: list[str] = []
+
+    class Client:
+        def requeue(self, job_id: str) -> None:
+            requeued.append(job_id)
+
+    monkeypatch.setattr(train.entry, "request_requeue", partial(request_requeue, client=Client()))
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    p = spec(
+        tmp_path,
+        entrypoint={"function": "failing_user_train:main"},
+        requeue={"max_failures": 1},
+    )
+    run = tmp_path / "r"
+    assert main(["--config", str(p), "--run-dir", str(run)]) == 1
+    assert requeued == ["777"]
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the requeued run fails again: over budget
+    assert main(["--config", str(p), "--run-dir", str(run)]) == BUDGET_EXHAUSTED_EXIT_CODE
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == [
+        "start",
+        "failure",
+        "requeue",
+        "start",
+        "failure",
+        "budget_exhausted",
+    ]
+    assert events[1]["error"] == "RuntimeError: user code exploded"
+    assert requeued == ["777"]
+
+
 def test_entrypoint_command_gets_torchrun_variables(tmp_path: Path) -> None:
     out = tmp_path / "env.json"
     code = (
