@@ -45,3 +45,4 @@ cluster-down:
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find jobs cluster train bench tests -name __pycache__ -type d -prune -exec rm -rf {} +
