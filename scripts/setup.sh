@@ -44,12 +44,28 @@ install_torch() {
         "$VENV/bin/pip" install -q "torch>=2.6"
         return 0
     fi
-    # No GPU: a CPU build. A wheel on local disk first (these machines keep one), then the CPU
-    # index, never the multi-GB CUDA build.
+    # No GPU: a CPU build, never the multi-GB CUDA one. A CPU wheel on local disk first (these
+    # machines keep one in their find-links directory; its dependencies come from the index),
+    # then PyTorch's CPU index (few retries: it may be unreachable), then the pinned version.
     log "no GPU: installing a CPU build of torch"
-    "$VENV/bin/pip" install -q --no-index "torch==2.13.0" 2>/dev/null \
-        || "$VENV/bin/pip" install -q "torch>=2.6" --index-url https://download.pytorch.org/whl/cpu \
+    local wheel
+    wheel=$(local_cpu_wheel)
+    if [ -n "$wheel" ] && "$VENV/bin/pip" install -q "$wheel"; then
+        return 0
+    fi
+    "$VENV/bin/pip" install -q --retries 1 --timeout 15 "torch>=2.6" \
+        --index-url https://download.pytorch.org/whl/cpu \
         || "$VENV/bin/pip" install -q "torch==2.13.0"
+}
+
+# The newest CPU torch wheel for this interpreter in a find-links directory, or nothing.
+local_cpu_wheel() {
+    local tag dir
+    tag=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    for dir in ${PIP_FIND_LINKS:-} /opt/wheels; do
+        [ -d "$dir" ] || continue
+        find "$dir" -maxdepth 1 -name "torch-*+cpu-${tag}-${tag}-*linux*_$(uname -m).whl"
+    done | sort -V | tail -n 1
 }
 
 install_system_packages
