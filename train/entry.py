@@ -40,7 +40,13 @@ from train.checkpoint import CheckpointManager, LoadedCheckpoint
 from train.config import RunConfig
 from train.env import DeviceInfo, DistEnv, resolve_device
 from train.errors import EntrypointError
-from train.preempt import PreemptionGuard, RunHistory, pop_early_signals, request_requeue
+from train.preempt import (
+    PreemptionGuard,
+    RunHistory,
+    describe_failure,
+    pop_early_signals,
+    request_requeue,
+)
 from train.runtime import Runtime, configure_torch, setup_runtime
 
 __all__ = ["TrainContext", "load_function", "run_entrypoint"]
@@ -188,13 +194,9 @@ def run_entrypoint(
         try:
             code = fn(ctx)
         except Exception as exc:
-            if getattr(exc, "exit_code", 1) == 2:  # bad input: a requeue would fail the same way
-                raise
             # As in the built-in trainer: recorded (by the first failing rank) and requeued
             # while requeue.max_failures allows; the requeued run resumes from a checkpoint.
-            what = f"{type(exc).__name__}: {exc}"
-            debug = log.isEnabledFor(logging.DEBUG)
-            log.error("%s failed: %s", entry.function, what, exc_info=debug)
+            what = describe_failure(exc, f"{entry.function} failed")
             return request_requeue(env, run_dir, config.requeue, "failure", error=what)
         if history is not None and code in (None, 0) and not guard.requested:
             history.append(

@@ -313,6 +313,20 @@ def classify_stop(
     return kind
 
 
+def describe_failure(exc: BaseException, where: str) -> str:
+    """Log a failure in training (``where`` says what failed) and return its one-line text for
+    the ``failure`` event; the caller then requeues it (:func:`request_requeue`, ``"failure"``).
+
+    Bad input (an error with ``exit_code == 2``) is re-raised instead: a requeue would fail the
+    same way.
+    """
+    if getattr(exc, "exit_code", 1) == 2:
+        raise exc
+    what = f"{type(exc).__name__}: {exc}"
+    log.error("%s: %s", where, what, exc_info=log.isEnabledFor(logging.DEBUG))
+    return what
+
+
 def _claim_failure(run_dir: Any, job_id: str, restart_count: int, is_main: bool) -> bool:
     """True for the first rank of attempt (job, restart) to claim its failure (an exclusive
     create of ``RUN_DIR/.failures/JOB-RESTART`` on the shared run directory)."""

@@ -39,7 +39,7 @@ from train.errors import ConfigError, TrainingError
 from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
 from train.models import build_model
 from train.optim import build_optimizer, build_scheduler
-from train.preempt import PreemptionGuard, RunHistory, request_requeue
+from train.preempt import PreemptionGuard, RunHistory, describe_failure, request_requeue
 from train.runtime import (
     Runtime,
     StopPoll,
@@ -464,13 +464,9 @@ def run_training(
         try:
             result = loop.run(stop_at, guard, requeue)
         except Exception as exc:
-            if getattr(exc, "exit_code", 1) == 2:  # bad input: a requeue would fail the same way
-                raise
             # A failure while training is recorded and requeued while requeue.max_failures
             # allows; the run resumes from the newest valid checkpoint.
-            what = f"{type(exc).__name__}: {exc}"
-            debug = log.isEnabledFor(logging.DEBUG)
-            log.error("training failed at step %d: %s", loop.step, what, exc_info=debug)
+            what = describe_failure(exc, f"training failed at step {loop.step}")
             result = loop.finish()
             result.stopped = "failure"
             result.exit_code = request_requeue(
