@@ -74,18 +74,17 @@ class Runtime:
     def lagged_max(self, value: int) -> int:
         """MAX over ranks of the value each rank passed at its PREVIOUS call.
 
-        The reduce of this call's value runs in the background while the next step computes,
-        so the per-step stop check costs no round trip. Every rank calls it at the same steps,
-        so every rank sees the same answer at the same step: the ranks still agree, one step
-        after the signal. The first call returns 0.
+        The reduce of this call's value runs in the background while training goes on, so a
+        stop check costs no round trip. Every rank calls it at the same steps (:class:`StopPoll`),
+        so every rank sees the same answer at the same step: the ranks still agree, one check
+        after the signal. The first call (and the first after another collective drained the
+        one in flight) returns 0; a rank's flag stays set, so it is sent again.
         """
         if not self.distributed:
             return value
-        previous = 0
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
-            previous = int(self._lagged[self._lag_index].item())
+        in_flight = self._pending is not None
+        self._drain()
+        previous = int(self._lagged[self._lag_index].item()) if in_flight else 0
         self._lag_index ^= 1
         buf = self._lagged[self._lag_index]
         buf.fill_(value)
@@ -174,7 +173,7 @@ def setup_runtime(env: DistEnv, devices: DeviceInfo, timeout_s: float = 1800.0) 
     if not env.distributed:
         return Runtime(env, owns_group=False)
     if dist.is_initialized():
-        return Runtime(env, owns_group=False, ctrl_group=_ctrl_group(devices))
+        return Runtime(env, owns_group=False, ctrl_group=_ctrl_group())
     verify_master_port(env)
     env.export(os.environ)
     kwargs: dict[str, Any] = {}
@@ -196,17 +195,16 @@ def setup_runtime(env: DistEnv, devices: DeviceInfo, timeout_s: float = 1800.0) 
         timeout=datetime.timedelta(seconds=timeout_s),
         **kwargs,
     )
-    return Runtime(env, owns_group=True, ctrl_group=_ctrl_group(devices))
+    return Runtime(env, owns_group=True, ctrl_group=_ctrl_group())
 
 
-def _ctrl_group(devices: DeviceInfo) -> Any:
-    """The control plane's own gloo group (stop flag, barriers, broadcasts).
+def _ctrl_group() -> Any:
+    """The control plane's own gloo group (stop flag, barriers, broadcasts), for every backend.
 
     NCCL cannot reduce CPU tensors (and would sync the stream); and on gloo a separate group keeps
     the stop flag's in-flight reduce (Runtime.lagged_max) off the group that carries DDP's
     gradient reduces, so the two never interleave on one process group.
     """
-    del devices  # the same answer for every backend
     return dist.new_group(backend="gloo")
 
 

@@ -240,23 +240,21 @@ class _Loop:
         target = self.config.target_accuracy
         return target is not None and self.best is not None and self.best >= target
 
-    def eval_due(self, stop_at: int) -> bool:
-        """Whether the epoch that ends at this step ends with an evaluation."""
-        return (self.epoch + 1) % self.config.eval_every_epochs == 0 or self.step >= stop_at
-
     def end_epoch(self, stop_at: int) -> None:
         """Evaluate when due, move to the next epoch, and save when the interval or a new best
-        (``checkpoint.keep_best``: the best checkpoint holds the model that scored it) asks."""
+        (``checkpoint.keep_best``: the best checkpoint holds the model that scored it) asks.
+        The interval save of an epoch's last step happens here, after the evaluation, so the
+        checkpoint carries its score."""
         cfg = self.config.checkpoint
-        evaluated = self.eval_due(stop_at)
+        evaluated = (self.epoch + 1) % self.config.eval_every_epochs == 0 or self.step >= stop_at
         improved = self.run_eval(stop_at) if evaluated else False
         self.epoch, self.epoch_step = self.epoch + 1, 0
         if self.target_reached():
             self.event("target", test_accuracy=self.best, target=self.config.target_accuracy)
             return  # the loop ends; the final save follows
         interval_due = cfg.interval_steps and self.step % cfg.interval_steps == 0
-        if evaluated and self.step < stop_at and (interval_due or (improved and cfg.keep_best)):
-            self.save(metric=self.result.test_accuracy)
+        if self.step < stop_at and (interval_due or (improved and cfg.keep_best)):
+            self.save(metric=self.result.test_accuracy if evaluated else None)
         self.timer.start()
 
     def train_step(self, order: torch.Tensor) -> None:
@@ -337,13 +335,9 @@ class _Loop:
                 if self.step % cfg.log_interval == 0 or self.step == stop_at:
                     since = self.log_train(stop_at, since)
                 interval = cfg.checkpoint.interval_steps
-                if (
-                    interval
-                    and self.step % interval == 0
-                    and self.step < stop_at
-                    # end_epoch saves this step itself, with the metric of its evaluation
-                    and not (self.epoch_step >= spe and self.eval_due(stop_at))
-                ):
+                # the run's last step: the final save; an epoch's: end_epoch, after its eval
+                last = self.step >= stop_at or self.epoch_step >= spe
+                if interval and self.step % interval == 0 and not last:
                     self.save()
                     self.timer.start()
                 # Lagged: the flag's reduce overlaps the next steps (no round trip per check).
