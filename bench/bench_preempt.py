@@ -22,7 +22,6 @@ Without a cluster, or when the train path fails, the rows say ``skipped: <reason
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, Figure, Goal, Options, bench_env, median, run_command, skipped
+from train.history import read_jsonl
 
 __all__ = ["run"]
 
@@ -74,22 +74,6 @@ class Skip(Exception):
     """The benchmark cannot run here; the message is the reason."""
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def _wait(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -123,10 +107,10 @@ class PreemptRun:
         self.node = ""
 
     def train_steps(self) -> list[dict[str, Any]]:
-        return [r for r in _jsonl(self.run / "metrics.jsonl") if r.get("kind") == "train"]
+        return [r for r in read_jsonl(self.run / "metrics.jsonl") if r.get("kind") == "train"]
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in _jsonl(self.run / "events.jsonl") if e.get("event") == name]
+        return [e for e in read_jsonl(self.run / "events.jsonl") if e.get("event") == name]
 
     def log_tail(self) -> str:
         logs = sorted(self.run.glob("slurm-*.out"))
@@ -238,7 +222,7 @@ class PreemptRun:
         last_done = int(before[-1]["step"]) if before else 0
         stops = [
             e
-            for e in _jsonl(self.run / "events.jsonl")
+            for e in read_jsonl(self.run / "events.jsonl")
             if e.get("event") in ("preempted", "timeout")
         ]
         stop = stops[cycle - 1] if len(stops) >= cycle else {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import RunNotFoundError
+from train.history import read_jsonl
 
 STATE_ENV = "SLURM_TRAIN_STATE_DIR"
 RUNS_ENV = "SLURM_TRAIN_RUNS_DIR"
@@ -154,19 +155,7 @@ def append_index(record: RunRecord) -> None:
 
 def read_index() -> list[dict[str, Any]]:
     """Index entries, oldest first (unreadable lines are skipped)."""
-    try:
-        text = index_path().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("run_dir"):
-            out.append(entry)
-    return out
+    return [e for e in read_jsonl(index_path()) if e.get("run_dir")]
 
 
 def iter_records() -> Iterator[RunRecord]:

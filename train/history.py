@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["EVENTS", "BudgetConfig", "RunHistory"]
+__all__ = ["EVENTS", "BudgetConfig", "RunHistory", "read_jsonl"]
 
 EVENTS = (
     "start",
@@ -37,6 +37,26 @@ EVENTS = (
     "budget_exhausted",
     "cancelled",
 )
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, oldest first; a missing file has none, and a line
+    that does not parse (being written, or torn by a crash) is skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 # events that consume a requeue budget, with the RequeueConfig field that limits them
 _BUDGETS = {
     "preempted": "max_preemptions",
@@ -84,19 +104,7 @@ class RunHistory:
 
     def events(self) -> list[dict[str, Any]]:
         """All events, oldest first; a torn or malformed line (a crash mid-write) is skipped."""
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        out = []
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and "event" in record:
-                out.append(record)
-        return out
+        return [r for r in read_jsonl(self.path) if "event" in r]
 
     def counts(self) -> dict[str, int]:
         """Number of events of each kind (every kind present, 0 when absent)."""
