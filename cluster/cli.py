@@ -14,7 +14,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m cluster",
         description="A real Slurm cluster on this machine (munged, MariaDB, slurmdbd, "
-        "slurmctld, slurmd n1 and n2).",
+        "slurmctld, slurmd n1, n2 and n3).",
     )
     p.add_argument("--state-dir", type=Path, help="config and state directory")
     p.add_argument(
@@ -70,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         lc = LocalCluster(args.state_dir, port_offset=args.port_offset)
         if args.command == "up":
             res = lc.up(timeout=args.timeout)
+            if res.restarted:
+                print(f"config changed: restarted {', '.join(res.restarted)}")
             if res.started:
                 print(f"started: {', '.join(res.started)}")
-            elif res.config_changed:
-                print("config updated; running daemons reconfigured")
-            else:
+            elif res.config_changed and not res.restarted:
+                print("config updated; running daemons already use it")
+            elif not res.restarted:
                 print("cluster already up and healthy; nothing changed")
             _print_status(lc)
             print(f"export SLURM_CONF={lc.conf}")

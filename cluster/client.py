@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from cluster import parse
+from cluster.conf import conf_stamp, find_slurm_conf
 from cluster.errors import (
     JobWaitTimeoutError,
     SlurmCommandError,
     SlurmNotFoundError,
     SlurmTimeoutError,
 )
-from cluster.local.paths import resolve_slurm_conf
-from cluster.models import JobInfo, Node, Partition
+from cluster.models import ClusterLimits, ClusterState, JobInfo, Node, Partition
 
 DEFAULT_TIMEOUT_S = 30.0
 # sacct/squeue take job ids on the command line; keep each call well under ARG_MAX.
@@ -33,8 +33,8 @@ class SlurmClient:
     """Talks to one Slurm cluster.
 
     ``conf``: the slurm.conf to use (exported as ``SLURM_CONF`` to every command); by default
-    :func:`cluster.local.paths.resolve_slurm_conf` picks the user's, the system's or the local
-    dev cluster's.
+    :func:`cluster.conf.find_slurm_conf` picks the user's, the system's or a registered one.
+    Every command runs with :meth:`env` passed explicitly; ``os.environ`` is never changed.
     """
 
     def __init__(
@@ -44,7 +44,7 @@ class SlurmClient:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         base = dict(os.environ if environ is None else environ)
-        self.conf = str(conf) if conf is not None else resolve_slurm_conf(base)
+        self.conf = str(conf) if conf is not None else find_slurm_conf(base)
         if self.conf:
             base["SLURM_CONF"] = self.conf
         self._env = base
@@ -110,6 +110,22 @@ class SlurmClient:
         out = self.run(["scontrol", "show", "partition", "--oneliner"]).stdout
         return parse.parse_partitions(out, nodes)
 
+    def cluster_state(self) -> ClusterState:
+        """Partitions and nodes in ONE command (``sinfo``): what a preflight needs live."""
+        cmd = ["sinfo", "-h", "-a", "-N", "-o", parse.SINFO_FORMAT]
+        return parse.parse_sinfo(self.run(cmd).stdout)
+
+    def limits(self) -> ClusterLimits:
+        """MaxArraySize, MaxJobCount (``scontrol show config``, readable without admin rights).
+
+        They change only when slurm.conf does: callers may cache them on :meth:`conf_stamp`.
+        """
+        return parse.parse_config_limits(self.run(["scontrol", "show", "config"]).stdout)
+
+    def conf_stamp(self) -> str:
+        """Identifies the slurm.conf in use as it is now (path, size, mtime)."""
+        return conf_stamp(self.conf)
+
     def partition(self, name: str) -> Partition | None:
         return next((p for p in self.partitions() if p.name == name), None)
 
@@ -149,6 +165,22 @@ class SlurmClient:
             unsettled = [j for j in chunk if not _settled(result, j)]
             if unsettled:
                 result.update(self._squeue(unsettled))
+        return result
+
+    def poll_states(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
+        """States of many jobs for a poller: ONE ``squeue`` for all of them (the controller's
+        word, right at once after submit and requeue), and ``sacct`` only for the ids the
+        controller has already forgotten (finished more than MinJobAge ago). A job followed
+        while it runs costs one command per poll; :meth:`job_states` costs two.
+        """
+        ids = list(dict.fromkeys(str(j) for j in job_ids))
+        result: dict[str, JobInfo] = {}
+        for start in range(0, len(ids), _MAX_IDS_PER_CALL):
+            chunk = ids[start : start + _MAX_IDS_PER_CALL]
+            result.update(self._squeue(chunk))
+            gone = [j for j in chunk if not _found(result, j)]
+            if gone:
+                result.update(self._sacct(gone))
         return result
 
     def _sacct(self, ids: Sequence[str]) -> dict[str, JobInfo]:
@@ -210,6 +242,28 @@ class SlurmClient:
         """Put a running (or finished) batch job back in the queue with the same id."""
         self.run(["scontrol", "requeue", str(job_id)])
 
+    def exclude_nodes(self, job_id: str, nodes: Iterable[str]) -> list[str]:
+        """Keep a pending (e.g. just requeued) job off ``nodes`` as well as the nodes it already
+        excludes (``scontrol update JobId=ID ExcNodeList=...``); returns the whole list.
+
+        Slurm accepts this only while the job is pending ("Job is no longer pending execution"
+        otherwise): requeue first.
+        """
+        from cluster.hostlist import expand_hostlist
+
+        current = self.show_job(job_id).get("ExcNodeList", "")
+        have = expand_hostlist(current) if current and current != "(null)" else []
+        merged = sorted({*have, *nodes})
+        self.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(merged)}"])
+        return merged
+
+    def set_time_limit(self, job_id: str, limit: str) -> None:
+        """``scontrol update JobId=ID TimeLimit=LIMIT`` (Slurm time syntax, e.g. ``3`` minutes).
+
+        Any user may lower their own job's limit; raising it needs an operator (Slurm refuses).
+        """
+        self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
+
     def release(self, job_id: str) -> None:
         """Let a requeued job start now instead of after its BeginTime delay."""
         self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
@@ -245,3 +299,9 @@ def _settled(result: Mapping[str, JobInfo], job_id: str) -> bool:
     # A record without a partition is slurmdbd's placeholder, made when step records arrive
     # before the job's own (name "allocation", wrong node list): not settled either.
     return bool(found) and all(info.terminal and info.partition for info in found)
+
+
+def _found(result: Mapping[str, JobInfo], job_id: str) -> bool:
+    """Whether ``job_id`` (or any task of the array ``job_id``) is in ``result``."""
+    prefix = f"{job_id}_"
+    return any(key == job_id or key.startswith(prefix) for key in result)

@@ -1,4 +1,8 @@
-"""Errors raised by the cluster package.
+"""Errors raised by the cluster package, and the one marker of bad input for every package.
+
+BadInputError                marker: the user's input is wrong; every CLI prints one line and
+                             exits 2 (jobs InputError, train ConfigError/EnvError/DataError/
+                             EntrypointError, the spec loader's SpecError derive from it)
 
 ClusterError                 base: anything that went wrong talking to or running Slurm
 ├── SlurmNotFoundError       a Slurm command is not installed / not on PATH
@@ -14,6 +18,14 @@ ClusterError                 base: anything that went wrong talking to or runnin
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+
+class BadInputError(Exception):
+    """Marker base: bad input (a spec, an override, a flag, a name); fixing it fixes the problem.
+
+    Lives here, in the lowest layer (stdlib only), so ``cluster``, ``train`` and ``jobs`` errors
+    can all derive from it and each ``main()`` maps it to exit 2 with ``isinstance``.
+    """
 
 
 class ClusterError(Exception):

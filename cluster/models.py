@@ -52,6 +52,8 @@ class Partition:
     priority_tier: int
     total_cpus: int
     gres_per_node: dict[str, int] = field(default_factory=dict, hash=False)
+    # seconds a preempted job has between Slurm's signal and its kill (GraceTime); None: unknown
+    grace_time_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,27 @@ class Node:
 
 
 @dataclass(frozen=True)
+class ClusterState:
+    """Partitions and nodes as one ``sinfo`` call sees them (the preflight's one query)."""
+
+    partitions: tuple[Partition, ...]
+    nodes: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class ClusterLimits:
+    """Limits from ``scontrol show config`` that any user may read (Slurm's defaults here)."""
+
+    max_array_size: int = 1001  # array indices run 0 .. MaxArraySize-1
+    max_job_count: int = 10000  # jobs slurmctld holds at once
+
+    @property
+    def max_array_tasks(self) -> int:
+        """Tasks one array may hold (indices 0 .. MaxArraySize-1)."""
+        return max(1, self.max_array_size)
+
+
+@dataclass(frozen=True)
 class JobInfo:
     """State of one job or array task (``job_id`` is ``"123"`` or ``"123_4"``)."""
 
@@ -85,6 +108,7 @@ class JobInfo:
     partition: str = ""
     name: str = ""
     source: str = "sacct"
+    restarts: int | None = None  # Slurm's RestartCnt (squeue only; sacct has no such field)
 
     @property
     def terminal(self) -> bool:

@@ -9,7 +9,7 @@ import re
 
 from cluster.errors import HostlistError, SlurmParseError, SlurmTimeError
 from cluster.hostlist import expand_hostlist, expand_ranges
-from cluster.models import TERMINAL_STATES, JobInfo, Node, Partition
+from cluster.models import TERMINAL_STATES, ClusterLimits, ClusterState, JobInfo, Node, Partition
 from cluster.timefmt import parse_slurm_time
 
 # A key=value token starts where a word of letters/digits/underscores/slashes is followed by "=".
@@ -89,6 +89,7 @@ def parse_partitions(text: str, nodes: list[Node] | None = None) -> list[Partiti
                 priority_tier=_int(kv.get("PriorityTier", "1"), 1),
                 total_cpus=_int(kv.get("TotalCPUs", "0")),
                 gres_per_node=gres,
+                grace_time_s=_int(kv["GraceTime"]) if kv.get("GraceTime", "").isdigit() else None,
             )
         )
     return parts
@@ -113,6 +114,74 @@ def parse_nodes(text: str) -> list[Node]:
             )
         )
     return nodes
+
+
+#: ``sinfo -h -a -N -o SINFO_FORMAT``: one line per (node, partition), all the preflight needs.
+SINFO_FORMAT = "%R|%P|%a|%l|%N|%c|%G|%T"
+
+
+def parse_sinfo(text: str) -> ClusterState:
+    """``sinfo -h -a -N -o SINFO_FORMAT`` to partitions and nodes (one command for both).
+
+    ``%P`` marks the default partition with ``*``; ``%a`` is up/down/drain/inactive; ``%l`` is
+    the partition's MaxTime (``infinite``); ``%T`` the node's long state (``idle``, ``down*``).
+    """
+    nodes: dict[str, Node] = {}
+    members: dict[str, list[str]] = {}
+    heads: dict[str, tuple[bool, str, str]] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 8:
+            continue
+        part, marked, avail, limit, name, cpus, gres, state = (f.strip() for f in fields)
+        heads.setdefault(part, (marked.endswith("*"), avail, limit))
+        members.setdefault(part, [])
+        if name and name not in members[part]:
+            members[part].append(name)
+        old = nodes.get(name)
+        nodes[name] = Node(
+            name=name,
+            state=state.upper(),
+            cpus=_int(cpus),
+            gres=parse_gres(gres),
+            partitions=(*(old.partitions if old else ()), part),
+        )
+    parts: list[Partition] = []
+    for part, (default, avail, limit) in heads.items():
+        try:
+            max_time = parse_slurm_time("UNLIMITED" if limit.lower() == "infinite" else limit)
+        except SlurmTimeError as exc:
+            raise SlurmParseError(f"partition {part}: {exc}") from exc
+        group = [nodes[n] for n in members[part]]
+        names = set.intersection(*(set(n.gres) for n in group)) if group else set()
+        parts.append(
+            Partition(
+                name=part,
+                default=default,
+                max_time_s=max_time,
+                nodes=tuple(members[part]),
+                state=avail.upper(),
+                preempt_mode="",
+                priority_tier=0,
+                total_cpus=sum(n.cpus for n in group),
+                gres_per_node={g: min(n.gres[g] for n in group) for g in sorted(names)},
+            )
+        )
+    return ClusterState(tuple(parts), tuple(nodes.values()))
+
+
+def parse_config_limits(text: str) -> ClusterLimits:
+    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    defaults = ClusterLimits()
+    return ClusterLimits(
+        max_array_size=_int(values.get("MaxArraySize", ""), defaults.max_array_size),
+        max_job_count=_int(values.get("MaxJobCount", ""), defaults.max_job_count),
+    )
 
 
 def parse_sbatch_job_id(text: str) -> str:
@@ -203,7 +272,9 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
 # status (code << 8 | signal), which the short -o format cannot print.
 SQUEUE_FIELDS = ("JobArrayID", "Name", "State", "Reason", "NodeList", "Partition", "TimeUsed",
                  "exit_code")  # fmt: skip
-SQUEUE_FORMAT = ",".join(f"{f}:|" for f in SQUEUE_FIELDS)
+# Asked for too, last (older recordings lack it): how often Slurm restarted (requeued) the job.
+SQUEUE_OPTIONAL = ("RestartCnt",)
+SQUEUE_FORMAT = ",".join(f"{f}:|" for f in (*SQUEUE_FIELDS, *SQUEUE_OPTIONAL))
 
 
 def _wait_status(text: str) -> tuple[int | None, int | None]:
@@ -227,6 +298,8 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
         job_id, name, state, reason, nodelist, partition, elapsed, status = (
             f.strip() for f in fields[: len(SQUEUE_FIELDS)]
         )
+        extra = fields[len(SQUEUE_FIELDS)].strip() if len(fields) > len(SQUEUE_FIELDS) else ""
+        restarts = int(extra) if extra.isdigit() else None
         try:
             elapsed_s = parse_slurm_time(elapsed) if elapsed and elapsed != "INVALID" else None
         except SlurmTimeError:
@@ -245,5 +318,6 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
                 partition=partition,
                 name=name,
                 source="squeue",
+                restarts=restarts,
             )
     return jobs

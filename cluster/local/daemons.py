@@ -36,6 +36,15 @@ def read_pid(pid_file: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def read_text(path: Path, *, strip: bool = True) -> str | None:
+    """A small state file's text (stripped), or None when it is missing or unreadable."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text.strip() if strip else text
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -147,7 +156,9 @@ def wait_until(
         if pid_file is not None and pid_file.exists() and not pid_alive(read_pid(pid_file)):
             break
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
+        # Capped low: slurmctld answers a ping ~1 s after its start; a long sleep here is
+        # most of a cold `up`.
+        delay = min(delay * 1.5, 0.2)
     raise LocalClusterError(
         f"{what} did not become ready within {timeout:g}s\n--- {log} (last lines) ---\n"
         f"{log_tail(log)}"

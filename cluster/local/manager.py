@@ -1,17 +1,25 @@
 """The local cluster's life cycle: ``up`` (idempotent), ``status`` and ``down``.
 
-Start order: munged -> MariaDB -> slurmdbd -> slurmctld -> slurmd n1, n2. ``down`` goes in
+Start order: munged -> MariaDB -> slurmdbd -> slurmctld -> slurmd n1, n2, n3. ``down`` goes in
 reverse, after cancelling every job, and then proves that no marked process is left.
+
+A changed config reaches running daemons by itself: each Slurm daemon gets a stamp (the SHA-256 of
+the config files it reads) when ``up`` starts it, and ``up`` restarts the live ones whose stamp
+differs (slurmctld before the slurmds; a new node needs both, ``scontrol reconfigure`` is not
+enough). Jobs survive it: slurmctld keeps its state and running steps belong to slurmstepd.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import shutil
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.errors import LocalClusterError
@@ -30,6 +38,7 @@ from cluster.local.daemons import (
     stop_pid,
     wait_until,
 )
+from cluster.local.files import is_stale, stamp, write_config
 from cluster.local.paths import state_dir as default_state_dir
 
 REQUIRED = {
@@ -49,10 +58,12 @@ class UpResult:
     started: list[str]
     already_running: list[str]
     config_changed: bool
+    #: Live daemons restarted because the config they run with changed.
+    restarted: list[str] = field(default_factory=list)
 
 
 class LocalCluster:
-    """A real Slurm cluster of two nodes on this machine, in one state directory."""
+    """A real Slurm cluster of three nodes on this machine, in one state directory."""
 
     def __init__(
         self, root: Path | None = None, hostname: str | None = None, port_offset: int = 0
@@ -110,64 +121,58 @@ class LocalCluster:
         return all(d.alive for d in self.status()) and self._nodes_ready()
 
     # -- up ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One ``up``/``down`` at a time per state directory: a second one waits for the first
+        (two at once raced, e.g. two mariadbd on one data directory)."""
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.layout.root / "cluster.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def up(self, timeout: float = 120.0) -> UpResult:
-        """Bring every daemon up (those already alive are left alone) and wait for idle nodes."""
+        """Bring every daemon up (live ones with the current config are left alone, those with
+        an older one restarted) and wait for idle nodes. Concurrent calls run one after another."""
+        with self._exclusive():
+            return self._up(timeout)
+
+    def _up(self, timeout: float) -> UpResult:
         self.check_installed()
-        changed = self._write_config()
+        changed = write_config(self.layout, self.hostname)
         self._ensure_hosts()
         started: list[str] = []
         running: list[str] = []
+        restarted: list[str] = []
         steps = [
             ("munged", self._start_munged),
             ("mariadbd", self._start_mariadb),
             ("slurmdbd", self._start_slurmdbd),
             ("slurmctld", self._start_slurmctld),
         ] + [(f"slurmd-{n}", lambda n=n: self._start_slurmd(n)) for n in cfg.NODES]
-        alive = {d.name: d.alive for d in self.status()}
+        status = {d.name: d for d in self.status()}
         for name, start in steps:
-            if alive[name]:
+            if status[name].alive and is_stale(self.layout, name, changed):
+                # Started with an older config: stop it here, start it again below.
+                stop_pid(status[name].pid or 0)
+                restarted.append(name)
+            elif status[name].alive:
                 running.append(name)
+                stamp(self.layout, name)
                 continue
             start()
-            started.append(name)
+            stamp(self.layout, name)
+            if name not in restarted:
+                started.append(name)
             if name == "slurmdbd" or (name == "slurmctld" and "slurmdbd" in running):
                 self._register_cluster()
-        if changed and running and not started:
-            # The config changed under running daemons: they need to re-read it.
-            self.scontrol(["reconfigure"], what="slurmctld reconfigure")
         self._wait_nodes(timeout)
-        return UpResult(started, running, changed)
-
-    def _write_config(self) -> bool:
-        L = self.layout
-        for d in (L.etc, L.run, L.log, L.spool, L.spool / "ctld", L.gres_dev, L.mysql_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        for n in cfg.NODES:
-            (L.spool / f"d-{n}").mkdir(exist_ok=True)
-        for i in range(cfg.GPUS_PER_NODE):
-            (L.gres_dev / f"gpu{i}").touch(exist_ok=True)
-        if not L.db_password.exists():
-            L.db_password.write_text(secrets.token_hex(16))
-            L.db_password.chmod(0o600)
-        password = L.db_password.read_text().strip()
-        files = {
-            L.slurm_conf: (cfg.render_slurm_conf(L, self.hostname), 0o644),
-            L.gres_conf: (cfg.render_gres_conf(L), 0o644),
-            L.cgroup_conf: (cfg.render_cgroup_conf(), 0o644),
-            L.slurmdbd_conf: (cfg.render_slurmdbd_conf(L, password), 0o600),
-        }
-        changed = False
-        for path, (text, mode) in files.items():
-            if not path.exists() or path.read_text() != text:
-                tmp = path.with_suffix(path.suffix + ".tmp")
-                tmp.write_text(text)
-                tmp.chmod(mode)
-                tmp.replace(path)
-                changed = True
-        return changed
+        return UpResult(started, running, bool(changed), restarted)
 
     def _ensure_hosts(self) -> None:
-        """Node names must resolve (they become MASTER_ADDR)."""
+        """Node names must resolve (they become MASTER_ADDR): missing ones get a line."""
         missing = []
         for n in cfg.NODES:
             try:
@@ -359,6 +364,10 @@ class LocalCluster:
     # -- down --------------------------------------------------------------------------------
     def down(self) -> list[str]:
         """Cancel all jobs, stop every daemon we started (reverse order), kill leftovers."""
+        with self._exclusive():
+            return self._down()
+
+    def _down(self) -> list[str]:
         stopped: list[str] = []
         status = {d.name: d for d in self.status()}
         if status.get("slurmctld") and status["slurmctld"].alive:

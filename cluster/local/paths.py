@@ -1,4 +1,9 @@
-"""Where the local dev cluster keeps its config and state, and how commands find it."""
+"""Where the local dev cluster keeps its config and state, and how commands find it.
+
+:func:`find_local_conf` is registered as a ``slurm_train.slurm_conf`` finder
+(``pyproject.toml``): :func:`cluster.conf.find_slurm_conf` asks it when ``SLURM_CONF`` is unset
+and the machine has no system slurm.conf.
+"""
 
 from __future__ import annotations
 
@@ -21,16 +26,15 @@ def local_conf(environ: Mapping[str, str] | None = None) -> Path:
     return state_dir(environ) / "etc" / "slurm.conf"
 
 
-def resolve_slurm_conf(environ: Mapping[str, str] | None = None) -> str | None:
-    """The slurm.conf Slurm commands should use.
-
-    ``SLURM_CONF`` if set; else the system config if present (a real cluster); else the local
-    dev cluster's config if it exists (the embedded default); else None (Slurm's built-in default).
-    """
-    env = os.environ if environ is None else environ
-    if env.get("SLURM_CONF"):
-        return env["SLURM_CONF"]
-    if SYSTEM_CONF.exists():
-        return None
-    conf = local_conf(env)
+def find_local_conf(environ: Mapping[str, str]) -> str | None:
+    """The dev cluster's slurm.conf when it exists (the registered finder)."""
+    conf = local_conf(environ)
     return str(conf) if conf.exists() else None
+
+
+def resolve_slurm_conf(environ: Mapping[str, str] | None = None) -> str | None:
+    """The slurm.conf Slurm commands should use (:func:`cluster.conf.find_slurm_conf` with
+    this cluster as the only finder; kept for callers inside ``cluster/local``)."""
+    from cluster.conf import find_slurm_conf
+
+    return find_slurm_conf(os.environ if environ is None else environ, [find_local_conf])

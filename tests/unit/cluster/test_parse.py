@@ -8,6 +8,7 @@ import pytest
 
 from cluster import parse
 from cluster.errors import SlurmParseError
+from cluster.models import ClusterLimits
 
 DATA = Path(__file__).parent / "data"
 
@@ -111,3 +112,32 @@ def test_squeue_recorded() -> None:
 def test_short_lines_rejected(parser: object) -> None:
     with pytest.raises(SlurmParseError, match="fields"):
         parser("1|2|3")  # type: ignore[operator]
+
+
+def test_sinfo_recorded() -> None:
+    """``sinfo -h -a -N -o SINFO_FORMAT`` (the local cluster, plus two hand-made gpu lines)."""
+    state = parse.parse_sinfo((DATA / "sinfo.txt").read_text())
+    parts = {p.name: p for p in state.partitions}
+    assert set(parts) == {"debug", "urgent", "gpu"}
+    assert parts["debug"].default and not parts["urgent"].default
+    assert parts["debug"].max_time_s == 7200 and parts["urgent"].max_time_s == 3600
+    assert parts["gpu"].max_time_s is None and parts["gpu"].state == "DOWN"
+    assert parts["debug"].nodes == ("n1", "n2", "n3") and parts["debug"].total_cpus == 6
+    assert parts["gpu"].gres_per_node == {"gpu": 2}  # the minimum over its nodes
+    nodes = {n.name: n for n in state.nodes}
+    assert set(nodes["n1"].partitions) == {"urgent", "debug"} and nodes["n1"].usable
+    assert nodes["n1"].gres == {"gpu": 2} and nodes["n1"].cpus == 2
+    assert not nodes["g1"].usable and not nodes["g2"].usable
+
+
+def test_config_limits_recorded() -> None:
+    limits = parse.parse_config_limits((DATA / "scontrol_config.txt").read_text())
+    assert limits == ClusterLimits(max_array_size=1001, max_job_count=10000)
+    assert parse.parse_config_limits("MaxArraySize = 50\n") == ClusterLimits(50, 10000)
+
+
+def test_squeue_restart_count() -> None:
+    """RestartCnt comes last (optional: recordings without it parse as before)."""
+    jobs = parse.parse_squeue("40|wrap|PENDING|BeginTime||debug|0:00|0|2|\n")
+    assert jobs["40"].restarts == 2 and jobs["40"].state == "PENDING"
+    assert parse.parse_squeue((DATA / "squeue.txt").read_text())["335"].restarts is None
