@@ -8,8 +8,12 @@ Public pieces (each module imports torch only if it needs it):
 - ``python -m train --config SPEC.yaml`` / :func:`train.cli.main` (argv -> exit code);
 - :func:`train.trainer.run_training` (config, env, run_dir, max_steps) -> ``TrainResult``;
 - :class:`train.env.DistEnv` (``from_env(os.environ)``: rank, world, master, job, restarts);
+- :func:`train.device.resolve_device` (the device(s) and backend a rank trains on);
 - :class:`train.entry.TrainContext`: what a spec ``entrypoint.function`` receives;
-- :class:`train.checkpoint.CheckpointManager`, :class:`train.preempt.PreemptionGuard`;
+- :class:`train.session.RunSession`: the one run set-up around any training code (checkpoints,
+  resume choice, preemption guard, process group, stop/failure -> requeue);
+- :class:`train.checkpoint.CheckpointManager`, :class:`train.signals.PreemptionGuard`
+  (:mod:`train.stops` classifies Slurm stops, :mod:`train.requeue` is the requeue policy);
 - :mod:`train.data` (CIFAR-10 readers/writer, synthetic data), :mod:`train.models`,
   :mod:`train.strategies` (ddp, dp, pipeline, single).
 """

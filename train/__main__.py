@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
-from train.cli import main
+from train.signals import install_early
+
+_STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # First, before the spec loader and torch are imported (seconds on a busy node): a stop
+    # signal Slurm sends in that window is kept for the guard instead of killing the task
+    # (which would end the job FAILED instead of requeued). stdlib only, so it costs ~nothing.
+    install_early(_STOP_SIGNALS)
+    from train.cli import main
+
+    code = main()
+    if code == 0:
+        # Finished: a stop signal during interpreter shutdown (a preemption racing the end)
+        # must not turn the completed task into a failed one.
+        for name in _STOP_SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    sys.exit(code)

@@ -5,46 +5,64 @@ Layout of one checkpoint (a directory made valid by its last atomic step)::
     step-N/shared.pt       rank 0: model (no ``module.`` prefix), optimizer, scheduler, scaler,
                            metrics, ... (whatever the trainer puts in ``shared_state``)
     step-N/rank-R.pt       every rank: its RNG states, sampler position (``rank_state``)
-    step-N/manifest.json   written last: step, epoch, epoch_step, world_size, spec_hash,
+    step-N/manifest.json   written last: step, epoch, epoch_step, world_size, spec_hash, run_id,
                            sha256 digest of the model state, time, files with size and sha256
 
 How a save becomes valid (no collective anywhere, so it can finish in a background thread):
-every rank writes its file into ``.step-N.tmp/``, fsyncs it and drops a ``rank-R.done`` marker
-(JSON with the file's size and sha256). Rank 0 waits for all markers, writes the manifest,
-fsyncs, renames ``.step-N.tmp`` to ``step-N`` and fsyncs ``ROOT``. A directory without a valid
-manifest, with a file that does not match it, or whose model digest differs is never loaded.
-An existing valid ``step-N`` is never replaced, and old checkpoints are pruned only after a newer
-one is complete. ``.step-N.tmp`` leftovers are removed by rank 0 when the manager is created,
-so create the manager on every rank before the first collective of the run (a save always
-follows one).
+every rank writes its file into ``.step-N.tmp/`` (hashed while written, see
+:mod:`train.ckpt_io`), fsyncs it and drops a ``rank-R.done`` marker (JSON with the file's size
+and sha256). Rank 0 waits for all markers, writes the manifest, fsyncs, renames ``.step-N.tmp``
+to ``step-N`` and fsyncs ``ROOT``. A directory without a valid manifest (missing, damaged,
+foreign: see :func:`train.ckpt_io.check_manifest`), with a file that does not match it, whose
+model digest differs, or that is a symbolic link is never loaded: the previous valid one is.
+Old checkpoints are pruned only after a newer one is complete.
+
+Ownership: every manifest records the ``run_id`` of the run that wrote it. Pruning
+(``keep_last``/``keep_best``) and replacing an existing ``step-N`` only ever touch checkpoints
+of the runs this manager owns: its own ``run_id`` (a fresh one unless given) and the run of a
+checkpoint it loaded from its own root (resuming continues that run, and saves under its id).
+A save over another run's ``step-N`` is refused; links are never followed, loaded or replaced.
+``.step-N.tmp`` leftovers are removed by rank 0 when the manager is created, so create the
+manager on every rank before the first collective of the run (a save always follows one).
+
+Asynchronous saves block training for almost nothing (:class:`train.ckpt_state.Snapshotter`):
+CPU state is copied copy-on-write by the background thread while the model's next forward pass
+and ``optimizer.step()`` wait for that copy; CUDA state is copied to pinned host buffers with
+non-blocking copies. Hashing, writing and committing run in the background thread, at most one
+save in flight.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
-import shutil
-import threading
 import time
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
+from train import ckpt_dirs as _dirs
 from train import ckpt_io as _io
-from train.ckpt_io import FORMAT_VERSION, MANIFEST, SHARED_FILE, read_manifest, verify_checkpoint
+from train.ckpt_dirs import checkpoint_run_id, checkpoint_step, latest_valid
+from train.ckpt_io import (
+    FORMAT_VERSION,
+    MANIFEST,
+    SHARED_FILE,
+    LoadedCheckpoint,
+    verify_checkpoint,
+)
 from train.ckpt_state import (
+    Snapshotter,
     capture_rng_state,
     load_model_state,
     make_weights_only_safe,
     model_digest,
     model_state_dict,
     restore_rng_state,
-    snapshot_to_cpu,
     state_digest,
     strip_module_prefix,
 )
@@ -60,6 +78,9 @@ __all__ = [
     "CheckpointManager",
     "LoadedCheckpoint",
     "capture_rng_state",
+    "checkpoint_run_id",
+    "checkpoint_step",
+    "latest_valid",
     "load_model_state",
     "model_digest",
     "restore_rng_state",
@@ -69,40 +90,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_STEP_RE = _io.STEP_RE
-_TMP_RE = re.compile(r"^\.step-(\d+)\.tmp$")
-_JUNK_RE = re.compile(r"^\.step-(\d+)\.(del|corrupt)-\d+$")
-
-
-def _rank_file(rank: int) -> str:
-    return f"rank-{rank}.pt"
-
-
-def _marker(rank: int) -> str:
-    return f"rank-{rank}.done"
-
-
-@dataclass(frozen=True)
-class LoadedCheckpoint:
-    """What :meth:`CheckpointManager.load` returns; ``rank_state`` is None when the checkpoint
-    was written with fewer ranks than this rank's number."""
-
-    path: Path
-    shared: dict[str, Any]
-    rank_state: dict[str, Any] | None
-    manifest: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def step(self) -> int:
-        return int(self.manifest["step"])
-
 
 class CheckpointManager:
     """Saves, finds and loads checkpoints under ``root`` (normally ``RUN_DIR/checkpoints``).
 
     Every rank creates one with its ``rank`` and calls :meth:`save` at the same steps.
     ``best_mode``: whether a higher (``"max"``, e.g. accuracy) or lower (``"min"``, loss)
-    ``metric`` is better for ``keep_best``.
+    ``metric`` is better for ``keep_best``. ``run_id``: recorded in every manifest; only
+    checkpoints of owned runs are pruned or replaced (see the module docstring). Give every
+    rank the same one; None: a fresh id (this manager owns only what it writes or resumes).
     """
 
     def __init__(
@@ -117,6 +113,7 @@ class CheckpointManager:
         spec_hash: str = "",
         best_mode: Literal["max", "min"] = "max",
         marker_timeout_s: float = 600.0,
+        run_id: str | None = None,
     ) -> None:
         if keep_last < 1:
             raise CheckpointError(f"keep_last must be >= 1, got {keep_last}")
@@ -129,18 +126,38 @@ class CheckpointManager:
         self.spec_hash = spec_hash
         self.best_mode = best_mode
         self.marker_timeout_s = marker_timeout_s
-        self._thread: threading.Thread | None = None
+        # one long-lived worker: handing a save to it costs no thread start on the training
+        # path; it finishes a save in flight when the interpreter exits (ThreadPoolExecutor)
+        self._saver: ThreadPoolExecutor | None = None
+        self._future: Future[None] | None = None
         self._error: BaseException | None = None
         self._last_step: int | None = None
         self.last_blocking_s = 0.0
+        self.run_id = run_id or uuid.uuid4().hex
+        self._owned = {self.run_id}
+        self._saved = False  # until the first save, loading from ROOT adopts that run's id
+        self._snap = Snapshotter()
+        self._pool: ThreadPoolExecutor | None = None
+        self._hasher: ThreadPoolExecutor | None = None
+        self._deleting: Future[None] | None = None
         self.root.mkdir(parents=True, exist_ok=True)
+        if async_save:  # start the worker now, not on the training path of the first save
+            self._saver_pool().submit(lambda: None).result()
         if rank == 0:
-            self._remove_leftovers()
+            _dirs.remove_leftovers(self.root)
 
     @classmethod
-    def for_run(cls, run_dir: Path, config: TrainConfig, *, rank: int, world_size: int) -> Self:
+    def for_run(
+        cls,
+        run_dir: Path,
+        config: TrainConfig,
+        *,
+        rank: int,
+        world_size: int,
+        run_id: str | None = None,
+    ) -> Self:
         """The manager of ``RUN_DIR/checkpoints`` with the spec's checkpoint settings."""
-        from train.config import config_hash
+        from train.confighash import config_hash
 
         return cls(
             run_dir / "checkpoints",
@@ -150,6 +167,7 @@ class CheckpointManager:
             keep_best=config.checkpoint.keep_best,
             async_save=config.checkpoint.async_save,
             spec_hash=config_hash(config),
+            run_id=run_id,
         )
 
     # -- saving ------------------------------------------------------------------------------
@@ -169,8 +187,9 @@ class CheckpointManager:
         Rank 0 stores ``shared_state`` with ``model``'s state dict (no ``module.`` prefix) as
         ``"model"``; every rank stores its ``rank_state``. Returns the checkpoint path (on
         ranks other than 0, and for async saves, where it will appear), or None when this step
-        was already saved by this manager. Async: returns after a CPU copy; :meth:`wait` blocks
-        until written.
+        was already saved by this manager. Async: returns at once (see
+        :class:`~train.ckpt_state.Snapshotter`: the copy is taken before training changes the
+        state); :meth:`wait` blocks until written.
         """
         start = time.perf_counter()
         self.wait()
@@ -185,6 +204,7 @@ class CheckpointManager:
         rank_payload = make_weights_only_safe(dict(rank_state), "rank_state")
         meta = {"step": step, "epoch": epoch, "epoch_step": epoch_step, "metric": metric}
         self._last_step = step
+        self._saved = True
         if not self.async_save:
             try:
                 self._write(meta, shared, rank_payload)
@@ -194,22 +214,21 @@ class CheckpointManager:
                     raise CheckpointError(f"cannot write checkpoint step-{step}: {exc}") from exc
                 raise
         else:
-            shared, rank_payload = snapshot_to_cpu((shared, rank_payload))
+            self._snap.begin((shared, rank_payload), model)
             self._error = None
-            self._thread = threading.Thread(
-                target=self._run_background,
-                args=(meta, shared, rank_payload),
-                name=f"checkpoint-step-{step}",
-            )
-            self._thread.start()
+            self._future = self._saver_pool().submit(self._run_background, meta)
         self.last_blocking_s = time.perf_counter() - start
         return final
 
     def wait(self) -> None:
-        """Block until the in-flight asynchronous save (if any) is finished; re-raise its error."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Block until the in-flight asynchronous save (if any) and the deletion of pruned
+        checkpoints are finished; re-raise the save's error."""
+        if self._future is not None:
+            self._future.result()
+            self._future = None
+        if self._deleting is not None:
+            self._deleting.result()
+            self._deleting = None
         if self._error is not None:
             err, self._error = self._error, None
             self._last_step = None  # a failed save may be retried at the same step
@@ -219,174 +238,109 @@ class CheckpointManager:
 
     @property
     def in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._future is not None and not self._future.done()
 
-    def _run_background(
-        self, meta: dict[str, Any], shared: dict[str, Any] | None, rank_payload: dict[str, Any]
-    ) -> None:
+    def _saver_pool(self) -> ThreadPoolExecutor:
+        if self._saver is None:
+            self._saver = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-save")
+        return self._saver
+
+    def wait_copied(self) -> None:
+        """Block until the in-flight asynchronous save has copied the state. Training's own
+        forward passes and ``optimizer.step()`` wait for it by themselves; call this before
+        changing the model's or optimizer's tensors in place any other way."""
+        self._snap.wait_copied()
+
+    def _run_background(self, meta: dict[str, Any]) -> None:
         try:
+            _io.test_delay()  # (tests: training goes on before the copy is taken)
+            shared, rank_payload = self._snap.finish()
             self._write(meta, shared, rank_payload)
         except BaseException as exc:  # reported by the next wait()/save()
             log.error("checkpoint step-%s: background save failed: %s", meta["step"], exc)
             self._error = exc
 
+    def _hash_pool(self) -> ThreadPoolExecutor:
+        # two workers: the model digest and rank 0's rank file (or a deletion); and one that
+        # hashes shared.pt's chunks in order while it is written
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="ckpt-io")
+            self._hasher = ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash")
+        return self._pool
+
     def _write(
         self, meta: dict[str, Any], shared: dict[str, Any] | None, rank_payload: dict[str, Any]
     ) -> None:
         step = int(meta["step"])
-        tmp = self.root / f".step-{step}.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
+        pool = self._hash_pool()
+        # rank 0: the model digest and its small rank file run beside the big write
+        digest = pool.submit(state_digest, shared["model"]) if shared is not None else None
+        rank_path = None
         try:
-            info = _io.write_torch(rank_payload, tmp / _rank_file(self.rank))
+            tmp = _dirs.tmp_dir(self.root, step, self.rank)
+            rank_path = tmp / _io.rank_file(self.rank)
+            if self.rank != 0:
+                info = _io.write_torch(rank_payload, rank_path)
+                _io.test_delay()
+                marker = {"rank": self.rank, "step": step, **info}
+                _io.write_json_atomic(marker, tmp / _io.marker_file(self.rank), durable=False)
+                return
+            assert shared is not None and digest is not None
+            rank_file = pool.submit(_io.write_torch, rank_payload, rank_path)
+            try:
+                _io.test_delay()
+                files = {SHARED_FILE: _io.write_torch(shared, tmp / SHARED_FILE, self._hasher)}
+            finally:
+                files_rank = rank_file.result()
+            files[_io.rank_file(0)] = files_rank
         except OSError as exc:
-            raise CheckpointError(f"cannot write checkpoint {tmp}: {exc}") from exc
+            raise CheckpointError(f"cannot write checkpoint step-{step}: {exc}") from exc
+        finally:
+            model_digest_value = digest.result() if digest is not None else ""
         _io.test_delay()
-        _io.write_json_atomic({"rank": self.rank, "step": step, **info}, tmp / _marker(self.rank))
-        if self.rank != 0:
-            return
-        assert shared is not None
-        try:
-            files = {SHARED_FILE: _io.write_torch(shared, tmp / SHARED_FILE)}
-        except OSError as exc:
-            raise CheckpointError(f"cannot write checkpoint {tmp}: {exc}") from exc
-        _io.test_delay()
-        files.update(self._collect_markers(tmp, step))
+        files.update(
+            _dirs.collect_markers(tmp, step, range(1, self.world_size), self.marker_timeout_s)
+        )
         manifest = {
             "format": FORMAT_VERSION,
             **meta,
             "world_size": self.world_size,
             "spec_hash": self.spec_hash,
-            "digest": state_digest(shared["model"]),
+            "run_id": self.run_id,
+            "digest": model_digest_value,
             "time": time.time(),
             "files": files,
         }
-        _io.write_json_atomic(manifest, tmp / MANIFEST)
-        for r in range(self.world_size):
-            (tmp / _marker(r)).unlink(missing_ok=True)
-        _io.fsync_dir(tmp)
+        _io.write_json_atomic(manifest, tmp / MANIFEST)  # fsyncs the file and ``tmp``
+        for r in range(1, self.world_size):
+            (tmp / _io.marker_file(r)).unlink(missing_ok=True)
         _io.test_delay()
-        self._commit(tmp, self.root / f"step-{step}")
-        self._prune(keep=step)
-
-    def _collect_markers(self, tmp: Path, step: int) -> dict[str, dict[str, Any]]:
-        """Wait until every rank's marker exists; return their file entries."""
-        deadline = time.monotonic() + self.marker_timeout_s
-        files: dict[str, dict[str, Any]] = {}
-        pending = set(range(self.world_size))
-        while pending:
-            for r in sorted(pending):
-                try:
-                    marker = json.loads((tmp / _marker(r)).read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    continue
-                if marker.get("step") == step:
-                    files[_rank_file(r)] = {"size": marker["size"], "sha256": marker["sha256"]}
-                    pending.discard(r)
-            if pending:
-                if time.monotonic() > deadline:
-                    raise CheckpointError(
-                        f"checkpoint step-{step}: ranks {sorted(pending)} did not finish writing "
-                        f"within {self.marker_timeout_s:g}s (did a rank die?)"
-                    )
-                time.sleep(0.02)
-        return files
-
-    def _commit(self, tmp: Path, final: Path) -> None:
-        """Put the complete ``tmp`` in place as ``final``; never destroy a valid ``final``.
-
-        An existing valid ``step-N`` (e.g. written before a ``--resume`` from an older step) is
-        swapped atomically with the new one and only then deleted; where an atomic swap is not
-        possible the existing one is kept and the new copy discarded.
-        """
-        if final.exists():
-            try:
-                verify_checkpoint(final)
-            except CheckpointError as exc:
-                aside = final.with_name(f".{final.name}.corrupt-{time.time_ns()}")
-                log.warning("replacing invalid %s (%s); kept as %s", final, exc, aside.name)
-                os.rename(final, aside)
-            else:
-                if _io.exchange(tmp, final):
-                    _io.fsync_dir(self.root)
-                    log.warning("%s existed; replaced it atomically with this run's", final)
-                else:
-                    log.warning("%s already exists and is valid; keeping it", final)
-                shutil.rmtree(tmp, ignore_errors=True)  # the old one after a swap, else the new
-                return
-        os.rename(tmp, final)
-        _io.fsync_dir(self.root)
-        log.info("checkpoint saved: %s", final)
-
-    # -- housekeeping ------------------------------------------------------------------------
-    def _step_dirs(self) -> list[tuple[int, Path]]:
-        out = []
-        for p in self.root.iterdir():
-            m = _STEP_RE.match(p.name)
-            if m and p.is_dir():
-                out.append((int(m.group(1)), p))
-        return sorted(out, reverse=True)
-
-    def _remove_leftovers(self) -> None:
-        for p in self.root.iterdir():
-            if _TMP_RE.match(p.name):
-                log.warning("removing %s: an incomplete checkpoint from an interrupted save", p)
-                shutil.rmtree(p, ignore_errors=True)
-            elif _JUNK_RE.match(p.name):
-                shutil.rmtree(p, ignore_errors=True)
-
-    def _prune(self, keep: int) -> None:
-        """Keep the newest ``keep_last`` checkpoints and the best one; delete the others.
-
-        Runs only after checkpoint ``keep`` is complete, so the only good one is never removed.
-        """
-        dirs = self._step_dirs()
-        kept = {s for s, _ in dirs[: self.keep_last]} | {keep}
-        if self.keep_best:
-            best: tuple[float, int] | None = None
-            for s, p in dirs:
-                try:
-                    metric = read_manifest(p).get("metric")
-                except CheckpointError:
-                    continue
-                if isinstance(metric, int | float):
-                    score = float(metric) if self.best_mode == "max" else -float(metric)
-                    if best is None or score > best[0]:
-                        best = (score, s)
-            if best is not None:
-                kept.add(best[1])
-        for s, p in dirs:
-            if s in kept:
-                continue
-            # rename first: a half-deleted directory must never look like a checkpoint
-            doomed = p.with_name(f".{p.name}.del-{time.time_ns()}")
-            try:
-                os.rename(p, doomed)
-            except OSError:
-                continue
-            shutil.rmtree(doomed, ignore_errors=True)
+        _dirs.commit(tmp, self.root / f"step-{step}", self._owned)
+        doomed = _dirs.prune(
+            self.root,
+            self._owned,
+            keep=step,
+            keep_last=self.keep_last,
+            keep_best=self.keep_best,
+            best_mode=self.best_mode,
+        )
+        if doomed:  # renamed away already; the deletion itself need not block a save
+            self._deleting = pool.submit(_dirs.remove_all, doomed)
 
     # -- finding and loading -----------------------------------------------------------------
+    def foreign_checkpoints(self) -> list[Path]:
+        """``step-N`` entries (newest first) that this manager does not own: another run's,
+        damaged ones, links. A new run in a directory that has any is not this run's to mix."""
+        return _dirs.foreign_checkpoints(self.root, self._owned)
+
     def checkpoints(self) -> list[Path]:
-        """All ``step-N`` directories, newest first (valid or not)."""
-        return [p for _, p in self._step_dirs()]
+        """All ``step-N`` directories, newest first (valid or not; links left out)."""
+        return [p for _, p in _dirs.step_dirs(self.root)]
 
     def latest_valid(self) -> Path | None:
-        """The newest checkpoint that verifies completely; invalid newer ones are skipped with a
-        warning. None when there is none (the caller starts fresh)."""
-        dirs = self._step_dirs()
-        newest = dirs[0][0] if dirs else -1
-        for p in self.root.iterdir():
-            m = _TMP_RE.match(p.name)
-            if m and int(m.group(1)) >= newest:
-                log.warning("skipping %s: incomplete checkpoint (interrupted save)", p.name)
-        for _, p in dirs:
-            try:
-                verify_checkpoint(p)
-            except CheckpointError as exc:
-                log.warning("skipping invalid checkpoint: %s", exc)
-                continue
-            return p
-        return None
+        """The newest checkpoint that verifies completely; invalid newer ones (damaged, half
+        written, links) are skipped with a warning. None when there is none (start fresh)."""
+        return latest_valid(self.root)
 
     def load(self, path: str | os.PathLike[str], rank: int | None = None) -> LoadedCheckpoint:
         """Verify and load checkpoint ``path`` for ``rank`` (default: this manager's rank).
@@ -397,7 +351,8 @@ class CheckpointManager:
         p = Path(path)
         r = self.rank if rank is None else rank
         # this rank reads shared.pt and its own file: verify those (and the digest) only
-        manifest, shared = _io.verify(p, only={_rank_file(r)})
+        manifest, shared = _io.verify(p, only={_io.rank_file(r)})
+        self._adopt(p, manifest)
         if self.spec_hash and manifest.get("spec_hash") not in ("", self.spec_hash):
             log.warning(
                 "%s was written with a different training config (spec hash %s, now %s); "
@@ -407,8 +362,8 @@ class CheckpointManager:
                 self.spec_hash,
             )
         rank_state: dict[str, Any] | None = None
-        if _rank_file(r) in manifest["files"]:
-            rank_state = _io.torch_load(p / _rank_file(r))
+        if _io.rank_file(r) in manifest["files"]:
+            rank_state = _io.torch_load(p / _io.rank_file(r))
         else:
             log.warning(
                 "%s was written by %s ranks; rank %s starts with fresh RNG/sampler state",
@@ -418,6 +373,28 @@ class CheckpointManager:
             )
         return LoadedCheckpoint(path=p, shared=shared, rank_state=rank_state, manifest=manifest)
 
+    def _adopt(self, path: Path, manifest: Mapping[str, Any]) -> None:
+        """Resuming from a checkpoint of this root continues its run: that run's checkpoints
+        become ours to prune, and (before our first save) we save under its id."""
+        rid = manifest.get("run_id")
+        if not rid or rid in self._owned:
+            return
+        try:
+            inside = path.parent.resolve() == self.root.resolve()
+        except OSError:
+            return
+        if inside:
+            self._owned.add(rid)
+            if not self._saved:
+                self.run_id = rid
+
     def close(self) -> None:
         """Finish any in-flight save (call before the process exits); raises its error."""
-        self.wait()
+        try:
+            self.wait()
+        finally:
+            self._snap.close()
+            for pool in (self._pool, self._hasher, self._saver):
+                if pool is not None:
+                    pool.shutdown()
+            self._pool = self._hasher = self._saver = None

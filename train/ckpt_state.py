@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
+from torch.optim import optimizer as _optimizer
 
 from train.errors import CheckpointError
 
@@ -26,6 +30,7 @@ except ImportError:  # pragma: no cover
     np = None  # type: ignore[assignment]
 
 __all__ = [
+    "Snapshotter",
     "capture_rng_state",
     "load_model_state",
     "make_weights_only_safe",
@@ -96,8 +101,9 @@ def state_digest(state_dict: Mapping[str, Any]) -> str:
         t = value.detach().to("cpu").contiguous()
         h.update(key.encode())
         h.update(f"|{t.dtype}|{tuple(t.shape)}|".encode())
-        # view as bytes: works for every dtype (bf16 has no numpy equivalent)
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # view as bytes: works for every dtype (bf16 has no numpy equivalent); no copy
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -209,3 +215,162 @@ def make_weights_only_safe(obj: Any, where: str = "state") -> Any:
         "strings and dict/list/tuple of them load with torch.load(weights_only=True)); "
         "convert it with .state_dict(), .tolist() or torch.tensor()"
     )
+
+
+class Snapshotter:
+    """Host copies of a nested state for asynchronous saves, taken without stopping training.
+
+    :meth:`begin` is the only part of an asynchronous save on the training path:
+
+    - CPU state (copy-on-write): nothing is copied there. The background thread copies every
+      tensor (:meth:`finish`) while global module-forward and optimizer-step pre-hooks make
+      the next forward pass (of any module) / ``optimizer.step()`` wait until the copy is done,
+      so training changes nothing before it is copied. An in-place change made some other way
+      (``p.add_()`` outside a step) is caught by the tensors' version counters: the save then
+      fails with a CheckpointError, never a checkpoint mixing two steps. Call
+      :meth:`wait_copied` before changing tensors directly.
+    - CUDA state, or a model compiled in place (hooks would be traced): :meth:`begin` copies
+      into pinned host buffers with non-blocking copies (the copy is only issued there) and
+      the background thread waits for them.
+
+    Buffers are reused from save to save (same shapes and dtypes: no allocation, no page
+    faults); a set is reused only after the save that used it is written (one save in flight).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+        self._event: Any = None
+        self._copied = threading.Event()
+        self._copied.set()
+        self._pending: tuple[Any, list[tuple[torch.Tensor, int]]] | None = None
+        self._staged: Any = None
+        self._hooks: list[Any] = []
+
+    def _copy(self, t: torch.Tensor, index: int) -> torch.Tensor:
+        t = t.detach()
+        if t.layout != torch.strided:
+            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+        on_gpu = t.device.type == "cuda"
+        buf = self._buffers[index] if index < len(self._buffers) else None
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=on_gpu)
+            if index < len(self._buffers):
+                self._buffers[index] = buf
+            else:
+                self._buffers.append(buf)
+        buf.copy_(t, non_blocking=on_gpu)
+        return buf
+
+    def take(self, obj: Any) -> Any:
+        """A copy of ``obj`` whose tensors live in this snapshotter's host buffers."""
+        memo: dict[int, torch.Tensor] = {}
+        count = 0
+        on_gpu = False
+
+        def walk(o: Any) -> Any:
+            nonlocal count, on_gpu
+            if isinstance(o, torch.Tensor):
+                if id(o) not in memo:
+                    on_gpu = on_gpu or o.device.type == "cuda"
+                    memo[id(o)] = self._copy(o, count)
+                    count += 1
+                return memo[id(o)]
+            if isinstance(o, Mapping):
+                items = [(k, walk(v)) for k, v in o.items()]
+                return OrderedDict(items) if isinstance(o, OrderedDict) else dict(items)
+            if isinstance(o, list):
+                return [walk(v) for v in o]
+            if isinstance(o, tuple) and not hasattr(o, "_fields"):
+                return tuple(walk(v) for v in o)
+            return o
+
+        out = walk(obj)
+        del self._buffers[count:]
+        self._event = None
+        if on_gpu:
+            self._event = torch.cuda.Event()
+            self._event.record()
+        return out
+
+    # -- copy-on-write -----------------------------------------------------------------------
+    def begin(self, obj: Any, model: nn.Module) -> None:
+        """Start a snapshot of ``obj`` (on the training path); :meth:`finish` completes it."""
+        tensors = _tensors(obj)
+        deferrable = (
+            all(t.device.type == "cpu" for t in tensors)
+            and getattr(model, "_compiled_call_impl", None) is None
+            and hasattr(_optimizer, "register_optimizer_step_pre_hook")
+        )
+        if not deferrable:
+            self._pending, self._staged = None, self.take(obj)
+            return
+        self._guard()
+        self._copied.clear()
+        self._pending = (obj, [(t, t._version) for t in tensors])
+        self._staged = None
+
+    def finish(self) -> Any:
+        """The snapshot (background thread): copy now if deferred, wait for device copies."""
+        if self._pending is not None:
+            obj, versions = self._pending
+            self._pending = None
+            try:
+                self._staged = self.take(obj)
+                changed = sum(t._version != v for t, v in versions)
+            finally:
+                self._copied.set()
+            if changed:
+                raise CheckpointError(
+                    f"{changed} tensor(s) of the state changed in place before the asynchronous "
+                    "save copied them (outside a forward pass or optimizer.step()); this "
+                    "checkpoint is not written. Call wait_copied() before changing them."
+                )
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        staged, self._staged = self._staged, None
+        return staged
+
+    def wait_copied(self) -> None:
+        """Block until the state of the save in flight is copied (training may change it)."""
+        self._copied.wait()
+
+    def _guard(self) -> None:
+        # Global hooks: wrappers (DDP, DataParallel, a pipeline of stages) may call the model's
+        # submodules without the model's own forward; every module call waits instead.
+        # The hooks hold this snapshotter weakly: a manager never closed is still freed (with
+        # its buffers), leaving a hook that does nothing.
+        if not self._hooks:
+            ref = weakref.ref(self)
+
+            def hold(*args: Any, **kwargs: Any) -> None:
+                snap = ref()
+                if snap is not None and not snap._copied.is_set():
+                    snap._copied.wait()
+
+            self._hooks.append(_module.register_module_forward_pre_hook(hold))
+            self._hooks.append(_optimizer.register_optimizer_step_pre_hook(hold))
+
+    def close(self) -> None:
+        """Remove the hooks (the manager is done saving)."""
+        self._copied.set()
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    out: dict[int, torch.Tensor] = {}
+
+    def walk(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            out.setdefault(id(o), o)
+        elif isinstance(o, Mapping):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list | tuple):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return list(out.values())

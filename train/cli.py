@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from cluster.errors import BadInputError
 from train.config import RunConfig, load_run_config
 from train.errors import ConfigError, TrainError
 
@@ -57,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume from the newest valid checkpoint, or from PATH",
     )
     p.add_argument("--run-dir", metavar="DIR", help="run directory (overrides train.run_dir)")
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume even though fields that alter training (optimizer, lr, schedule, batch "
+        "size, seed, model, data, epochs, ...) differ from the checkpoint's config; the new "
+        "values take effect and the run is no longer an exact resume",
+    )
     p.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
     return p
 
@@ -80,6 +88,9 @@ def _fail(exc: BaseException, code: int, debug: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``python -m train`` with ``argv``; returns the exit code (never raises for errors)."""
+    from train.startup import mark
+
+    mark("main")
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     run_dir: Path | None = None
     env = None
@@ -87,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         config = load_run_config(args.config, args.set)
-        from train.preempt import install_early
+        mark("config")
+        from train.signals import install_early
 
         # Before torch is imported (~1 s): a stop signal in that window is kept, not fatal.
         # The caller's handlers come back when main returns (it also runs in-process).
@@ -106,24 +118,36 @@ def main(argv: list[str] | None = None) -> int:
         if config.entrypoint is not None:
             from train.entry import run_entrypoint
 
-            return run_entrypoint(config, env, run_dir, args.resume)
+            return run_entrypoint(
+                config, env, run_dir, args.resume, allow_config_change=args.allow_config_change
+            )
+        from train.data import describe_data
         from train.trainer import run_training
 
+        mark("imports")
+
         result = run_training(
-            config.train, env, run_dir, resume=args.resume, requeue=config.requeue
+            config.train,
+            env,
+            run_dir,
+            resume=args.resume,
+            requeue=config.requeue,
+            allow_config_change=args.allow_config_change,
         )
         if env.is_main and result.exit_code == 0 and result.stopped is None:
             log.info(
-                "done: %d steps, test accuracy %.2f%%, %s img/s, run dir %s",
+                "done: %d steps, test accuracy %.2f%% on %s, %s img/s, run dir %s",
                 result.steps,
                 100 * (result.test_accuracy or 0.0),
+                describe_data(config.train.data),
                 f"{result.images_per_s:.0f}" if result.images_per_s else "n/a",
                 run_dir,
             )
         return result.exit_code
     except TrainError as exc:
         _record_failure(exc, env, run_dir)
-        return _fail(exc, exc.exit_code, debug)
+        # The one bad-input signal of every package (cluster.errors.BadInputError): exit 2.
+        return _fail(exc, 2 if isinstance(exc, BadInputError) else 1, debug)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
@@ -138,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _record_failure(exc: BaseException, env: object, run_dir: Path | None) -> None:
     """Rank 0 appends a ``failure`` event (runtime failures only, not bad input)."""
-    if run_dir is None or env is None or getattr(exc, "exit_code", 1) == 2:
+    if run_dir is None or env is None or isinstance(exc, BadInputError):
         return
     if not getattr(env, "is_main", False) or not run_dir.is_dir():
         return
     try:
-        from train.preempt import RunHistory
+        from train.history import RunHistory
 
         RunHistory(run_dir).append(
             "failure",

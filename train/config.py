@@ -7,32 +7,29 @@ those. Here we validate strictly only the three sections train reads, and ignore
     requeue:      RequeueConfig     signal, its lead time, requeue budgets
     entrypoint:   EntrypointConfig  optional: run the user's function or command instead
 
-Every field has a default, so ``train: {}`` is a valid (CIFAR ResNet on synthetic data) spec.
-``jobs.spec`` composes these models into its ``JobSpec``; this module must never import torch.
+The ``requeue`` and ``entrypoint`` models live in :mod:`train.runpolicy`, their strict base in
+:mod:`train.specbase` (both importable from here too) and the trajectory hash in
+:mod:`train.confighash`. Every field has a default, so ``train: {}`` is a valid (CIFAR ResNet
+on synthetic data) spec. ``jobs.spec`` composes these models into its ``JobSpec``; this module
+(and those it imports) must never import torch.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
-    field_validator,
     model_validator,
 )
 
-from train.errors import ConfigError
+from train.runpolicy import EntrypointConfig, RequeueConfig
+from train.specbase import StrictModel
 
 __all__ = [
     "CheckpointConfig",
@@ -43,16 +40,8 @@ __all__ = [
     "RunConfig",
     "StrictModel",
     "TrainConfig",
-    "config_hash",
     "load_run_config",
-    "parse_overrides",
 ]
-
-
-class StrictModel(BaseModel):
-    """Base of every spec model: unknown keys are errors, instances are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class DataConfig(StrictModel):
@@ -130,6 +119,24 @@ class CheckpointConfig(StrictModel):
             validation_alias=AliasChoices("async", "async_save"),
         ),
     ] = False
+
+
+class WandbConfig(StrictModel):
+    """Optional Weights & Biases logging of the same scalars as TensorBoard (``pip install wandb``).
+
+    The W&B run id is kept in ``RUN_DIR/wandb-id``, so a requeued job continues the same run.
+    """
+
+    project: Annotated[str, Field(description="W&B project", min_length=1)]
+    entity: Annotated[str | None, Field(description="W&B entity (user or team)")] = None
+    name: Annotated[str | None, Field(description="display name of the run")] = None
+    group: Annotated[str | None, Field(description="group (e.g. a sweep's name)")] = None
+    # pydantic copies field defaults per instance (ruff cannot see StrictModel is a BaseModel).
+    tags: Annotated[list[str], Field(description="tags of the run")] = []  # noqa: RUF012
+    mode: Annotated[
+        Literal["online", "offline", "disabled"] | None,
+        Field(description="online, offline (sync later with `wandb sync`) or disabled"),
+    ] = None
 
 
 class TrainConfig(StrictModel):
@@ -231,6 +238,16 @@ class TrainConfig(StrictModel):
             le=1.0,
         ),
     ] = None
+    wandb: Annotated[
+        WandbConfig | None, Field(description="also log to Weights & Biases (optional)")
+    ] = None
+    allow_config_change: Annotated[
+        bool,
+        Field(
+            description="resume even though fields that alter training changed; the new values "
+            "take effect and the run is no longer an exact resume (--allow-config-change)"
+        ),
+    ] = False
 
     @model_validator(mode="after")
     def _batch_divides(self) -> TrainConfig:
@@ -242,81 +259,10 @@ class TrainConfig(StrictModel):
         return self
 
 
-_SIGNAL_FORBIDDEN = {"KILL", "STOP"}
-
-
-class RequeueConfig(StrictModel):
-    """How the job is warned before preemption / time limit, and how often it may come back."""
-
-    signal: Annotated[
-        str, Field(description="signal Slurm sends before the end (sbatch --signal=B:SIG@delay)")
-    ] = "USR2"
-    signal_delay_s: Annotated[
-        int, Field(description="seconds before the end the signal is sent", ge=10, le=65535)
-    ] = 90
-    max_preemptions: Annotated[
-        int, Field(description="requeues after preemption before giving up", ge=0)
-    ] = 20
-    max_timeouts: Annotated[
-        int, Field(description="requeues after hitting the time limit before giving up", ge=0)
-    ] = 10
-    max_failures: Annotated[
-        int, Field(description="restarts after a failure (non-zero exit) before giving up", ge=0)
-    ] = 3
-
-    @field_validator("signal", mode="before")
-    @classmethod
-    def _signal_name(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        name = value.strip().upper().removeprefix("SIG")
-        if name in _SIGNAL_FORBIDDEN or f"SIG{name}" not in signal.Signals.__members__:
-            raise ValueError(
-                f"unknown or uncatchable signal {value!r}; use one of USR1, USR2, TERM, INT, HUP"
-            )
-        return name
-
-
-_FUNCTION_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
-class EntrypointConfig(StrictModel):
-    """Run the user's own code instead of the built-in trainer (exactly one of the two)."""
-
-    function: Annotated[
-        str | None,
-        Field(description='"pkg.module:function" called with a train.entry.TrainContext'),
-    ] = None
-    command: Annotated[
-        list[str] | None,
-        Field(description="argv exec'd with RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/PORT exported"),
-    ] = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> EntrypointConfig:
-        if (self.function is None) == (self.command is None):
-            raise ValueError(
-                'entrypoint needs exactly one of `function: "pkg.mod:fn"` or `command: [argv...]`'
-            )
-        if self.function is not None and not _FUNCTION_RE.match(self.function):
-            raise ValueError(
-                f'entrypoint.function {self.function!r} is not of the form "pkg.module:function"'
-            )
-        if self.command is not None:
-            if not self.command:
-                raise ValueError("entrypoint.command is empty; give the program and its arguments")
-            for arg in self.command:
-                if "\x00" in arg or "\n" in arg:
-                    raise ValueError(
-                        "entrypoint.command arguments must not contain NUL or newlines"
-                    )
-        return self
-
-
 class RunConfig(BaseModel):
     """The sections of a job spec that train reads; other top-level sections are ignored here."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
 
     train: Annotated[TrainConfig, Field(description="training")] = TrainConfig()
     requeue: Annotated[RequeueConfig, Field(description="requeue policy")] = RequeueConfig()
@@ -325,123 +271,22 @@ class RunConfig(BaseModel):
     ] = None
 
 
-def config_hash(config: TrainConfig) -> str:
-    """A short hash of the fields that change the training trajectory (not paths or logging).
-
-    Stored in checkpoint manifests so a resume with a different model/data/optimizer is noticed.
-    """
-    data = config.model_dump(
-        mode="json", exclude={"run_dir", "checkpoint", "log_interval", "eval_every_epochs"}
-    )
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
-    """Parse ``--set a.b=c`` items; values are YAML (``1``, ``0.1``, ``true``, ``[a, b]``)."""
-    parsed: list[tuple[list[str], Any]] = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        keys = key.strip().split(".")
-        if not sep or not all(k.strip() for k in keys):
-            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. train.batch_size=128")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc})") from exc
-        parsed.append(([k.strip() for k in keys], value))
-    return parsed
-
-
-def _apply(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
-    node = data
-    for k in keys[:-1]:
-        child = node.get(k)
-        if child is None:
-            child = {}
-            node[k] = child
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {item}: {k!r} is not a mapping")
-        node = child
-    node[keys[-1]] = value
-
-
-def _yaml_lines(text: str) -> dict[tuple[str | int, ...], int]:
-    """Map each key path of a YAML document to its 1-based line (for error messages)."""
-    lines: dict[tuple[str | int, ...], int] = {}
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return lines
-
-    def walk(node: yaml.Node, path: tuple[str | int, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                key = (*path, str(key_node.value))
-                lines[key] = key_node.start_mark.line + 1
-                walk(value_node, key)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                item_path = (*path, i)
-                lines[item_path] = item.start_mark.line + 1
-                walk(item, item_path)
-
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
-def format_validation_error(
-    exc: ValidationError, source: str, lines: Mapping[tuple[str | int, ...], int] | None = None
-) -> str:
-    """One line per problem: ``file:line: field.path: message``."""
-    out = []
-    for err in exc.errors():
-        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-")))
-        line = None
-        if lines:
-            for n in range(len(loc), 0, -1):
-                if loc[:n] in lines:
-                    line = lines[loc[:n]]
-                    break
-        where = f"{source}:{line}" if line else source
-        field = ".".join(str(x) for x in loc) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see the spec reference for valid keys)"
-        out.append(f"{where}: {field}: {msg}")
-    return "; ".join(out)
-
-
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read the train/requeue/entrypoint sections of a job-spec YAML file, apply ``--set``s.
 
-    ``path`` may be None (defaults + overrides only). Raises :class:`ConfigError` with
-    ``file:line: field: problem`` for unreadable files, bad YAML or invalid values.
+    ``path`` may be None (defaults + overrides only). The file, the YAML, the overrides and the
+    error lines are :mod:`train.specio`'s, shared with ``python -m jobs``: the same file and
+    overrides give the same values and the same ``file:line:column: field: problem (hint)``.
+    Raises :class:`train.errors.SpecError` (a :class:`ConfigError`).
     """
-    source = "<defaults>"
-    text = ""
-    data: Any = {}
-    if path is not None:
-        source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{source}: cannot read config: {exc.strerror or exc}") from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark is not None else source
-            raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: the spec must be a mapping with a `train:` section")
-    for keys, value in parse_overrides(overrides):
-        _apply(data, keys, value, ".".join(keys))
+    from train.specerrors import validate
+    from train.specio import load_source, read_spec_file
+
+    if path is None:
+        text, filename = "{}", "<defaults>"
+    else:
+        filename = str(path)
+        text = read_spec_file(path)
+    source, parsed, data = load_source(text, filename, overrides)
     sections = {k: data[k] for k in ("train", "requeue", "entrypoint") if data.get(k) is not None}
-    try:
-        return RunConfig.model_validate(sections)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source, _yaml_lines(text))) from exc
+    return validate(RunConfig, sections, source, parsed)

@@ -33,6 +33,7 @@ __all__ = [
     "CIFAR_STD",
     "Augmenter",
     "ImageSet",
+    "describe_data",
     "load_data",
     "make_synthetic",
     "read_cifar10",
@@ -236,6 +237,20 @@ def load_data(config: DataConfig, seed: int) -> tuple[ImageSet, ImageSet]:
             write_cifar10(target, train, test, fmt="binary")
         return read_cifar10(target)
     return train, test
+
+
+def describe_data(config: DataConfig) -> str:
+    """What a test accuracy was measured on, for the line that reports it.
+
+    Synthetic data says so next to the number (the example's 99% is not a CIFAR-10 result) and
+    how to get the real thing.
+    """
+    if config.kind == "cifar10":
+        return f"the CIFAR-10 test set ({config.path})"
+    return (
+        "SYNTHETIC data, not CIFAR-10 (for real CIFAR-10 set train.data.kind=cifar10 and "
+        "train.data.path=DIR/cifar-10-batches-bin; README: Real CIFAR-10)"
+    )
 
 
 # ------------------------------------------------------------------------------------ augmentation

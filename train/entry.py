@@ -15,9 +15,10 @@ within ``requeue.max_failures`` like one of the built-in trainer. See
                 return ctx.requeue(step)                           # wait + barrier + requeue
         return 0
 
-``entrypoint: {command: [argv...]}``: the command runs as a child process with RANK, LOCAL_RANK,
-WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RUN_DIR and (when resuming)
-TRAIN_RESUME_FROM exported; stop signals are forwarded to it; its exit code is returned.
+``entrypoint: {command: [argv...]}``: the command runs as a child process supervised by
+:mod:`train.command` (the torchrun variables, RUN_DIR, TRAIN_RESTART_COUNT, TRAIN_RESUME_FROM
+exported; the stop signal it listens for sent once; requeued after a preemption or time limit;
+a non-zero exit without a stop is a failure with its exit code and stderr tail).
 """
 
 from __future__ import annotations
@@ -25,29 +26,23 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
 
 from train.checkpoint import CheckpointManager, LoadedCheckpoint
 from train.config import RunConfig
-from train.env import DeviceInfo, DistEnv, resolve_device
+from train.device import DeviceInfo
+from train.env import DistEnv
 from train.errors import EntrypointError
-from train.preempt import (
-    PreemptionGuard,
-    RunHistory,
-    describe_failure,
-    pop_early_signals,
-    request_requeue,
-)
-from train.runtime import Runtime, configure_torch, setup_runtime
+from train.runtime import Runtime
+from train.session import RunSession
+from train.signals import PreemptionGuard
+from train.tracking import Tracker, wandb_options
 
 __all__ = ["TrainContext", "load_function", "run_entrypoint"]
 
@@ -66,6 +61,30 @@ class TrainContext:
     config: RunConfig
     runtime: Runtime
     resume_from: Path | None
+    session: RunSession | None = None
+    _tracker: Tracker | None = field(default=None, repr=False)
+
+    @property
+    def tracker(self) -> Tracker:
+        """TensorBoard scalars in ``RUN_DIR/tensorboard`` on rank 0, as the built-in trainer
+        writes them: ``tracker.scalars(step, {"loss": ...})`` (or ``tracker.writer``, the
+        ``SummaryWriter``). Steps at or before the checkpoint resumed from are not written
+        again, and what a killed attempt wrote after it is dropped. Call ``tracker.flush()``
+        before each checkpoint; it is closed when the function returns."""
+        if self._tracker is None:
+            step = None
+            if self.resume_from is not None:
+                from train.checkpoint import checkpoint_step
+
+                step = checkpoint_step(self.resume_from)
+            self._tracker = Tracker(
+                self.run_dir,
+                is_main=self.is_main,
+                resumed_step=step,
+                restart_count=self.env.restart_count,
+                wandb=wandb_options(self.config.train),
+            )
+        return self._tracker
 
     @property
     def device(self) -> torch.device:
@@ -87,8 +106,17 @@ class TrainContext:
         """Call at every step boundary on every rank: True when any rank got a stop signal."""
         return self.guard.should_stop(self.runtime.all_reduce_max)
 
+    def progress(self, step: int) -> None:
+        """Say that step ``step`` completed on this rank (what a hang watchdog watches)."""
+        if self.session is not None:
+            self.session.progress(step)
+
     def requeue(self, step: int) -> int:
         """After saving: wait for the save, meet at a barrier, requeue; returns the exit code."""
+        if self.session is not None:
+            return self.session.stop(step)
+        from train.requeue import request_requeue
+
         self.checkpoints.wait()
         self.runtime.barrier()
         return request_requeue(
@@ -122,88 +150,61 @@ def load_function(spec: str) -> Callable[[TrainContext], Any]:
     return obj
 
 
-def _run_command(argv: list[str], env: DistEnv, run_dir: Path, resume_from: Path | None) -> int:
-    child_env = dict(os.environ)
-    env.export(child_env)
-    child_env["RUN_DIR"] = str(run_dir)
-    if resume_from is not None:
-        child_env["TRAIN_RESUME_FROM"] = str(resume_from)
-    try:
-        # No timeout: the command is the training run; Slurm's time limit bounds it.
-        proc = subprocess.Popen(argv, env=child_env)
-    except OSError as exc:
-        raise EntrypointError(f"entrypoint.command {argv[0]!r}: {exc.strerror or exc}") from exc
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        proc.send_signal(signum)
-
-    previous = {
-        s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
-    }
-    # A stop signal that arrived while we were starting (held by install_early) goes on too.
-    for signum in pop_early_signals():
-        proc.send_signal(signum)
-    try:
-        code = proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return 128 - code if code < 0 else code
-
-
 def run_entrypoint(
-    config: RunConfig, env: DistEnv, run_dir: Path, resume: bool | str | Path | None = None
+    config: RunConfig,
+    env: DistEnv,
+    run_dir: Path,
+    resume: bool | str | Path | None = None,
+    *,
+    allow_config_change: bool = False,
 ) -> int:
-    """Run ``config.entrypoint`` with train's environment handling; return the exit code."""
+    """Run ``config.entrypoint`` in a :class:`RunSession`; return the exit code."""
     entry = config.entrypoint
     if entry is None:
         raise EntrypointError("the spec has no entrypoint section")
-    train = config.train
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = CheckpointManager.for_run(run_dir, train, rank=env.rank, world_size=env.world_size)
-    want = resume if resume is not None else (True if env.restart_count > 0 else None)
-    resume_from: Path | None = None
-    if want is True:
-        resume_from = ckpt.latest_valid()
-    elif want not in (None, False):
-        resume_from = Path(str(want))
-    history = RunHistory(run_dir) if env.is_main else None
-    if history is not None:
-        history.append(
-            "resume" if resume_from else "start",
-            step=None,
-            restart_count=env.restart_count,
-            job_id=env.job_id,
-            entrypoint=entry.function or entry.command,
+    fn = load_function(entry.function) if entry.function is not None else None
+    # A command: this guard only holds the job's signal and TERM while the run is set up;
+    # train.command then supervises the child (which signal it gets, requeue, failures).
+    guard = PreemptionGuard((config.requeue.signal, "TERM")) if entry.command is not None else None
+    session = RunSession(
+        config.train,
+        config.requeue,
+        env,
+        run_dir,
+        resume=resume,
+        guard=guard,
+        allow_config_change=allow_config_change,
+        process_group=entry.command is None,
+    )
+    with session:
+        session.started(None, entrypoint=entry.function or entry.command)
+        if entry.command is not None:
+            from train.command import run_command as supervise_command
+
+            return supervise_command(
+                config, env, session.run_dir, session.resume_from, early=session.guard
+            )
+        assert fn is not None  # EntrypointConfig guarantees exactly one
+        ctx = TrainContext(
+            env,
+            session.devices,
+            session.run_dir,
+            session.ckpt,
+            session.guard,
+            config,
+            session.rt,
+            session.resume_from,
+            session,
         )
-    if entry.command is not None:
-        return _run_command(entry.command, env, run_dir, resume_from)
-    assert entry.function is not None  # EntrypointConfig guarantees exactly one
-    fn = load_function(entry.function)
-    configure_torch(train, env)
-    devices = resolve_device(env, train.strategy, train.allow_cpu_fallback)
-    guard = PreemptionGuard(
-        (config.requeue.signal, "TERM"),
-        job_id=env.job_id,
-        signal_delay_s=config.requeue.signal_delay_s,
-        is_main=env.is_main,
-    ).install()
-    rt = setup_runtime(env, devices)
-    try:
-        ctx = TrainContext(env, devices, run_dir, ckpt, guard, config, rt, resume_from)
         try:
             code = fn(ctx)
         except Exception as exc:
             # As in the built-in trainer: recorded (by the first failing rank) and requeued
             # while requeue.max_failures allows; the requeued run resumes from a checkpoint.
-            what = describe_failure(exc, f"{entry.function} failed")
-            return request_requeue(env, run_dir, config.requeue, "failure", error=what)
-        if history is not None and code in (None, 0) and not guard.requested:
-            history.append(
-                "complete", step=None, restart_count=env.restart_count, job_id=env.job_id
-            )
+            return session.fail(exc, f"{entry.function} failed")
+        finally:
+            if ctx._tracker is not None:
+                ctx._tracker.close()
+        if code in (None, 0) and not session.guard.requested:
+            session.complete(None)
         return int(code or 0)
-    finally:
-        ckpt.close()
-        guard.uninstall()
-        rt.close()

@@ -10,27 +10,26 @@
 
 Inconsistent values (tasks that do not match the node list or the allocated GPUs) raise
 :class:`train.errors.EnvError` naming the sbatch option to change. ``export`` writes the torchrun
-variables back so other libraries see the same answer. This module does not import torch at
-import time (device selection imports it lazily).
+variables back so other libraries see the same answer. This module does not import torch; device
+selection (:func:`train.device.resolve_device`) is in :mod:`train.device`.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import socket
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from train.errors import DeviceError, EnvError
+from train.errors import EnvError
 
-if TYPE_CHECKING:
-    import torch
-
-__all__ = ["DeviceInfo", "DistEnv", "master_port_for_job", "resolve_device", "verify_master_port"]
-
-log = logging.getLogger(__name__)
+__all__ = [
+    "DUMMY_GPUS_ENV",
+    "DistEnv",
+    "master_port_for_job",
+    "verify_master_port",
+]
 
 Launcher = Literal["slurm", "torchrun", "single"]
 
@@ -38,6 +37,9 @@ Launcher = Literal["slurm", "torchrun", "single"]
 #: ephemeral range (32768+) so an outgoing connection never squats on our port.
 PORT_BASE = 20000
 PORT_SPAN = 12000
+#: Set to 1 in every task by the local dev cluster's TaskProlog (cluster/local/config.py): its
+#: GPUs are dummy generic resources, so training on CPU there is expected, not a mistake.
+DUMMY_GPUS_ENV = "SLURM_TRAIN_DUMMY_GPUS"
 
 
 def master_port_for_job(job_id: str | None) -> int:
@@ -111,11 +113,19 @@ class DistEnv:
     hosts: tuple[str, ...] = field(default=())
     #: True when MASTER_PORT came from the environment rather than from the job id.
     port_from_env: bool = False
+    #: The cluster says its GPUs are dummies (``SLURM_TRAIN_DUMMY_GPUS=1``): CPU is expected.
+    dummy_gpus: bool = False
 
     @property
     def is_main(self) -> bool:
         """The one process that logs, writes metrics and manifests (global rank 0)."""
         return self.rank == 0
+
+    @property
+    def node_name(self) -> str | None:
+        """This task's Slurm node name (the step's node list at ``node_rank``), None outside
+        Slurm. Not the hostname: the nodes of the local dev cluster share one host."""
+        return self.hosts[self.node_rank] if 0 <= self.node_rank < len(self.hosts) else None
 
     @property
     def distributed(self) -> bool:
@@ -134,7 +144,11 @@ class DistEnv:
         visible = tuple(d for d in cvd.split(",") if d.strip()) if cvd is not None else None
         cpus = _int(environ, "SLURM_CPUS_PER_TASK")
         common: dict[str, Any] = dict(
-            job_id=job_id, gpus_on_node=gpus, visible_devices=visible, cpus_per_task=cpus
+            job_id=job_id,
+            gpus_on_node=gpus,
+            visible_devices=visible,
+            cpus_per_task=cpus,
+            dummy_gpus=environ.get(DUMMY_GPUS_ENV, "").strip() == "1",
         )
         in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
         torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ
@@ -342,56 +356,3 @@ def verify_master_port(env: DistEnv) -> None:
                 f"on {env.master_addr}: {exc.strerror}; another job shares this node. Export a "
                 "free MASTER_PORT in the batch script (e.g. MASTER_PORT=$((20000 + RANDOM)))"
             ) from exc
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """The devices this process trains on and the matching collective backend."""
-
-    device: torch.device
-    devices: tuple[torch.device, ...]
-    backend: str
-    cuda: bool
-
-
-def resolve_device(env: DistEnv, strategy: str, allow_cpu_fallback: bool) -> DeviceInfo:
-    """Pick the device(s) and backend: nccl on CUDA, gloo on CPU.
-
-    ddp/single: the local rank's GPU among the visible ones; dp/pipeline: all visible GPUs.
-    Allocated GPUs without CUDA (dummy gres, CPU-only torch): one log line, then CPU when
-    ``allow_cpu_fallback`` else :class:`DeviceError`.
-    """
-    import torch
-
-    env.check_strategy(strategy)
-    cuda = torch.cuda.is_available()
-    allocated = env.gpus_on_node or (len(env.visible_devices) if env.visible_devices else 0)
-    if not cuda:
-        if allocated:
-            msg = (
-                f"{allocated} GPU(s) allocated on this node but CUDA is not available "
-                f"(torch {torch.__version__}, cuda={torch.version.cuda})"
-            )
-            if not allow_cpu_fallback:
-                raise DeviceError(
-                    f"{msg}: set train.allow_cpu_fallback: true to train on CPU, or run where "
-                    "CUDA works"
-                )
-            if env.is_main:
-                log.warning("%s: falling back to CPU (train.allow_cpu_fallback)", msg)
-        cpu = torch.device("cpu")
-        return DeviceInfo(cpu, (cpu,), "gloo", False)
-    count = torch.cuda.device_count()
-    if strategy in ("dp", "pipeline"):
-        devices = tuple(torch.device("cuda", i) for i in range(count))
-        return DeviceInfo(devices[0], devices, "nccl", True)
-    # One visible GPU per task (--gpus-per-task / gpu-bind): it is cuda:0; otherwise the local rank.
-    index = 0 if count == 1 else env.local_rank
-    if index >= count:
-        raise DeviceError(
-            f"local rank {env.local_rank} has no GPU: only {count} visible; set "
-            f"--ntasks-per-node={count} or --gpus-per-node={env.local_world_size}"
-        )
-    dev = torch.device("cuda", index)
-    torch.cuda.set_device(dev)
-    return DeviceInfo(dev, (dev,), "nccl", True)

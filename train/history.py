@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["EVENTS", "BudgetConfig", "RunHistory", "read_jsonl"]
+__all__ = ["EVENTS", "BudgetConfig", "RunHistory", "read_jsonl", "read_jsonl_checked"]
 
 EVENTS = (
     "start",
@@ -36,25 +36,41 @@ EVENTS = (
     "complete",
     "budget_exhausted",
     "cancelled",
+    "hang",
+    "quarantine",
 )
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file, oldest first; a missing file has none, and a line
-    that does not parse (being written, or torn by a crash) is skipped."""
+    that does not parse (being written, torn by a crash, a foreign or non-UTF-8 byte) is skipped
+    (:func:`read_jsonl_checked` also says which)."""
+    return read_jsonl_checked(path)[0]
+
+
+def read_jsonl_checked(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """Like :func:`read_jsonl`, plus the (1-based) numbers of the complete lines that were
+    skipped as damaged. An unterminated last line that does not parse is a line still being
+    written: skipped, not reported. One bad line never costs the others."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
+        data = Path(path).read_bytes()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return [], []
+    lines = data.split(b"\n")
+    out: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is a ValueError too
+            record = None
         if isinstance(record, dict):
             out.append(record)
-    return out
+        elif number < len(lines):  # a complete line (the last piece has no newline)
+            bad.append(number)
+    return out, bad
 
 
 # events that consume a requeue budget, with the RequeueConfig field that limits them
@@ -62,6 +78,7 @@ _BUDGETS = {
     "preempted": "max_preemptions",
     "timeout": "max_timeouts",
     "failure": "max_failures",
+    "hang": "max_hangs",
 }
 
 
@@ -74,6 +91,13 @@ class BudgetConfig(Protocol):
     def max_timeouts(self) -> int: ...
     @property
     def max_failures(self) -> int: ...
+    @property
+    def max_hangs(self) -> int: ...
+
+
+def _count(value: Any) -> int:
+    """A non-negative int from an event field (a damaged or foreign value counts as 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class RunHistory:
@@ -104,7 +128,7 @@ class RunHistory:
 
     def events(self) -> list[dict[str, Any]]:
         """All events, oldest first; a torn or malformed line (a crash mid-write) is skipped."""
-        return [r for r in read_jsonl(self.path) if "event" in r]
+        return [r for r in read_jsonl(self.path) if isinstance(r.get("event"), str)]
 
     def counts(self) -> dict[str, int]:
         """Number of events of each kind (every kind present, 0 when absent)."""
@@ -140,6 +164,7 @@ class RunHistory:
             "preemptions": counts["preempted"],
             "timeouts": counts["timeout"],
             "failures": counts["failure"],
+            "hangs": counts["hang"],
             "requeues": counts["requeue"],
             "resumes": len(resumes),
             "resumed_at_step": resumes[-1].get("step") if resumes else None,
@@ -150,6 +175,17 @@ class RunHistory:
             if final is not None and final["event"] == "budget_exhausted"
             else None,
             "cancelled": final is not None and final["event"] == "cancelled",
+            # the newest failure event as written (error, and for a command exit_code or
+            # signal and stderr_tail), or None
+            "last_failure": next((e for e in reversed(events) if e["event"] == "failure"), None),
+            # nodes the run was kept off, and why ("n2 excluded after hang at step 57")
+            "quarantined": [
+                f"{','.join(map(str, e['nodes']))} excluded after {e.get('reason', 'a fault')}"
+                for e in events
+                if e["event"] == "quarantine" and isinstance(e.get("nodes"), list) and e["nodes"]
+            ],
+            # restarts the events saw (Slurm's SLURM_RESTART_COUNT of the newest event)
+            "restarts": max((_count(e.get("restart_count")) for e in events), default=0),
             "counts": counts,
         }
 
@@ -161,17 +197,25 @@ class RunHistory:
             ("preemptions", "preempted"),
             ("timeouts", "timeout"),
             ("failures", "failed"),
+            ("hangs", "hung"),
         ):
             if d[key]:
                 parts.append(f"{label} {d[key]}x")
+        parts.extend(d["quarantined"])
         if d["resumed_at_step"] is not None:
             parts.append(f"resumed at step {d['resumed_at_step']}")
+        # a command entrypoint's events have no step (step None): "complete", not "at step None"
+        at = f" at step {d['last_step']}" if d["last_step"] is not None else ""
         if d["complete"]:
-            parts.append(f"complete at step {d['last_step']}")
+            parts.append(f"complete{at}")
         elif d["budget_exhausted"]:
             parts.append(f"stopped: {d['budget_exhausted']}")
         elif d["cancelled"]:
-            parts.append(f"cancelled at step {d['last_step']}")
+            parts.append(f"cancelled{at}")
+        failure = d["last_failure"]
+        if failure and not d["complete"] and failure.get("error"):
+            # the real cause (a command's exit code and last stderr line), not the step's code
+            parts.append(f"last failure: {str(failure['error'])[:160]}")
         if not parts:
             return "no events yet" if d["last_event"] is None else "no interruptions"
         return ", ".join(parts)

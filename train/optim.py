@@ -2,26 +2,78 @@
 
 The schedule is a pure function of the step (``LambdaLR``), so its checkpointed state is just the
 step counter and a resumed run follows the same curve.
+
+The optimizers are torch's, without their import of ``torch._dynamo`` (:func:`eager`): every
+``step`` of a torch optimizer imports it for a ``graph_break()`` that does nothing outside
+``torch.compile``, and that import alone costs about as much as ``import torch`` (measured with
+``python -X importtime``): the largest part of a requeued job's time to its first step.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import sys
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from train.config import OptimizerConfig
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_factor"]
+__all__ = ["build_optimizer", "build_scheduler", "eager", "lr_factor"]
+
+# Optimizer methods wrapped by torch._disable_dynamo, which imports torch._dynamo on first call.
+_DISABLE_WRAPPED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+_O = TypeVar("_O", bound=torch.optim.Optimizer)
+_EAGER: dict[type, type] = {}
+
+
+def eager(cls: type[_O]) -> type[_O]:
+    """``cls`` with a ``step`` that does not import ``torch._dynamo`` when nothing compiles.
+
+    torch's ``step`` runs under ``_use_grad_for_differentiable``: grad mode set to
+    ``defaults["differentiable"]`` around a ``torch._dynamo.graph_break()`` (a no-op outside
+    ``torch.compile``, but its import is ~1x ``import torch``). This ``step`` sets the same grad
+    mode around the same undecorated ``step``; under ``torch.compile`` or once ``torch._dynamo``
+    is imported anyway (DDP imports it), torch's own ``step`` runs. The ``_disable_dynamo``
+    wrappers of :data:`_DISABLE_WRAPPED` get their cached answer (the plain function) up front,
+    which is what they compute on their first call when nothing compiles. A torch whose
+    optimizers look different is left alone (only the speed-up is lost).
+    """
+    if cls in _EAGER:
+        return _EAGER[cls]
+    raw: Any = inspect.unwrap(cls.step)
+    if raw is cls.step or "torch._dynamo" in sys.modules:
+        return cls
+    for name in _DISABLE_WRAPPED:
+        fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
+        if callable(fn) and getattr(fn, "__dynamo_disable", None) is None:
+            setattr(fn, "__dynamo_disable", fn)
+
+    torch_step: Any = cls.__dict__.get("step", cls.step)
+    if getattr(torch_step, "hooked", False):  # Optimizer's profiling wrapper, added per class
+        torch_step = torch_step.__wrapped__
+
+    def step(self: Any, closure: Any = None) -> Any:
+        if "torch._dynamo" in sys.modules or torch.compiler.is_compiling():
+            return torch_step(self, closure)
+        with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
+            return raw(self, closure)
+
+    sub = type(cls.__name__, (cls,), {"step": step, "__module__": cls.__module__})
+    _EAGER[cls] = sub
+    return sub
 
 
 def build_optimizer(config: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
     """SGD (Nesterov momentum by default) or AdamW over ``model``'s parameters, in order."""
     params = list(model.parameters())
     if config.name == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(
+        return eager(torch.optim.AdamW)(params, lr=config.lr, weight_decay=config.weight_decay)
+    return eager(torch.optim.SGD)(
         params,
         lr=config.lr,
         momentum=config.momentum,

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from train.config import TrainConfig
-from train.env import DeviceInfo, DistEnv, verify_master_port
+from train.device import DeviceInfo
+from train.env import DistEnv, verify_master_port
 
 __all__ = [
     "Runtime",

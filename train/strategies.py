@@ -17,6 +17,8 @@ accumulation.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,18 +26,38 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.env import DeviceInfo, DistEnv
+from train.device import DeviceInfo
+from train.env import DistEnv
 from train.models import split_stages
 
 __all__ = ["GlobalBatchNorm", "Pipeline", "Strategy", "build_strategy", "convert_global_batchnorm"]
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """A differentiable sum over ranks: its backward sums the gradients over ranks as well.
+
+    The maths of ``torch.distributed.nn.functional.all_reduce``, which torch >= 2.13 deprecates
+    (a FutureWarning on every call) in favour of a private module; this works on every torch.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _AllReduceSum.apply(grad)
+        return out
 
 
 class GlobalBatchNorm(nn.BatchNorm2d):
     """BatchNorm with statistics over the whole (all-rank) batch, on any device/backend.
 
     torch's SyncBatchNorm refuses CPU tensors; this computes per-channel sum, sum of squares and
-    count locally, all-reduces them with the differentiable ``torch.distributed.nn.all_reduce``
-    (its backward all-reduces the gradients, which is what the global statistics need) and
+    count locally, all-reduces them with a differentiable sum (:class:`_AllReduceSum`: its
+    backward all-reduces the gradients, which is what the global statistics need) and
     normalises with the global mean and biased variance, as BatchNorm does in training.
     """
 
@@ -44,12 +66,10 @@ class GlobalBatchNorm(nn.BatchNorm2d):
             return super().forward(x)
         if dist.get_world_size() == 1:
             return super().forward(x)
-        from torch.distributed.nn.functional import all_reduce
-
         c = x.shape[1]
         count = torch.full((1,), x.numel() / c, dtype=x.dtype, device=x.device)
         stats = torch.cat([x.sum(dim=(0, 2, 3)), (x * x).sum(dim=(0, 2, 3)), count])
-        stats = all_reduce(stats)
+        stats = _AllReduceSum.apply(stats)
         n = stats[-1]
         mean = stats[:c] / n
         var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0.0)
@@ -165,6 +185,22 @@ class Strategy:
         }
 
 
+@functools.cache
+def _no_buffer_sync() -> dict[str, Any]:
+    """DDP's keyword for "do not broadcast buffers before every forward", on every torch.
+
+    With global batch statistics every rank's BatchNorm buffers are already equal, so rank 0's
+    copy need not be broadcast each step. torch >= 2.13 calls that ``forward_sync_buffers=False``
+    (and warns on ``broadcast_buffers``); it still syncs once at construction, which changes
+    nothing here (every rank starts from the same seed or checkpoint). Older torch only has
+    ``broadcast_buffers=False``.
+    """
+    params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    if "forward_sync_buffers" in params:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 def build_strategy(
     name: str,
     model: nn.Module,
@@ -188,7 +224,7 @@ def build_strategy(
             wrapped: nn.Module = nn.parallel.DistributedDataParallel(
                 model,
                 device_ids=[dev] if devices.cuda else None,
-                broadcast_buffers=not sync_batchnorm,
+                **_no_buffer_sync() if sync_batchnorm else {},
             )
             return Strategy(name, model, wrapped, dev, dev)
         return Strategy(name, model, model, dev, dev)

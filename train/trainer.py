@@ -20,34 +20,27 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DistributedSampler
 
-from train.checkpoint import (
-    CheckpointManager,
-    capture_rng_state,
-    load_model_state,
-    restore_rng_state,
-)
+from train.checkpoint import capture_rng_state, restore_rng_state
 from train.config import RequeueConfig, TrainConfig
-from train.data import Augmenter, load_data
-from train.env import DeviceInfo, DistEnv, resolve_device
-from train.errors import ConfigError, TrainingError
+from train.data import Augmenter
+from train.device import DeviceInfo
+from train.env import DistEnv
+from train.errors import TrainingError
+from train.loopsetup import build_training_model, shard_data
 from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
-from train.models import build_model
-from train.optim import build_optimizer, build_scheduler
-from train.preempt import PreemptionGuard, RunHistory, describe_failure, request_requeue
-from train.runtime import (
-    Runtime,
-    StopPoll,
-    configure_torch,
-    precision_context,
-    setup_runtime,
-)
-from train.strategies import Strategy, build_strategy
+from train.optim import build_optimizer, build_scheduler, lr_factor
+from train.resume import load_training_state
+from train.runtime import StopPoll, precision_context
+from train.session import RunSession
+from train.signals import PreemptionGuard
+from train.startup import mark
+from train.strategies import Strategy
+from train.tracking import Tracker, wandb_options
 
 __all__ = ["WARMUP_STEPS", "TrainResult", "run_training"]
 
@@ -79,73 +72,26 @@ class TrainResult:
 class _Loop:
     """State of one run; :meth:`run` is the loop. Built by :func:`run_training`."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        env: DistEnv,
-        run_dir: Path,
-        devices: DeviceInfo,
-        ckpt: CheckpointManager,
-        rt: Runtime,
-    ) -> None:
-        self.config, self.env, self.run_dir, self.ckpt, self.rt = config, env, run_dir, ckpt, rt
-        world, k = env.world_size, config.grad_accum
-        if config.batch_size % (world * k):
-            raise ConfigError(
-                f"train.batch_size {config.batch_size} is not divisible by world size {world} x "
-                f"train.grad_accum {k}: choose a multiple of {world * k}"
-            )
-        self.micro = config.batch_size // (world * k)
-        # Synthetic data with a path is written once (by rank 0) and read back by everyone.
-        writes = config.data.kind == "synthetic" and bool(config.data.path)
-        if writes and not env.is_main:
-            rt.barrier()
-        train_set, test_set = load_data(config.data, config.seed)
-        if writes and env.is_main:
-            rt.barrier()
-        # The sampler only needs len(): it yields this rank's indices, reshuffled per epoch.
-        self.sampler: DistributedSampler[int] = DistributedSampler(
-            cast(Any, range(len(train_set))),
-            num_replicas=world,
-            rank=env.rank,
-            shuffle=True,
-            seed=config.seed,
-            drop_last=True,
-        )
-        self.steps_per_epoch = len(self.sampler) // (self.micro * k)
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"train.batch_size {config.batch_size} is larger than the training set "
-                f"({len(train_set)} images): lower it or use more data"
-            )
+    def __init__(self, config: TrainConfig, session: RunSession) -> None:
+        env, rt, devices = session.env, session.rt, session.devices
+        self.config, self.env, self.session = config, env, session
+        self.run_dir, self.ckpt, self.rt = session.run_dir, session.ckpt, rt
+        data = shard_data(config, env, rt)
+        self.sampler, self.micro = data.sampler, data.micro
+        self.steps_per_epoch = data.steps_per_epoch
         self.planned = config.max_steps or config.epochs * self.steps_per_epoch
-
-        torch.manual_seed(config.seed)  # same initial weights on every rank and strategy
-        model = build_model(config.model, config.width, norm=config.norm)
-        if config.channels_last:
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        if config.compile:
-            # In place (nn.Module.compile): state-dict keys stay free of "_orig_mod.".
-            model.compile()
-        self.strat: Strategy = build_strategy(
-            config.strategy,
-            model,
-            devices,
-            env,
-            sync_batchnorm=config.sync_batchnorm,
-            pipeline_chunks=config.pipeline_chunks,
-        )
+        self.strat: Strategy = build_training_model(config, devices, env)
         self.optimizer = build_optimizer(config.optimizer, self.strat.model)
         self.scheduler = build_scheduler(config.optimizer, self.optimizer, self.planned)
         self.autocast, self.scaler = precision_context(config, devices)
         in_dev, self.out_dev = self.strat.input_device, self.strat.output_device
-        self.train_set, self.test_set = train_set.to(in_dev), test_set.to(in_dev)
+        self.train_set, self.test_set = data.train_set.to(in_dev), data.test_set.to(in_dev)
         self.aug = Augmenter(in_dev, augment=config.data.augment, seed=config.seed)
         self.crops: torch.Tensor | None = None  # this epoch's augmentation draws
         self.meter = StepMeter(self.out_dev)
         self.timer = StepTimer(self.out_dev)
-        self.metrics = MetricsWriter(run_dir, env.is_main)
-        self.history = RunHistory(run_dir) if env.is_main else None
+        self.metrics = MetricsWriter(self.run_dir, env.is_main)
+        self.tracker: Tracker | None = None  # TensorBoard on rank 0, opened after the resume
         self.step = self.epoch = self.epoch_step = 0
         self.best: float | None = None
         self.result = TrainResult(metrics=self.metrics.records)
@@ -154,9 +100,11 @@ class _Loop:
     def restore(self, path: Path) -> None:
         """Load model/optimizer/scheduler/scaler/RNG and the position from checkpoint ``path``."""
         loaded = self.ckpt.load(path)
-        load_model_state(self.strat.model, loaded.shared["model"])
-        self.optimizer.load_state_dict(loaded.shared["optimizer"])
-        self.scheduler.load_state_dict(loaded.shared["scheduler"])
+        factor = lr_factor(self.config.optimizer, loaded.step, self.planned)
+        changed = bool(self.session.config_changed)
+        load_training_state(
+            self.strat.model, self.optimizer, self.scheduler, loaded, changed, factor
+        )
         if self.scaler is not None and loaded.shared.get("scaler"):
             self.scaler.load_state_dict(loaded.shared["scaler"])
         self.best = (loaded.shared.get("metrics") or {}).get("best_test_accuracy")
@@ -169,11 +117,7 @@ class _Loop:
             self.epoch, self.epoch_step = self.epoch + 1, 0
         self.result.resumed_from = path
         log.info(
-            "resumed from %s: step %d (epoch %d, step %d of the epoch)",
-            path,
-            self.step,
-            self.epoch,
-            self.epoch_step,
+            f"resumed from {path}: step {self.step} (epoch {self.epoch}, step {self.epoch_step})"
         )
 
     def save(self, metric: float | None = None) -> None:
@@ -190,6 +134,8 @@ class _Loop:
             "epoch": self.epoch,
             "epoch_step": self.epoch_step,
         }
+        if self.tracker is not None:  # every step up to this checkpoint is on disk first
+            self.tracker.flush()
         path = self.ckpt.save(
             self.step,
             shared,
@@ -204,14 +150,7 @@ class _Loop:
 
     def event(self, name: str, **fields: Any) -> None:
         """Append to RUN_DIR/events.jsonl (rank 0)."""
-        if self.history is not None:
-            self.history.append(
-                name,
-                step=self.step,
-                restart_count=self.env.restart_count,
-                job_id=self.env.job_id,
-                **fields,
-            )
+        self.session.event(name, self.step, **fields)
 
     # -- the loop ------------------------------------------------------------------------------
     def run_eval(self, stop_at: int) -> bool:
@@ -231,6 +170,8 @@ class _Loop:
         rec = self.metrics.write(
             "eval", step=self.step, epoch=self.epoch, test_loss=loss, test_accuracy=acc
         )
+        if self.tracker is not None:
+            self.tracker.record(rec)
         if self.env.is_main:
             log.info("%s", progress_line(rec, stop_at))
         return improved
@@ -305,12 +246,14 @@ class _Loop:
             * self.config.batch_size
             / max(now - since[0], 1e-9),
         )
+        if self.tracker is not None:
+            self.tracker.record(rec)
         self.result.loss, self.result.train_accuracy = stats["loss"], stats["accuracy"]
         if self.env.is_main:
             log.info("%s", progress_line(rec, stop_at))
         return now, self.step
 
-    def run(self, stop_at: int, guard: PreemptionGuard, requeue: RequeueConfig) -> TrainResult:
+    def run(self, stop_at: int, guard: PreemptionGuard) -> TrainResult:
         """Train until ``stop_at`` steps or a stop signal; returns the result."""
         cfg, spe = self.config, self.steps_per_epoch
         n_epochs = math.ceil(self.planned / spe)
@@ -332,6 +275,7 @@ class _Loop:
                     self.timer.armed = True
                     self.timer.start()
                 self.train_step(order)
+                self.session.progress(self.step)
                 if self.step % cfg.log_interval == 0 or self.step == stop_at:
                     since = self.log_train(stop_at, since)
                 interval = cfg.checkpoint.interval_steps
@@ -342,29 +286,20 @@ class _Loop:
                     self.timer.start()
                 # Lagged: the flag's reduce overlaps the next steps (no round trip per check).
                 if poll.due(self.step) and guard.should_stop(self.rt.lagged_max):
-                    return self.stop(guard, requeue)
+                    return self.stop(guard)
             if self.epoch_step >= spe:
                 self.end_epoch(stop_at)
         if not self.metrics.records or self.metrics.records[-1]["kind"] != "eval":
             self.run_eval(stop_at)
         self.save(metric=self.result.test_accuracy)
         self.ckpt.wait()
-        self.event("complete", test_accuracy=self.result.test_accuracy)
+        self.session.complete(self.step, test_accuracy=self.result.test_accuracy)
         return self.finish()
 
-    def stop(self, guard: PreemptionGuard, requeue: RequeueConfig) -> TrainResult:
-        """Stop signal agreed: save synchronously, wait, barrier, requeue; return the result."""
-        # signal_name is None on rank 0 when only another rank got the signal
-        self.event("signal", signal=guard.signal_name or "on another rank")
-        self.save()
-        self.ckpt.wait()
-        self.rt.barrier()
-        # after the barrier: every rank's part of the checkpoint is complete
-        self.event("checkpoint", path=str(self.ckpt.root / f"step-{self.step}"))
+    def stop(self, guard: PreemptionGuard) -> TrainResult:
+        """Stop signal agreed: save, wait, barrier, requeue (the session); return the result."""
+        self.result.exit_code = self.session.stop(self.step, self.save)
         self.result.stopped = guard.reason
-        self.result.exit_code = request_requeue(
-            self.env, self.run_dir, requeue, guard.reason, step=self.step
-        )
         return self.finish()
 
     def finish(self) -> TrainResult:
@@ -372,27 +307,11 @@ class _Loop:
         r = self.result
         r.steps, r.epoch, r.images_per_s = self.step, self.epoch, self.timer.images_per_s
         self.metrics.close()
+        if self.tracker is not None:
+            if r.stopped:
+                self.tracker.event(str(r.stopped), self.step)
+            self.tracker.close()
         return r
-
-
-def _resolve_resume(
-    resume: bool | str | Path | None, env: DistEnv, ckpt: CheckpointManager, rt: Runtime
-) -> Path | None:
-    """Which checkpoint to start from; rank 0 decides and broadcasts so every rank agrees."""
-    want: bool | str | Path | None = resume
-    if want is None and env.restart_count > 0:
-        want = True
-    choice: list[str | None] = [None]
-    if env.is_main and want is not None and want is not False:
-        if want is True:
-            found = ckpt.latest_valid()
-            if found is None:
-                log.warning("resume: no valid checkpoint in %s, starting fresh", ckpt.root)
-            choice[0] = str(found) if found is not None else None
-        else:
-            choice[0] = str(want)
-    rt.broadcast_object(choice)
-    return Path(choice[0]) if choice[0] else None
 
 
 def run_training(
@@ -405,6 +324,7 @@ def run_training(
     requeue: RequeueConfig | None = None,
     guard: PreemptionGuard | None = None,
     devices: DeviceInfo | None = None,
+    allow_config_change: bool = False,
 ) -> TrainResult:
     """Train ``config`` in this process as rank ``env.rank`` and return what happened.
 
@@ -412,64 +332,51 @@ def run_training(
     truncated run is a prefix of the full one). ``resume``: True = newest valid checkpoint, a
     path = that checkpoint, None = only when ``env.restart_count > 0``. A stop signal (``guard``;
     one is installed when none is given) saves, waits, meets at a barrier and returns
-    ``request_requeue``'s exit code in ``TrainResult.exit_code``. Creates (and destroys) the
-    process group when the world has more than one process and none exists yet.
+    ``request_requeue``'s exit code in ``TrainResult.exit_code``. Set-up and take-down are the
+    :class:`train.session.RunSession` (process group, checkpoints, the resume choice and its
+    config check: ``allow_config_change`` lets fields that alter training differ).
     """
     t0 = time.perf_counter()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    requeue = requeue or RequeueConfig()
-    configure_torch(config, env)
-    devices = devices or resolve_device(env, config.strategy, config.allow_cpu_fallback)
-    # Created before the first collective: rank 0 clears leftovers of interrupted saves.
-    ckpt = CheckpointManager.for_run(run_dir, config, rank=env.rank, world_size=env.world_size)
-    own_guard = guard is None
-    if guard is None:
-        guard = PreemptionGuard(
-            (requeue.signal, "TERM"),
-            job_id=env.job_id,
-            signal_delay_s=requeue.signal_delay_s,
+    wandb = wandb_options(config)
+    session = RunSession(
+        config,
+        requeue or RequeueConfig(),
+        env,
+        Path(run_dir),
+        resume=resume,
+        guard=guard,
+        devices=devices,
+        allow_config_change=allow_config_change,
+    )
+    with session:
+        loop = _Loop(config, session)
+        mark("data_model")
+        if session.resume_from is not None:
+            loop.restore(session.resume_from)
+            mark("restored")
+        session.started(loop.step)
+        loop.tracker = Tracker(
+            loop.run_dir,
             is_main=env.is_main,
-        ).install()
-    rt = setup_runtime(env, devices)
-    try:
-        loop = _Loop(config, env, run_dir, devices, ckpt, rt)
-        resumed = _resolve_resume(resume, env, ckpt, rt)
-        if resumed is not None:
-            loop.restore(resumed)
-        loop.event("resume" if resumed is not None else "start")
+            resumed_step=loop.step if session.resume_from is not None else None,
+            restart_count=env.restart_count,
+            wandb=wandb,
+        )
         stop_at = min(loop.planned, max_steps) if max_steps else loop.planned
         if env.is_main:
+            c, w = config, env.world_size
             log.info(
-                "training %s/%s on %s: %d rank(s), global batch %d = %d rank(s) x %d micro-step(s)"
-                " x %d, %d steps/epoch, steps %d..%d",
-                config.model,
-                config.strategy,
-                devices.device,
-                env.world_size,
-                config.batch_size,
-                env.world_size,
-                config.grad_accum,
-                loop.micro,
-                loop.steps_per_epoch,
-                loop.step,
-                stop_at,
+                f"training {c.model}/{c.strategy} on {session.devices.device}: {w} rank(s), global "
+                f"batch {c.batch_size} = {w} rank(s) x {c.grad_accum} micro-step(s) x {loop.micro}"
+                f", {loop.steps_per_epoch} steps/epoch, steps {loop.step}..{stop_at}"
             )
         try:
-            result = loop.run(stop_at, guard, requeue)
+            result = loop.run(stop_at, session.guard)
         except Exception as exc:
             # A failure while training is recorded and requeued while requeue.max_failures
             # allows; the run resumes from the newest valid checkpoint.
-            what = describe_failure(exc, f"training failed at step {loop.step}")
+            code = session.fail(exc, f"training failed at step {loop.step}", loop.step)
             result = loop.finish()
-            result.stopped = "failure"
-            result.exit_code = request_requeue(
-                env, run_dir, requeue, "failure", step=loop.step, error=what
-            )
+            result.stopped, result.exit_code = "failure", code
         result.wall_s = time.perf_counter() - t0
         return result
-    finally:
-        ckpt.close()
-        if own_guard:
-            guard.uninstall()
-        rt.close()

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from train.config import TrainConfig
 from train.env import DistEnv
-from train.preempt import PreemptionGuard
+from train.signals import PreemptionGuard
 from train.trainer import TrainResult, run_training
 
 

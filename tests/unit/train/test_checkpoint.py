@@ -103,12 +103,36 @@ def test_async_snapshot_is_taken_on_the_training_path(setup: Any, monkeypatch: A
     digest = model_digest(model)
     _save(cm, model, opt, 1)
     assert cm.in_flight
-    with torch.no_grad():  # training continues while the save is written
-        for p in model.parameters():
-            p.add_(1.0)
+    # training continues while the save is written: its forward pass and optimizer step
+    # wait for the copy (copy-on-write), so the checkpoint holds the state of step 1
+    _train(model, opt, 2)
+    assert model_digest(model) != digest
     cm.wait()
     assert not cm.in_flight
     assert json.loads((root / "step-1" / "manifest.json").read_text())["digest"] == digest
+    # an in-place change outside forward/step: wait_copied() first, and the save is intact
+    _save(cm, model, opt, 2)
+    digest = model_digest(model)
+    cm.wait_copied()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    cm.wait()
+    assert json.loads((root / "step-2" / "manifest.json").read_text())["digest"] == digest
+
+
+def test_async_in_place_change_before_the_copy_fails_the_save_never_mixes(
+    setup: Any, monkeypatch: Any
+) -> None:
+    model, opt, root = setup
+    monkeypatch.setenv("TRAIN_CKPT_TEST_DELAY_S", "0.2")
+    cm = CheckpointManager(root, rank=0, world_size=1, async_save=True)
+    _save(cm, model, opt, 1)
+    with torch.no_grad():  # not through forward/optimizer.step: nothing waits for the copy
+        next(iter(model.parameters())).add_(1.0)
+    with pytest.raises(CheckpointError, match="changed in place before the asynchronous save"):
+        cm.wait()
+    assert cm.latest_valid() is None and not list(root.iterdir())
 
 
 def test_at_most_one_async_save_in_flight(setup: Any, monkeypatch: Any) -> None:
@@ -166,14 +190,17 @@ def test_keep_last_plus_best(setup: Any) -> None:
     metrics = {1: 0.5, 2: 0.9, 3: 0.1, 4: 0.2, 5: 0.3}
     for step, metric in metrics.items():
         _save(cm, model, opt, step, metric=metric)
+    cm.wait()  # pruned checkpoints are renamed away at once and deleted in the background
     assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-4", "step-5"]
     cm_min = CheckpointManager(root / "min", rank=0, world_size=1, keep_last=1, best_mode="min")
     for step, metric in metrics.items():
         _save(cm_min, model, opt, step, metric=metric)
+    cm_min.wait()
     assert sorted(p.name for p in (root / "min").iterdir()) == ["step-3", "step-5"]
     cm_nobest = CheckpointManager(root / "nb", rank=0, world_size=1, keep_last=1, keep_best=False)
     for step, metric in metrics.items():
         _save(cm_nobest, model, opt, step, metric=metric)
+    cm_nobest.wait()
     assert [p.name for p in (root / "nb").iterdir()] == ["step-5"]
 
 
@@ -189,7 +216,7 @@ def test_existing_valid_checkpoint_is_swapped_never_destroyed(
     _train(model, opt)  # e.g. a run resumed from an older step reaches step 3 differently
     if not can_swap:  # no renameat2(RENAME_EXCHANGE): the existing checkpoint is kept
         monkeypatch.setattr(train.ckpt_io, "exchange", lambda a, b: False)
-    cm2 = CheckpointManager(root, rank=0, world_size=1)
+    cm2 = CheckpointManager(root, rank=0, world_size=1, run_id=cm.run_id)  # the same run
     _save(cm2, model, opt, 3)
     assert old != model_digest(model)
     want = model_digest(model) if can_swap else old
@@ -418,3 +445,23 @@ def test_failed_save_can_be_retried_at_the_same_step(
     assert _save(cm, model, opt, 4) == root / "step-4"
     cm.wait()
     assert cm.latest_valid() == root / "step-4"
+
+
+def test_async_copy_on_write_covers_wrappers_that_skip_the_models_forward(
+    setup: Any, monkeypatch: Any
+) -> None:
+    """A pipeline-like wrapper calls the model's stages, never the model itself: BatchNorm
+    buffers change in those calls, which must also wait for the background copy."""
+    model, opt, root = setup
+    monkeypatch.setenv("TRAIN_CKPT_TEST_DELAY_S", "0.2")
+    cm = CheckpointManager(root, rank=0, world_size=1, async_save=True)
+    model.train()
+    digest = model_digest(model)
+    _save(cm, model, opt, 1)
+    x = torch.randn(16, 4)
+    for stage in model:  # not model(x): the model's own forward hooks never run
+        x = stage(x)
+    cm.wait()
+    assert model_digest(model) != digest  # the BatchNorm running stats moved
+    assert json.loads((root / "step-1" / "manifest.json").read_text())["digest"] == digest
+    cm.close()

@@ -29,7 +29,8 @@ from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.config import TrainConfig
 from train.env import DistEnv
 from train.history import RunHistory
-from train.preempt import REQUEUE_EXIT_CODE, PreemptionGuard
+from train.requeue import REQUEUE_EXIT_CODE
+from train.signals import PreemptionGuard
 from train.trainer import run_training
 
 REPO = Path(__file__).resolve().parents[3]
@@ -143,7 +144,7 @@ WORKER = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     from train.config import TrainConfig
     from train.env import DistEnv
-    from train.preempt import PreemptionGuard
+    from train.signals import PreemptionGuard
     from train.trainer import run_training
     logging.basicConfig(level=logging.WARNING)
     config = TrainConfig.model_validate(json.loads(sys.argv[2]))

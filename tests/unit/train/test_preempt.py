@@ -14,14 +14,9 @@ import pytest
 
 from train.config import RequeueConfig
 from train.history import RunHistory
-from train.preempt import (
-    BUDGET_EXHAUSTED_EXIT_CODE,
-    REQUEUE_EXIT_CODE,
-    PreemptionGuard,
-    classify_from_job_info,
-    classify_stop,
-    request_requeue,
-)
+from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
+from train.signals import PreemptionGuard
+from train.stops import classify_from_job_info, classify_stop
 
 
 @dataclass(frozen=True)
@@ -107,7 +102,7 @@ def test_sigterm_and_restore_previous_handler() -> None:
 
 
 def test_reason_is_classified_on_the_main_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("train.preempt.classify_stop", lambda job_id, delay: "timeout")
+    monkeypatch.setattr("train.stops.classify_stop", lambda job_id, delay: "timeout")
     guard = PreemptionGuard(job_id="7", signal_delay_s=90)
     guard.trigger("USR2")
     assert guard.should_stop(lambda x: x)
@@ -314,7 +309,7 @@ def test_failure_outside_slurm_is_recorded_not_requeued(tmp_path: Path) -> None:
 
 
 def test_signal_during_startup_is_kept_for_the_guard() -> None:
-    import train.preempt as preempt
+    import train.signals as preempt
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
     try:

@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+import train.session
 import train.trainer
 from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.config import RequeueConfig, TrainConfig
 from train.env import DistEnv
 from train.history import RunHistory
-from train.preempt import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
 
 CONFIG = TrainConfig.model_validate(
     {
@@ -60,7 +61,7 @@ def test_failures_requeue_until_the_budget_is_spent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client = FakeClient()
-    monkeypatch.setattr(train.trainer, "request_requeue", partial(request_requeue, client=client))
+    monkeypatch.setattr(train.session, "request_requeue", partial(request_requeue, client=client))
     env = DistEnv.from_env({"SLURM_JOB_ID": "123456"})
     requeue = RequeueConfig(max_failures=1)
 

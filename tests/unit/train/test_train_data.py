@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from train.config import DataConfig
-from train.data import Augmenter, load_data, make_synthetic, read_cifar10, write_cifar10
+from train.data import (
+    Augmenter,
+    describe_data,
+    load_data,
+    make_synthetic,
+    read_cifar10,
+    write_cifar10,
+)
 from train.errors import DataError
 from train.models import build_model, split_stages
 
@@ -159,3 +166,11 @@ def test_draw_epoch_matches_the_per_step_draws() -> None:
         Augmenter(torch.device("cpu"), augment=False, seed=3).draw_epoch(12, 5, epoch=0, rank=0)
         is None
     )
+
+
+def test_the_reported_accuracy_says_what_data_it_is_on() -> None:
+    synthetic = describe_data(DataConfig())
+    assert "SYNTHETIC" in synthetic and "not CIFAR-10" in synthetic
+    assert "train.data.kind=cifar10" in synthetic and "cifar-10-batches-bin" in synthetic
+    real = describe_data(DataConfig(kind="cifar10", path="/data/cifar-10-batches-py"))
+    assert real == "the CIFAR-10 test set (/data/cifar-10-batches-py)"

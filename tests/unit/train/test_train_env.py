@@ -8,7 +8,8 @@ import socket
 import pytest
 import torch
 
-from train.env import DistEnv, master_port_for_job, resolve_device, verify_master_port
+from train.device import resolve_device
+from train.env import DistEnv, master_port_for_job, verify_master_port
 from train.errors import DeviceError, EnvError
 
 # What srun exported to the tasks of `sbatch -N2 --ntasks-per-node=1 --gres=gpu:2` on the local
@@ -263,3 +264,10 @@ def test_one_visible_gpu_per_task_is_fine() -> None:
     del environ["SLURM_GPUS_ON_NODE"]
     env = DistEnv.from_env(environ)
     assert env.visible_devices == ("1",) and env.local_world_size == 2
+
+
+def test_node_name_is_the_slurm_node_not_the_host() -> None:
+    """The hang watchdog names the node a rank ran on; the dev cluster's nodes share one host."""
+    assert DistEnv.from_env(SLURM_2x1).node_name == "n2"
+    assert DistEnv.from_env(SLURM_1x2).node_name == "gpu-a07"
+    assert DistEnv.from_env(TORCHRUN).node_name is None

@@ -11,7 +11,7 @@ import torch
 
 from train.config import TrainConfig
 from train.env import DistEnv
-from train.preempt import PreemptionGuard
+from train.signals import PreemptionGuard
 from train.trainer import WARMUP_STEPS, run_training
 
 CFG = TrainConfig.model_validate(

@@ -1,0 +1,59 @@
+"""What jobs writes for train reads back as the same values: the resolved spec files
+(train.specio.dump_spec) and the --set values of the sbatch templates (train.specio.set_text)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jobs.load import load_text
+from jobs.submit import _resolved_text
+from train.config import load_run_config
+from train.specio import dump_spec, load_source, parse_override, set_text
+
+# Text a spec may hold: no control characters (refused by the loader), no lone surrogates.
+TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=12)
+TRICKY = "y n yes On 0o17 0x1f 010 1_000 1:00 1e3 1.0e3 .inf ~ null true - #c ' \" [x] &a *a <<"
+SCALARS = (
+    TEXT
+    | st.sampled_from([*TRICKY.split(), "", " x", "x ", "- a", "a: b"])
+    | st.integers(-(10**18) + 1, 10**18 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.booleans()
+    | st.none()
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.dictionaries(TEXT, VALUES, max_size=5))
+def test_dumped_specs_read_back_the_same(data: dict[str, Any]) -> None:
+    _, _, back = load_source(dump_spec(data), "resolved.yaml")
+    assert back == data
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(SCALARS | st.lists(SCALARS, max_size=4))
+def test_set_values_read_back_the_same(value: Any) -> None:
+    assert parse_override(f"k={set_text(value)}").value == value
+
+
+def test_resolved_spec_of_tricky_values_reaches_train_unchanged(tmp_path: Path) -> None:
+    text = (
+        "name: demo\n"
+        "environment:\n  variables: {A: 'y', B: '0o17', C: '1.0e3', D: 'off'}\n"
+        "entrypoint:\n  command: [echo, 'n', '010', '1:00', '1e3']\n"
+    )
+    task = load_text(text, "spec.yaml").tasks[0]
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(_resolved_text(task))
+    again = load_text(resolved.read_text(), str(resolved)).spec
+    assert again == task.spec
+    assert load_run_config(resolved).entrypoint == task.spec.entrypoint

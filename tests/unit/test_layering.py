@@ -1,0 +1,153 @@
+"""The package boundaries, checked by reading the source (AST), not by convention.
+
+- Only ``cluster/`` runs Slurm commands: no argv literal starting with a Slurm binary, and no
+  shell string running one, in ``jobs/``, ``train/`` or ``bench/`` (the benchmarks' own plain
+  ``sbatch``/``sacct`` baselines are listed below, one by one).
+- Only ``cluster/local/`` knows the dev cluster: nothing outside ``cluster/`` (tests aside)
+  imports ``cluster.local``, and inside ``cluster/`` only the dev cluster's own command line.
+- ``jobs`` never imports torch; ``train`` never imports ``jobs``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SLURM_BINARIES = frozenset(
+    {"sbatch", "srun", "salloc", "scancel", "squeue", "sacct", "sinfo", "scontrol", "sacctmgr"}
+)
+SHELL_CALLS = frozenset({"system", "popen", "getoutput", "getstatusoutput"})
+# (file, binary): a benchmark's baseline is the plain Slurm command, by definition.
+BASELINES = {
+    ("bench/cli_figures.py", "sbatch"),  # jobs submit vs a plain sbatch of the same script
+    ("bench/cli_figures.py", "sacct"),  # jobs status vs one plain sacct of the same array
+}
+# ``python -m cluster up|down|status`` is the dev cluster's own command line.
+LOCAL_CLUSTER_USERS = {"cluster/cli.py"}
+
+
+def _sources(*packages: str) -> Iterator[tuple[str, ast.Module]]:
+    for package in packages:
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            yield rel, ast.parse(path.read_text(encoding="utf-8"), filename=rel)
+
+
+def _imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """Every module an import statement names (at any depth: lazy imports count too)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            for alias in node.names:
+                yield node.lineno, f"{node.module}.{alias.name}"
+
+
+_CMD_NAMES = frozenset({"cmd", "command", "argv", "args"})
+
+
+def _argv(node: ast.AST | None) -> str | None:
+    """The Slurm binary an argv literal ``["sbatch", ...]`` starts with, if it does."""
+    if isinstance(node, ast.List | ast.Tuple) and node.elts:
+        first = node.elts[0]
+        if isinstance(first, ast.Constant) and first.value in SLURM_BINARIES:
+            return str(first.value)
+    return None
+
+
+def _slurm_commands(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """Argv literals given to a call (``run(["sbatch", ...])``) or kept as a command
+    (``cmd = ["sacct", ...]``), and shell strings (``os.system("squeue ...")``). A tuple of
+    names that is neither (``COMMANDS = ("squeue", ...)`` for shims) is not a command."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id.lower() for t in targets if isinstance(t, ast.Name)]
+            binary = _argv(node.value)
+            if binary and any(n in _CMD_NAMES or n.endswith(("_cmd", "_argv")) for n in names):
+                yield node.lineno, binary
+        if isinstance(node, ast.Call):
+            binary = _argv(node.args[0]) if node.args else None
+            if binary:
+                yield node.lineno, binary
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            shell = name in SHELL_CALLS or any(
+                kw.arg == "shell" and isinstance(kw.value, ast.Constant) and kw.value.value
+                for kw in node.keywords
+            )
+            if shell and node.args and isinstance(node.args[0], ast.Constant):
+                word = str(node.args[0].value).split(maxsplit=1)[:1]
+                if word and word[0] in SLURM_BINARIES:
+                    yield node.lineno, word[0]
+
+
+def _is(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_only_cluster_runs_slurm_commands() -> None:
+    found = [
+        f"{rel}:{line}: runs {binary} (go through cluster.client.SlurmClient)"
+        for rel, tree in _sources("jobs", "train", "bench")
+        for line, binary in _slurm_commands(tree)
+        if (rel, binary) not in BASELINES
+    ]
+    assert found == []
+
+
+def test_the_scan_sees_slurm_commands() -> None:
+    """The scanner itself: it must find what it is meant to forbid."""
+    code = (
+        "import os, subprocess\n"
+        "subprocess.run(['sbatch', 'x.sh'])\n"
+        "subprocess.Popen(('squeue', '-h'))\n"
+        "os.system('scancel 12')\n"
+        "subprocess.run('sinfo -h', shell=True)\n"
+        "cmd = ['sacct', '-j', '1']\n"
+        "subprocess.run(['echo', 'sbatch'])\n"
+        "NAMES = ('squeue', 'sacct')\n"
+    )
+    assert sorted(b for _, b in _slurm_commands(ast.parse(code))) == [
+        "sacct",
+        "sbatch",
+        "scancel",
+        "sinfo",
+        "squeue",
+    ]
+    assert {b for rel, tree in _sources("bench") for _, b in _slurm_commands(tree)} >= {
+        b for _, b in BASELINES
+    }, "a listed baseline is gone: remove it from BASELINES"
+
+
+def test_only_cluster_local_knows_the_dev_cluster() -> None:
+    found = []
+    for rel, tree in _sources("jobs", "train", "bench", "cluster"):
+        if rel.startswith("cluster/local/") or rel in LOCAL_CLUSTER_USERS:
+            continue
+        found += [
+            f"{rel}:{line}: imports {mod}"
+            for line, mod in _imports(tree)
+            if _is(mod, "cluster.local")
+        ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [("jobs", "torch"), ("train", "jobs"), ("cluster", "jobs"), ("cluster", "train")],
+)
+def test_package_never_imports(package: str, forbidden: str) -> None:
+    found = [
+        f"{rel}:{line}: imports {mod}"
+        for rel, tree in _sources(package)
+        for line, mod in _imports(tree)
+        if _is(mod, forbidden)
+    ]
+    assert found == []

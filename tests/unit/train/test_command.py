@@ -1,0 +1,478 @@
+"""train.command: supervision of ``entrypoint.command`` without Slurm (real child processes).
+
+A signal "from Slurm" is simulated the way Slurm delivers a step signal: to the supervisor (this
+process) AND to the command's processes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
+from train.config import RunConfig
+from train.env import DistEnv
+from train.history import RunHistory
+from train.procs import parse_sigmask, topmost
+from train.requeue import REQUEUE_EXIT_CODE
+
+USR1, USR2, TERM = int(signal.SIGUSR1), int(signal.SIGUSR2), int(signal.SIGTERM)
+
+# A command that writes its pid, records every signal it gets, and acts on USR1 (save + exit 0)
+# unless told to ignore its own handler's meaning ("stubborn").
+CHILD = r"""
+import os, signal, sys, time
+out = os.environ["OUT"]
+mode = sys.argv[1]
+def note(s, f):
+    with open(out + ".signals", "a") as fh:
+        fh.write(signal.Signals(s).name + "\n")
+    if mode == "saver" and s == signal.SIGUSR1:
+        open(out + ".saved", "w").write(os.environ.get("TRAIN_RESTART_COUNT", "?"))
+        sys.exit(0)
+if mode in ("saver", "stubborn"):
+    signal.signal(signal.SIGUSR1, note)
+if mode == "requeuer":
+    def requeue(s, f):
+        open(os.environ["OUT"] + ".requeued", "w").write("1")
+    signal.signal(signal.SIGUSR1, requeue)
+open(out + ".pid", "w").write(str(os.getpid()))
+for _ in range(600):
+    time.sleep(0.05)
+sys.exit(0)
+"""
+
+
+def _config(command: list[str], **entry: Any) -> RunConfig:
+    return RunConfig.model_validate(
+        {"entrypoint": {"command": command, **entry}, "requeue": {"signal_delay_s": 30}}
+    )
+
+
+def _script(tmp_path: Path) -> Path:
+    path = tmp_path / "child.py"
+    path.write_text(CHILD)
+    return path
+
+
+def _wait_file(path: Path, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def _slurm_signal_later(pid_file: Path, sig: int = USR2) -> threading.Thread:
+    """Like a step signal: to the command's process and to us (the supervisor)."""
+
+    def go() -> None:
+        child = int(_wait_file(pid_file))
+        time.sleep(0.3)  # past the child's handler installation
+        os.kill(child, sig)
+        os.kill(os.getpid(), sig)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def _events(run_dir: Path) -> list[str]:
+    return [e["event"] for e in RunHistory(run_dir).events()]
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+def test_resolve_argv_python_means_the_running_interpreter(tmp_path: Path) -> None:
+    exe = tmp_path / "venv" / "bin" / "python"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("")
+    tool = exe.parent / "torchrun"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert resolve_argv(["python", "x.py"], str(exe)) == [str(exe), "x.py"]
+    assert resolve_argv(["python3.11", "-m", "m"], str(exe)) == [str(exe), "-m", "m"]
+    assert resolve_argv(["torchrun", "a"], str(exe)) == [str(tool), "a"]
+    assert resolve_argv(["/opt/py/bin/python", "x.py"], str(exe)) == ["/opt/py/bin/python", "x.py"]
+    assert resolve_argv(["bash", "run.sh"], str(exe)) == ["bash", "run.sh"]
+
+
+def test_child_environ_documents_where_the_run_is(tmp_path: Path) -> None:
+    env = DistEnv(rank=1, world_size=2, job_id="42", restart_count=3)
+    exe = str(tmp_path / "bin" / "python")
+    child = child_environ(
+        {"PATH": "/usr/bin"}, env, tmp_path, tmp_path / "ck" / "step-5", "auto", exe
+    )
+    assert child["RUN_DIR"] == str(tmp_path)
+    assert child["TRAIN_RESTART_COUNT"] == "3"
+    assert child["TRAIN_RESUME_FROM"] == str(tmp_path / "ck" / "step-5")
+    assert child["TRAIN_CHECKPOINT_DIR"] == str(tmp_path / "checkpoints")
+    assert child["TRAIN_STOP_SIGNAL"] == "auto"
+    assert child["PL_TRAINER_DEFAULT_ROOT_DIR"] == str(tmp_path)
+    assert child["RANK"] == "1" and child["WORLD_SIZE"] == "2"
+    assert child["PATH"].split(os.pathsep)[0] == str(tmp_path / "bin")
+    # the user's own choice of Lightning root wins; a stale resume path does not leak through
+    mine = child_environ(
+        {"PL_TRAINER_DEFAULT_ROOT_DIR": "/mine", "TRAIN_RESUME_FROM": "/old"},
+        env,
+        tmp_path,
+        None,
+        "none",
+        exe,
+    )
+    assert mine["PL_TRAINER_DEFAULT_ROOT_DIR"] == "/mine"
+    assert "TRAIN_RESUME_FROM" not in mine
+
+
+def test_parse_sigmask_and_topmost() -> None:
+    # SigCgt of a Python process with USR1 and TERM handlers (+ SIGINT, Python's own)
+    assert parse_sigmask("0000000000004202") == {2, 10, 15}
+    assert parse_sigmask("zz") == set()
+    tree = {10: 0, 11: 10, 12: 11, 13: 10}
+    assert topmost(tree, [11, 12, 13]) == [11, 13]
+    assert topmost(tree, [12]) == [12]
+
+
+@pytest.mark.parametrize(
+    ("configured", "caught", "trigger", "slurm", "expect"),
+    [
+        # Lightning's SLURMEnvironment catches USR1 (and TERM): USR1, to the process catching it
+        ("auto", {10: {USR1, TERM, 2}}, USR2, True, (USR1, (10,), False, False)),
+        # torchrun catches TERM and passes it on: only the launcher gets it, not its workers
+        ("auto", {10: {TERM}, 11: {TERM}}, USR2, True, (TERM, (10,), False, False)),
+        # a wrapper shell (no handlers) around a Python script catching USR1: the script
+        ("auto", {10: set(), 11: {USR1}}, USR2, True, (USR1, (11,), False, False)),
+        # the command catches the job's own signal: Slurm delivered it already, once
+        ("auto", {10: {USR2}}, USR2, True, (USR2, (), True, False)),
+        # catches nothing: stopped at once
+        ("auto", {10: {2}}, USR2, True, (None, (), False, True)),
+        ("none", {10: {USR1}}, USR2, True, (None, (), False, True)),
+        # told USR1, catches nothing: the command itself gets it anyway
+        ("USR1", {10: set()}, USR2, True, (USR1, (10,), False, False)),
+        ("USR2", {10: {USR2}}, USR2, True, (USR2, (), True, False)),
+        # Slurm's TERM reaches everyone; outside Slurm it is passed on
+        ("auto", {10: {USR1}}, TERM, True, (None, (), True, False)),
+        ("auto", {10: {USR1}}, TERM, False, (TERM, (10,), False, False)),
+    ],
+)
+def test_plan_stop(
+    configured: str,
+    caught: dict[int, set[int]],
+    trigger: int,
+    slurm: bool,
+    expect: tuple[Any, ...],
+) -> None:
+    tree = {10: 0, 11: 10} if 11 in caught else {10: 0}
+    plan = plan_stop(trigger, USR2, configured, 10, slurm, tree, lambda p: caught.get(p, set()))
+    assert (plan.signal, plan.targets, plan.by_slurm, plan.terminate) == expect
+    assert plan.note
+
+
+# -- real children, no Slurm ------------------------------------------------------------------
+def test_completes_and_records(tmp_path: Path) -> None:
+    config = _config([sys.executable, "-c", "print('hi')"])
+    assert run_command(config, DistEnv(), tmp_path) == 0
+    assert _events(tmp_path) == ["complete"]
+
+
+def test_failure_records_exit_code_and_stderr_tail(tmp_path: Path) -> None:
+    code = "import sys; print('line one', file=sys.stderr); sys.exit('ValueError: bad lr')"
+    config = _config(["python", "-c", code])
+    assert run_command(config, DistEnv(), tmp_path) == 1
+    (failure,) = [e for e in RunHistory(tmp_path).events() if e["event"] == "failure"]
+    assert "exited 1" in failure["error"] and "ValueError: bad lr" in failure["error"]
+    assert failure["exit_code"] == 1
+    assert failure["stderr_tail"][-2:] == ["line one", "ValueError: bad lr"]
+
+
+def test_killed_by_a_signal_is_named(tmp_path: Path) -> None:
+    config = _config(["python", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    assert run_command(config, DistEnv(), tmp_path) == 128 + signal.SIGSEGV
+    (failure,) = [e for e in RunHistory(tmp_path).events() if e["event"] == "failure"]
+    assert "killed by SIGSEGV" in failure["error"]
+    assert failure["signal"] == "SIGSEGV"
+
+
+def test_unstartable_command_is_bad_input(tmp_path: Path) -> None:
+    from train.errors import EntrypointError
+
+    with pytest.raises(EntrypointError, match="no-such-program"):
+        run_command(_config(["no-such-program-h7"]), DistEnv(), tmp_path)
+
+
+def test_saver_gets_usr1_once_and_is_requeued(tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = _config(["python", str(_script(tmp_path)), "saver"])
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    code = run_command(config, DistEnv(restart_count=2), tmp_path)
+    t.join()
+    assert code == REQUEUE_EXIT_CODE  # outside Slurm: the launcher requeues on 75
+    assert Path(f"{out}.saved").read_text() == "2"
+    # USR2 (the job's signal) was ignored by the command; USR1 came once, from us
+    assert Path(f"{out}.signals").read_text().split() == ["SIGUSR1"]
+    history = RunHistory(tmp_path)
+    assert _events(tmp_path) == ["preempted", "requeue"]
+    assert history.to_dict()["preemptions"] == 1
+
+
+def test_command_ignoring_signals_is_stopped_not_failed(tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = _config(["python", str(_script(tmp_path)), "plain"])
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    started = time.monotonic()
+    code = run_command(config, DistEnv(), tmp_path)
+    t.join()
+    assert code == REQUEUE_EXIT_CODE
+    assert time.monotonic() - started < 15  # stopped at once, not after the grace time
+    assert _events(tmp_path) == ["preempted", "requeue"]
+
+
+def test_grace_time_then_stopped(tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = _config(["python", str(_script(tmp_path)), "stubborn"])
+    run = CommandRun(config, DistEnv(), tmp_path, None)
+    run.grace_s = 1.0
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    assert run.run() == REQUEUE_EXIT_CODE
+    t.join()
+    assert Path(f"{out}.signals").read_text().split() == ["SIGUSR1"]
+    assert _events(tmp_path) == ["preempted", "requeue"]
+
+
+class FakeSlurm:
+    """What ``scontrol show job`` says; the job counts as requeued once ``flag`` exists."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+        self.requeues: list[str] = []
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        restarts = "1" if self.flag.exists() else "0"
+        return {"JobState": "RUNNING", "EndTime": "2099-01-01T00:00:00", "Restarts": restarts}
+
+    def requeue(self, job_id: str) -> None:
+        self.requeues.append(job_id)
+
+
+def test_self_requeueing_framework_is_not_requeued_twice(tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = _config(["python", str(_script(tmp_path)), "requeuer"])
+    slurm = FakeSlurm(Path(f"{out}.requeued"))
+    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
+    run.grace_s = 3.0
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    assert run.run() == 0
+    t.join()
+    assert slurm.requeues == []
+    events = RunHistory(tmp_path).events()
+    assert [e["event"] for e in events] == ["preempted", "requeue"]
+    assert events[-1]["via"] == "command"
+
+
+def test_saver_under_slurm_is_requeued_by_us(tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = _config(["python", str(_script(tmp_path)), "saver"])
+    slurm = FakeSlurm(tmp_path / "never")
+    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    assert run.run() == 0
+    t.join()
+    assert slurm.requeues == ["77"]
+    events = RunHistory(tmp_path).events()
+    assert [e["event"] for e in events] == ["preempted", "requeue"]
+    assert events[-1]["via"] == "scontrol"
+
+
+class SlowController(FakeSlurm):
+    """A busy controller: every ``scontrol`` answer takes ``delay`` s; the job is preempted
+    from a partition with GraceTime ``grace``."""
+
+    def __init__(self, flag: Path, delay: float, grace: int) -> None:
+        super().__init__(flag)
+        self.delay, self.grace = delay, grace
+        self.asked_at: list[float] = []
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        self.asked_at.append(time.time())
+        time.sleep(self.delay)
+        return {
+            **super().show_job(job_id),
+            "Partition": "debug",
+            "PreemptTime": "2026-01-01T00:00:00",
+        }
+
+    def partition(self, name: str) -> Any:
+        return type("Partition", (), {"grace_time_s": self.grace})()
+
+
+def test_rank0_forwards_before_asking_slurm_and_fits_the_grace_time(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Every rank's command gets its signal at once (Lightning's handler runs a barrier: ranks
+    signalled seconds apart block each other), and a preempted command is stopped before
+    Slurm's GraceTime kill, with time left for our requeue."""
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = _config(["python", str(_script(tmp_path)), "stubborn"])  # stop_grace_s 30
+    slurm = SlowController(tmp_path / "never", delay=1.5, grace=9)
+    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    started = time.monotonic()
+    assert run.run() == 0
+    took = time.monotonic() - started
+    t.join()
+    signalled_at = Path(f"{out}.signals").stat().st_mtime
+    assert signalled_at < slurm.asked_at[0] + 1.0  # not after the slow first answer
+    assert Path(f"{out}.signals").read_text().split() == ["SIGUSR1"]
+    assert run.grace_s == 4.0  # GraceTime 9 s - 5 s for the requeue
+    assert took < 20, took  # stopped at the partition's grace, not after stop_grace_s=30
+    assert slurm.requeues == ["77"]
+    assert _events(tmp_path) == ["preempted", "requeue"]
+
+
+def test_rank0_asks_first_when_the_stop_may_exhaust_the_budget(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = RunConfig.model_validate(
+        {
+            "entrypoint": {"command": ["python", str(_script(tmp_path)), "saver"]},
+            "requeue": {"signal_delay_s": 30, "max_preemptions": 0},
+        }
+    )
+    slurm = SlowController(tmp_path / "never", delay=0.1, grace=9)
+    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    assert run.run() != 0
+    t.join()
+    # over budget: the command is stopped, not told to save for a requeue that will not come
+    assert not Path(f"{out}.saved").exists()
+    assert slurm.requeues == []
+    assert _events(tmp_path) == ["preempted", "budget_exhausted"]
+
+
+class HeldStop:
+    """A guard that caught the job's signal while the run was being set up."""
+
+    requested = True
+    signal_name = "SIGUSR2"
+    received_at = 1.0
+
+
+def test_stop_during_set_up_requeues_without_starting(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    config = _config(["python", "-c", f"open({str(marker)!r}, 'w')"])
+    code = run_command(config, DistEnv(), tmp_path, early=HeldStop())
+    assert code == REQUEUE_EXIT_CODE
+    assert not marker.exists()
+    assert _events(tmp_path) == ["preempted", "requeue"]
+
+
+def test_history_of_a_command_shows_the_real_cause(tmp_path: Path) -> None:
+    code = "import sys; sys.exit(\"ModuleNotFoundError: No module named 'torch'\")"
+    config = RunConfig.model_validate(
+        {"entrypoint": {"command": ["python", "-c", code]}, "requeue": {"max_failures": 0}}
+    )
+    assert run_command(config, DistEnv(restart_count=2), tmp_path) == 3  # budget spent
+    d = RunHistory(tmp_path).to_dict()
+    assert d["last_failure"]["exit_code"] == 1 and d["restarts"] == 2
+    summary = RunHistory(tmp_path).summary()
+    assert "failed 1x" in summary and "No module named 'torch'" in summary
+    assert "None" not in summary
+
+
+def test_history_of_a_completed_command_has_no_step(tmp_path: Path) -> None:
+    assert run_command(_config(["python", "-c", "pass"]), DistEnv(), tmp_path) == 0
+    assert RunHistory(tmp_path).summary() == "complete"
+
+
+def test_spec_fields_for_the_stop(tmp_path: Path) -> None:
+    from train.config import load_run_config
+    from train.errors import ConfigError
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "requeue: {signal_delay_s: 20}\n"
+        "entrypoint: {command: [python, x.py], stop_signal: sigterm, stop_grace_s: 60}\n"
+    )
+    config = load_run_config(spec)
+    assert config.entrypoint is not None and config.entrypoint.stop_signal == "TERM"
+    run = CommandRun(config, DistEnv(), tmp_path, None)
+    assert run.grace_s == 10  # capped: gone before the time limit
+    spec.write_text("entrypoint: {command: [python, x.py], stop_signal: KILL}\n")
+    with pytest.raises(ConfigError, match=r"stop_signal.*or auto"):
+        load_run_config(spec)
+
+
+@pytest.mark.parametrize(
+    ("job_signal", "stop_signal", "ignored"),
+    [
+        ("USR2", "auto", True),  # the default: a plain script must not die of Slurm's USR2
+        ("USR1", "auto", False),  # Lightning's own signal: it must be able to install it
+        ("USR2", "USR2", False),  # the command's own stop signal
+        ("TERM", "auto", False),
+        ("HUP", "none", True),
+    ],
+)
+def test_which_job_signal_the_command_starts_ignoring(
+    tmp_path: Path, job_signal: str, stop_signal: str, ignored: bool
+) -> None:
+    out = tmp_path / "disp"
+    code = (
+        "import signal, sys; "
+        f"open({str(out)!r}, 'w').write(str(signal.getsignal(signal.SIG{job_signal}) "
+        "== signal.SIG_IGN))"
+    )
+    config = RunConfig.model_validate(
+        {
+            "entrypoint": {"command": ["python", "-c", code], "stop_signal": stop_signal},
+            "requeue": {"signal": job_signal},
+        }
+    )
+    run = CommandRun(config, DistEnv(), tmp_path, None)
+    assert run.shielded() is ignored
+    assert run.run() == 0
+    assert out.read_text() == str(ignored)
+
+
+def test_stderr_tail_passes_everything_through_and_keeps_the_last_lines() -> None:
+    from train.procs import StderrTail
+
+    read_fd, write_fd = os.pipe()
+    sink = io.BytesIO()
+    tail = StderrTail(os.fdopen(read_fd, "rb"), sink, keep=3)
+    data = b"epoch 1\n" + b"".join(b"\r%d%%" % i for i in range(0, 101, 25)) + b"\nboom\nlast"
+    os.write(write_fd, data)
+    os.close(write_fd)
+    assert tail.lines() == ["75%", "100%", "boom", "last"][-3:]
+    assert sink.getvalue() == data
+
+
+def test_a_finished_task_ignores_late_stop_signals(tmp_path: Path) -> None:
+    """A preemption signal that reaches a task while Python shuts down (it restores SIG_DFL for
+    its own handlers then) would kill it and turn a COMPLETED job into FAILED (seen on the
+    local cluster): jobs.launch ignores the stop signals once train returned."""
+    from jobs.launch import TrainLaunch
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("entrypoint: {command: [python, -c, pass]}\n")
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        assert TrainLaunch(str(spec), str(tmp_path / "run"))() == 0
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in saved)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

@@ -1,0 +1,284 @@
+"""The checkpoint root as a directory: listing, ownership, committing, pruning, leftovers.
+
+Rules every function here keeps (issue 14): a symbolic link is never a checkpoint, never
+followed, never deleted through (a leftover link is removed as a link); a checkpoint is only
+pruned or replaced when its manifest proves it belongs to a run in ``owned`` (its ``run_id``);
+a damaged or foreign manifest proves nothing, so such a directory is never touched. Used by
+:class:`train.checkpoint.CheckpointManager`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any, Literal
+
+from train import ckpt_io as _io
+from train.errors import CheckpointError
+
+__all__ = [
+    "checkpoint_run_id",
+    "checkpoint_step",
+    "collect_markers",
+    "commit",
+    "foreign_checkpoints",
+    "latest_valid",
+    "owned_dirs",
+    "prune",
+    "remove_all",
+    "remove_leftovers",
+    "step_dirs",
+    "tmp_dir",
+    "warn_skipped",
+]
+
+log = logging.getLogger("train.checkpoint")
+
+STEP_RE = _io.STEP_RE
+TMP_RE = re.compile(r"^\.step-(\d+)\.tmp$")
+# directories this code renamed to delete them; ``.corrupt-*`` (set aside) are kept for people
+JUNK_RE = re.compile(r"^\.step-(\d+)\.del-\d+$")
+
+
+def checkpoint_run_id(path: str | os.PathLike[str]) -> str | None:
+    """The ``run_id`` recorded in checkpoint ``path``'s manifest; None when there is none or the
+    manifest is missing, damaged, foreign, or ``path`` is a link (nothing to prove ownership)."""
+    try:
+        rid = _io.read_manifest(Path(path)).get("run_id")
+    except CheckpointError:
+        return None
+    return rid or None
+
+
+def _remove(p: Path) -> None:
+    """Delete a leftover of ours: a link as a link (never its target), a directory as a tree."""
+    if p.is_symlink():
+        p.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``step-N`` directories, newest first; links are not checkpoints and are left out."""
+    out = []
+    for p in root.iterdir():
+        m = STEP_RE.match(p.name)
+        if m and not p.is_symlink() and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out, reverse=True)
+
+
+def owned_dirs(root: Path, owned: Collection[str]) -> list[tuple[int, Path, dict[str, Any]]]:
+    """Checkpoints of the runs in ``owned`` (readable manifest, owned run id), newest first."""
+    out = []
+    for s, p in step_dirs(root):
+        try:
+            manifest = _io.read_manifest(p)
+        except CheckpointError:
+            continue  # damaged or foreign: nobody can prove it is ours, so never touched
+        if manifest.get("run_id") in owned:
+            out.append((s, p, manifest))
+    return out
+
+
+def foreign_checkpoints(root: Path, owned: Collection[str]) -> list[Path]:
+    """``step-N`` entries (newest first) not of an owned run: another run's, damaged, links."""
+    entries = []
+    for p in root.iterdir():
+        m = STEP_RE.match(p.name)
+        if m and (p.is_symlink() or checkpoint_run_id(p) not in owned):
+            entries.append((int(m.group(1)), p))
+    return [p for _, p in sorted(entries, reverse=True)]
+
+
+def tmp_dir(root: Path, step: int, rank: int) -> Path:
+    """``ROOT/.step-N.tmp``, where every rank writes its part of checkpoint ``step``; a link
+    planted there is removed by rank 0 and refused by the others (never written through)."""
+    tmp = root / f".step-{step}.tmp"
+    if rank == 0 and tmp.is_symlink():
+        tmp.unlink()
+    tmp.mkdir(exist_ok=True)
+    if tmp.is_symlink():
+        raise CheckpointError(f"{tmp} is a symbolic link; refusing to write through it")
+    return tmp
+
+
+def remove_leftovers(root: Path) -> None:
+    """Remove ``.step-N.tmp`` (interrupted saves) and ``.step-N.del-*`` (interrupted prunes)."""
+    for p in root.iterdir():
+        if TMP_RE.match(p.name):
+            log.warning("removing %s: an incomplete checkpoint from an interrupted save", p)
+            _remove(p)
+        elif JUNK_RE.match(p.name):
+            _remove(p)
+
+
+def warn_skipped(root: Path, newest: int) -> None:
+    """Say which entries a search for the newest checkpoint passes over without trying."""
+    for p in sorted(root.iterdir()):
+        m = TMP_RE.match(p.name)
+        if m and int(m.group(1)) >= newest:
+            log.warning("skipping %s: incomplete checkpoint (interrupted save)", p.name)
+        elif STEP_RE.match(p.name) and p.is_symlink():
+            log.warning("skipping %s: a symbolic link, never loaded as a checkpoint", p.name)
+
+
+def prune(
+    root: Path,
+    owned: Collection[str],
+    *,
+    keep: int,
+    keep_last: int,
+    keep_best: bool,
+    best_mode: Literal["max", "min"],
+) -> list[Path]:
+    """Keep the newest ``keep_last`` checkpoints and the best one; set the others aside.
+
+    Only checkpoints of owned runs are candidates (another run's, a damaged one or a link
+    is never deleted). Runs only after checkpoint ``keep`` is complete, so the only good
+    one is never removed. Each doomed ``step-N`` is renamed to ``.step-N.del-*`` (no longer a
+    checkpoint); returns those for :func:`remove_all` (which a caller may run in the
+    background: deleting 50 MB takes longer than renaming it; leftovers go at the next start).
+    """
+    dirs = owned_dirs(root, owned)
+    kept = {s for s, _, _ in dirs[:keep_last]} | {keep}
+    if keep_best:
+        best: tuple[float, int] | None = None
+        for s, _, manifest in dirs:
+            metric = manifest.get("metric")
+            if isinstance(metric, int | float):
+                score = float(metric) if best_mode == "max" else -float(metric)
+                if best is None or score > best[0]:
+                    best = (score, s)
+        if best is not None:
+            kept.add(best[1])
+    doomed = []
+    for s, p, _ in dirs:
+        if s in kept or p.is_symlink():
+            continue
+        # rename first: a half-deleted directory must never look like a checkpoint
+        aside = p.with_name(f".{p.name}.del-{time.time_ns()}")
+        try:
+            os.rename(p, aside)
+        except OSError:
+            continue
+        doomed.append(aside)
+    return doomed
+
+
+def remove_all(doomed: list[Path]) -> None:
+    """Delete what :func:`prune` set aside (links as links)."""
+    for p in doomed:
+        _remove(p)
+
+
+def _marker_entry(marker: object, step: int) -> dict[str, Any] | None:
+    """The file entry of a rank's marker for ``step``; None for a stale or damaged marker."""
+    if not isinstance(marker, dict) or marker.get("step") != step:
+        return None
+    size, sha = marker.get("size"), marker.get("sha256")
+    if not isinstance(size, int) or isinstance(size, bool) or not isinstance(sha, str):
+        return None
+    return {"size": size, "sha256": sha}
+
+
+def collect_markers(
+    tmp: Path, step: int, ranks: Collection[int], timeout_s: float
+) -> dict[str, dict[str, Any]]:
+    """Wait until each of ``ranks`` dropped its marker for ``step``; return their file entries.
+
+    A stale or damaged marker counts as not there yet (and times out like a dead rank)."""
+    deadline = time.monotonic() + timeout_s
+    files: dict[str, dict[str, Any]] = {}
+    pending = set(ranks)
+    while pending:
+        for r in sorted(pending):
+            try:
+                raw = json.loads((tmp / _io.marker_file(r)).read_bytes().decode("utf-8"))
+            except (OSError, ValueError, RecursionError):
+                continue
+            entry = _marker_entry(raw, step)
+            if entry is not None:
+                files[_io.rank_file(r)] = entry
+                pending.discard(r)
+        if pending:
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"checkpoint step-{step}: ranks {sorted(pending)} did not finish writing "
+                    f"within {timeout_s:g}s (did a rank die?)"
+                )
+            time.sleep(0.02)
+    return files
+
+
+def commit(tmp: Path, final: Path, owned: Collection[str]) -> None:
+    """Put the complete ``tmp`` in place as ``final``; never destroy a valid ``final``.
+
+    An existing valid ``step-N`` of an owned run (e.g. written before a ``--resume`` from an
+    older step) is swapped atomically with the new one and only then deleted; where an atomic
+    swap is not possible the existing one is kept and the new copy discarded. An invalid one is
+    set aside as ``.step-N.corrupt-*`` (kept). One of another run, or a link, is never
+    touched: CheckpointError (and ``tmp`` is removed).
+    """
+    root = final.parent
+    if final.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{final} is a symbolic link; not replacing it")
+    if final.exists():
+        try:
+            existing = _io.verify_checkpoint(final)
+        except CheckpointError as exc:
+            aside = final.with_name(f".{final.name}.corrupt-{time.time_ns()}")
+            log.warning("setting invalid %s aside as %s (%s)", final, aside.name, exc)
+            os.rename(final, aside)
+        else:
+            owner = existing.get("run_id")
+            if owner not in owned:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise CheckpointError(
+                    f"{final} belongs to another run (run id {owner or 'unknown'}); not "
+                    "replacing it: use a new run directory, or resume that run"
+                )
+            if _io.exchange(tmp, final):
+                _io.fsync_dir(root)
+                log.warning("%s existed; replaced it atomically with this run's", final)
+            else:
+                log.warning("%s already exists and is valid; keeping it", final)
+            shutil.rmtree(tmp, ignore_errors=True)  # the old one after a swap, else the new
+            return
+    os.rename(tmp, final)
+    _io.fsync_dir(root)
+    log.info("checkpoint saved: %s", final)
+
+
+def checkpoint_step(path: str | os.PathLike[str]) -> int | None:
+    """The step recorded in checkpoint ``path``'s manifest; None when it is unreadable."""
+    try:
+        return int(_io.read_manifest(Path(path))["step"])
+    except CheckpointError:
+        return None
+
+
+def latest_valid(root: str | os.PathLike[str]) -> Path | None:
+    """The newest checkpoint under ``root`` that verifies completely (read-only: creates and
+    removes nothing; a missing ``root`` has none). Invalid newer ones are skipped with a
+    warning."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    dirs = step_dirs(root)
+    warn_skipped(root, dirs[0][0] if dirs else -1)
+    for _, p in dirs:
+        try:
+            _io.verify_checkpoint(p)
+        except CheckpointError as exc:
+            log.warning("skipping invalid checkpoint: %s", exc)
+            continue
+        return p
+    return None

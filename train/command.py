@@ -1,0 +1,433 @@
+"""Supervise the user's own program (``entrypoint: {command: [...]}``) through Slurm's stops.
+
+One supervisor per task (rank) runs the command as a child in its own session and:
+
+- starts it with the job's requeue signal (``requeue.signal``, USR2 by default) IGNORED, because
+  Slurm delivers that signal to every process of the step (:mod:`train.procs`): a script that
+  handles no signal no longer dies of it, and a program that installs its own handler for it
+  still gets it (from Slurm, once);
+- on that signal (preemption or time limit), rank 0 asks Slurm which it is and records it in
+  ``RUN_DIR/events.jsonl`` (its own budget), then the command gets the signal it listens for,
+  ONCE (``entrypoint.stop_signal``: ``auto`` sends USR1 to a process that catches USR1, as
+  Lightning's ``SLURMEnvironment`` does, else USR2, else TERM to one that catches TERM; ``none``
+  or nothing caught: the command is stopped at once), and ``entrypoint.stop_grace_s`` seconds
+  to save and exit;
+- then rank 0 requeues the job (``scontrol requeue``), unless the command or Slurm already did
+  (Lightning requeues itself: recorded with ``via: "command"``, not requeued twice);
+- a command that exits non-zero without being stopped is a failure: recorded with its exit code
+  or signal name and the last lines of its stderr, requeued within ``requeue.max_failures``.
+
+The command finds where it was through its environment (see :func:`child_environ`): RUN_DIR,
+TRAIN_RESTART_COUNT, TRAIN_RESUME_FROM (our newest valid checkpoint, when there is one),
+TRAIN_CHECKPOINT_DIR, TRAIN_STOP_SIGNAL, the torchrun variables, and
+PL_TRAINER_DEFAULT_ROOT_DIR=RUN_DIR so that Lightning keeps (and finds) its ``hpc_ckpt_N.ckpt``
+in the run directory unless the script sets ``default_root_dir`` itself. ``python`` (any bare
+name found beside the interpreter running this, e.g. ``torchrun``) means that interpreter's
+environment: the one ``jobs`` was submitted from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from train.config import RunConfig
+from train.env import DistEnv
+from train.errors import EntrypointError
+from train.history import RunHistory
+from train.procs import (
+    PROC,
+    StderrTail,
+    StopPlan,
+    caught_signals,
+    child_environ,
+    plan_stop,
+    process_tree,
+    resolve_argv,
+    signal_group,
+    signal_name,
+    signum_of,
+    stop_group,
+    wait_exit,
+)
+from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
+from train.signals import pop_early_signals
+from train.stops import classify_stop, preemption_grace_s
+
+__all__ = ["StopPlan", "child_environ", "plan_stop", "resolve_argv", "run_command"]
+
+log = logging.getLogger(__name__)
+
+_EVENT_OF_KIND = {"preemption": "preempted", "timeout": "timeout", "cancel": "cancelled"}
+_POLL_S = 0.2
+_REQUEUE_MARGIN_S = 5  # seconds kept for our requeue before Slurm's preemption kill
+
+
+class CommandRun:
+    """One task's supervision of the command (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        env: DistEnv,
+        run_dir: Path,
+        resume_from: Path | None,
+        *,
+        client: Any = None,
+        proc_root: Path = PROC,
+        early: Any = None,
+    ) -> None:
+        entry = config.entrypoint
+        if entry is None or entry.command is None:
+            raise EntrypointError("the spec has no entrypoint.command")
+        self.config, self.env, self.run_dir, self.resume_from = config, env, run_dir, resume_from
+        self.argv = resolve_argv(entry.command)
+        self.stop_signal = str(getattr(entry, "stop_signal", "auto"))
+        # the command must be gone before the time limit: Slurm's signal comes signal_delay_s
+        # (or more) before it, and the requeue needs a few seconds
+        limit = max(1.0, config.requeue.signal_delay_s - 10.0)
+        self.grace_s = min(float(getattr(entry, "stop_grace_s", 30)), limit)
+        self.job_signal = int(signum_of(config.requeue.signal))
+        self.client = client
+        self.proc_root = proc_root
+        self.history = RunHistory(run_dir) if env.is_main else None
+        self.stops: list[tuple[int, float]] = []
+        self._previous: dict[int, Any] = {}
+        # a train.signals.PreemptionGuard that held the stop signals while the run was set up
+        self.early = early
+
+    # -- signals ------------------------------------------------------------------------------
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.stops.append((signum, time.time()))  # only remember: acted on in the main loop
+
+    def _install(self) -> None:
+        for sig in dict.fromkeys((self.job_signal, int(signal.SIGTERM))):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self.stops.extend((int(s), time.time()) for s in pop_early_signals())
+        held = self.early
+        if held is not None and held.requested and held.signal_name:
+            self.stops.append((int(signum_of(held.signal_name)), held.received_at or time.time()))
+
+    def _uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def shielded(self) -> bool:
+        """Whether the command starts with the job's signal ignored (Slurm sends it to every
+        process of the step): not for TERM, not when it is the command's stop signal, and not
+        for USR1 under ``auto``, which Lightning listens for (it installs its handler only where
+        the signal is not ignored) -- there the command gets Slurm's USR1 itself, once."""
+        name = signal_name(self.job_signal).removeprefix("SIG")
+        if self.job_signal == signal.SIGTERM or self.stop_signal == name:
+            return False
+        return not (self.stop_signal == "auto" and self.job_signal == signal.SIGUSR1)
+
+    def _shield(self) -> None:
+        """In the child, before exec (see :meth:`shielded`)."""
+        if self.shielded():
+            signal.signal(self.job_signal, signal.SIG_IGN)
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the command to its end; the task's exit code."""
+        if self.history is not None:
+            log.info("running %s", " ".join(self.argv))
+        self._install()
+        try:
+            if self.stops:  # stopped while we were starting: nothing to run, only to requeue
+                return self._after_stop(None, None)
+            env = child_environ(
+                os.environ, self.env, self.run_dir, self.resume_from, self.stop_signal
+            )
+            try:
+                proc = subprocess.Popen(  # the user's own argv, no shell
+                    self.argv,
+                    env=env,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own group: we can stop all of it at once
+                    preexec_fn=self._shield,  # only a signal disposition, then exec
+                )
+            except OSError as exc:
+                raise EntrypointError(
+                    f"entrypoint.command {self.argv[0]!r}: {exc.strerror or exc}"
+                ) from exc
+            assert proc.stderr is not None
+            tail = StderrTail(proc.stderr)
+            try:
+                return self._supervise(proc, tail)
+            finally:
+                if proc.poll() is None:
+                    signal_group(proc.pid, signal.SIGKILL)
+                    wait_exit(proc, 10)
+                proc.stderr.close()
+        finally:
+            self._uninstall()
+
+    def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
+        while True:
+            code = wait_exit(proc, _POLL_S)
+            if self.stops:
+                return self._after_stop(proc, tail)
+            if code is None:
+                continue
+            if code != 0:
+                # Slurm's signal reaches the command and us at the same moment: a command killed
+                # by it (or by the TERM after it) was stopped, not failed. Give our handler a beat.
+                deadline = time.monotonic() + 1.0
+                while not self.stops and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self.stops:
+                    return self._after_stop(proc, tail)
+                return self._failed(code, tail)
+            if self.history is not None:
+                self._append("complete", exit_code=0)
+            return 0
+
+    def _append(self, event: str, **fields: Any) -> None:
+        if self.history is not None:
+            base = {
+                "step": None,
+                "restart_count": self.env.restart_count,
+                "job_id": self.env.job_id,
+            }
+            self.history.append(event, **base, **fields)
+
+    def _failed(self, code: int, tail: StderrTail) -> int:
+        lines = tail.lines()
+        how = f"killed by {signal_name(-code)}" if code < 0 else f"exited {code}"
+        last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+        error = f"command {how}" + (f": {last}" if last else "")
+        log.error("%s (argv: %s)", error, " ".join(self.argv))
+        details: dict[str, Any] = {"stderr_tail": lines}
+        details["signal" if code < 0 else "exit_code"] = signal_name(-code) if code < 0 else code
+        result = _request_failure(self.env, self.run_dir, self.config, error, details)
+        if result != 1:
+            return result  # over budget, or "requeue me" outside Slurm
+        # The task fails with the command's own status (a signal as 128+N, like a shell) unless
+        # that would read as one of ours (75: requeue, 3: budget spent).
+        own = 128 - code if code < 0 else code
+        return own if own not in (REQUEUE_EXIT_CODE, BUDGET_EXHAUSTED_EXIT_CODE) else 1
+
+    # -- stops --------------------------------------------------------------------------------
+    def _classify(self, trigger: int) -> str:
+        if not self.env.job_id:
+            return "preemption" if trigger != signal.SIGTERM else "cancel"
+        kind = classify_stop(
+            self.env.job_id,
+            self.config.requeue.signal_delay_s,
+            client=self.client,
+            restart_count=self.env.restart_count,
+        )
+        return kind if kind != "signal" else "preemption"
+
+    def _after_stop(self, proc: subprocess.Popen[bytes] | None, tail: StderrTail | None) -> int:
+        trigger, at = self.stops[0]
+        alive = proc is not None and proc.poll() is None
+        # Every rank hands the command its signal the moment Slurm's arrives, before rank 0
+        # asks Slurm why (a second or more on a busy controller): a program whose handler runs
+        # collectives (Lightning saves with a barrier) must get it at the same time everywhere.
+        # Rank 0 asks first only when the answer can change what the command gets: a TERM
+        # (maybe a cancel) or a stop that may exhaust a budget.
+        at_once = alive and trigger != signal.SIGTERM and self._room_for_any_stop()
+        forwarded = self._forward(trigger, proc) if at_once and proc is not None else False
+        event, over_budget = "preempted", None
+        if self.history is not None:
+            kind = self._classify(trigger)
+            event = _EVENT_OF_KIND.get(kind, "preempted")
+            self._append(event, kind=kind, signal=signal_name(trigger))
+            if event != "cancelled":
+                over_budget = self.history.check_budget(self.config.requeue)
+                if over_budget is not None:
+                    self._append("budget_exhausted", reason=over_budget)
+                    log.error("not requeuing: %s", over_budget)
+            if kind == "preemption" and self.env.job_id:
+                self._fit_grace(preemption_grace_s(str(self.env.job_id), self._client()))
+        if not at_once and proc is not None and proc.poll() is None:
+            if event == "cancelled" or over_budget is not None:
+                plan = StopPlan(None, (), False, True, "no requeue: stopping the command")
+                log.warning("stop (%s): %s", signal_name(trigger), plan.note)
+                forwarded = self._act(plan, proc)
+            else:
+                forwarded = self._forward(trigger, proc)
+        requeued_by = self._wait_child(proc, at + self.grace_s, watch=forwarded)
+        self._mark_stopped()
+        if self.history is None or event == "cancelled":
+            return 0
+        if over_budget is not None:
+            return BUDGET_EXHAUSTED_EXIT_CODE
+        if requeued_by is not None:  # seen while the command ran, and recorded then
+            return 0
+        requeued_by = self._requeued_by_others(forwarded)
+        if requeued_by is not None:
+            self._append("requeue", via=requeued_by)
+            return 0
+        self._wait_ranks(at + self.grace_s)
+        return self._requeue()
+
+    def _room_for_any_stop(self) -> bool:
+        """Whether one more preemption AND one more time limit both stay within budget."""
+        if self.history is None:
+            return True
+        counts, budget = self.history.counts(), self.config.requeue
+        return (
+            counts["preempted"] < budget.max_preemptions and counts["timeout"] < budget.max_timeouts
+        )
+
+    def _fit_grace(self, slurm_grace_s: int | None) -> None:
+        """A preempted job is killed GraceTime seconds after the signal: stop the command (and
+        requeue) before that, so what happens is ours, not Slurm's kill."""
+        if slurm_grace_s and slurm_grace_s - _REQUEUE_MARGIN_S < self.grace_s:
+            self.grace_s = max(1.0, slurm_grace_s - _REQUEUE_MARGIN_S)
+            log.info(
+                "the partition's GraceTime is %d s: %.0f s to save", slurm_grace_s, self.grace_s
+            )
+
+    def _forward(self, trigger: int, proc: subprocess.Popen[bytes]) -> bool:
+        plan = self._plan(trigger, proc.pid)
+        log.warning("stop (%s): %s", signal_name(trigger), plan.note)
+        return self._act(plan, proc)
+
+    def _plan(self, trigger: int, pid: int) -> StopPlan:
+        tree = process_tree(pid, self.proc_root)
+        return plan_stop(
+            trigger,
+            self.job_signal,
+            self.stop_signal,
+            pid,
+            under_slurm=bool(self.env.job_id),
+            tree=tree,
+            caught=lambda p: caught_signals(p, self.proc_root),
+        )
+
+    def _act(self, plan: StopPlan, proc: subprocess.Popen[bytes]) -> bool:
+        """Carry out ``plan``; True when the command got a signal to save on."""
+        if plan.terminate:
+            signal_group(proc.pid, signal.SIGTERM)
+            return False
+        if plan.signal is None or not plan.targets:
+            return plan.by_slurm
+        # Only processes of the command's own tree, looked up again now: proof they are ours.
+        ours = process_tree(proc.pid, self.proc_root)
+        for pid in plan.targets:
+            if pid in ours and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, plan.signal)
+        return True
+
+    def _wait_child(
+        self, proc: subprocess.Popen[bytes] | None, deadline: float, *, watch: bool
+    ) -> str | None:
+        """Wait for the command to exit (stop it at ``deadline``); rank 0 watches whether the job
+        was requeued meanwhile (by the command, e.g. Lightning): recorded at once, ``"command"``."""
+        if proc is None:
+            return None
+        next_check = 0.0
+        while wait_exit(proc, 0.5) is None:
+            now = time.time()
+            if watch and self.history is not None and self.env.job_id and now >= next_check:
+                next_check = now + 2.0
+                if self._slurm_restarts() > self.env.restart_count:
+                    log.warning("the command requeued the job itself: not requeuing it again")
+                    # recorded now: Slurm ends this step any moment after such a requeue
+                    self._append("requeue", via="command")
+                    wait_exit(proc, max(0.0, deadline - time.time()))
+                    stop_group(proc)
+                    return "command"
+            if now >= deadline:
+                log.warning(
+                    "the command did not exit %.0f s after the stop: stopping it", self.grace_s
+                )
+                stop_group(proc)
+                return None
+        return None
+
+    def _slurm_restarts(self) -> int:
+        try:
+            info = self._client().show_job(str(self.env.job_id))
+        except Exception as exc:  # controller busy, job gone: treat as not requeued
+            log.debug("scontrol show job failed: %s", exc)
+            return -1
+        restarts = str(info.get("Restarts", ""))
+        return int(restarts) if restarts.isdigit() else -1
+
+    def _requeued_by_others(self, forwarded: bool) -> str | None:
+        if not self.env.job_id or self._slurm_restarts() <= self.env.restart_count:
+            return None
+        return "command" if forwarded else "slurm"
+
+    def _client(self) -> Any:
+        if self.client is None:
+            from cluster.client import SlurmClient  # lazy: train does not need cluster
+
+            self.client = SlurmClient(timeout=30)
+        return self.client
+
+    # -- ranks ----------------------------------------------------------------------------------
+    def _marker_dir(self) -> Path:
+        return self.run_dir / ".stops" / f"{self.env.job_id}-{self.env.restart_count}"
+
+    def _mark_stopped(self) -> None:
+        if self.env.world_size > 1:
+            try:
+                self._marker_dir().mkdir(parents=True, exist_ok=True)
+                (self._marker_dir() / str(self.env.rank)).touch()
+            except OSError as exc:
+                log.warning("cannot mark rank %d stopped (%s)", self.env.rank, exc)
+
+    def _wait_ranks(self, deadline: float) -> None:
+        """Rank 0 requeues after every rank's command has exited (or the grace time is over)."""
+        if self.env.world_size <= 1:
+            return
+        while time.time() < deadline:
+            try:
+                done = len(list(self._marker_dir().iterdir()))
+            except OSError:
+                done = 0
+            if done >= self.env.world_size:
+                return
+            time.sleep(0.5)
+
+    def _requeue(self) -> int:
+        if not self.env.job_id:
+            self._append("requeue", via="exit_code")
+            return REQUEUE_EXIT_CODE
+        try:
+            self._client().requeue(str(self.env.job_id))
+        except Exception as exc:
+            log.warning("scontrol requeue failed (%s); exiting %d", exc, REQUEUE_EXIT_CODE)
+            self._append("requeue", via="exit_code", error=str(exc)[:200])
+            return REQUEUE_EXIT_CODE
+        self._append("requeue", via="scontrol")
+        log.warning("job %s requeued", self.env.job_id)
+        return 0
+
+
+def _request_failure(
+    env: DistEnv, run_dir: Path, config: RunConfig, error: str, details: dict[str, Any]
+) -> int:
+    """Record the failure (first failing rank) and requeue within ``requeue.max_failures``."""
+    return request_requeue(env, run_dir, config.requeue, "failure", error=error, details=details)
+
+
+def run_command(
+    config: RunConfig,
+    env: DistEnv,
+    run_dir: Path,
+    resume_from: Path | None = None,
+    *,
+    early: Any = None,
+) -> int:
+    """Run ``config.entrypoint.command`` under supervision; return the task's exit code.
+
+    ``early``: the run's :class:`train.signals.PreemptionGuard` for the job's signal and TERM,
+    installed while the run was set up; a stop it caught then is acted on at once.
+    """
+    return CommandRun(config, env, run_dir, resume_from, early=early).run()

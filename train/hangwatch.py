@@ -1,0 +1,287 @@
+"""The hang watcher process of :mod:`train.watchdog` (``python -m train.hangwatch``, no torch).
+
+Started by each rank in its own session, so freezing the rank does not freeze it. It polls the
+heartbeats of every rank and, on a hang, asks its rank for its stacks, records what it saw, and
+(the first watcher to claim the attempt) records the ``hang`` event and requeues within
+``requeue.max_hangs``; then it ends its rank. See :mod:`train.watchdog` for the whole protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from train.history import RunHistory
+from train.watchdog import DUMP_SIGNAL, Beat, auto_timeout, proc_state, read_beats, stuck_ranks
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Args:
+    run_dir: Path
+    attempt: str
+    rank: int
+    world_size: int
+    pid: int
+    timeout: float | None
+    poll: float | None
+    budgets: dict[str, int]
+    job_id: str | None
+    restart_count: int
+
+
+def _watch(a: _Args) -> int:
+    """Poll the heartbeats until the rank ends (0) or a hang is handled (1)."""
+    progress = a.run_dir / ".progress" / a.attempt
+    first: dict[int, Beat] = {}
+    last_change: dict[int, float] = {}
+    last_seen: dict[int, Beat] = {}
+    longest_gap = 0.0
+    while True:
+        if os.getppid() != a.pid or proc_state(a.pid) in (None, "Z"):
+            return 0  # the rank (this process's parent) is gone
+        now = time.time()
+        beats = read_beats(progress, a.world_size)
+        for r, b in beats.items():
+            first.setdefault(r, b)
+            prev = last_seen.get(r)
+            if prev is None or b.step != prev.step:
+                if prev is not None:
+                    longest_gap = max(longest_gap, b.time - prev.time)
+                # when THIS watcher saw the step change: its own clock, so a skew between the
+                # nodes' clocks cannot fake or hide a hang
+                last_change[r] = now
+            last_seen[r] = b
+        if len(beats) == a.world_size:  # armed once every rank made a first step
+            steps = sum(b.step - first[r].step for r, b in beats.items())
+            span = sum(b.time - first[r].time for r, b in beats.items())
+            mean = span / steps if steps > 0 else None
+            timeout = a.timeout or auto_timeout(mean, longest_gap)
+            observed = {r: Beat(r, b.step, last_change[r]) for r, b in beats.items()}
+            stuck = stuck_ranks(observed, now, timeout)
+            if stuck:
+                _handle_hang(a, beats, timeout, now)
+                return 1
+            poll = a.poll or min(5.0, max(0.2, timeout / 10))
+        else:
+            poll = a.poll or 1.0
+        time.sleep(poll)
+
+
+def _handle_hang(a: _Args, beats: dict[int, Beat], timeout: float, now: float) -> None:
+    # `scontrol requeue` makes Slurm SIGTERM every process of the step, this one included, at
+    # once (SIGKILL only after KillWait): finish the record and the quarantine first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    hangs = a.run_dir / "hangs" / a.attempt
+    hangs.mkdir(parents=True, exist_ok=True)
+    meta = _read_json(a.run_dir / ".progress" / a.attempt / f"rank-{a.rank}.json")
+    state = proc_state(a.pid)
+    written = a.run_dir / ".progress" / a.attempt / f"rank-{a.rank}.stacks"
+    stacks = hangs / f"rank-{a.rank}.stacks"
+    dumped = False
+    if state != "T":
+        with contextlib.suppress(OSError):
+            os.kill(a.pid, DUMP_SIGNAL)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not dumped:
+            time.sleep(0.1)
+            dumped = written.exists() and written.stat().st_size > 0
+        if dumped:
+            time.sleep(0.3)  # faulthandler writes from its signal handler: let it finish
+        # Freeze it until it is ended: a live rank must not react to its peers' end (a
+        # 'connection closed' failure) before the hang is recorded.
+        with contextlib.suppress(OSError):
+            os.kill(a.pid, signal.SIGSTOP)
+        if dumped:
+            try:
+                shutil.copyfile(written, stacks)
+            except OSError as exc:
+                log.warning("could not copy %s to %s: %s", written, stacks, exc)
+                dumped = False
+    mine = beats.get(a.rank)
+    seen = {
+        "rank": a.rank,
+        "node": meta.get("node"),
+        "pid": a.pid,
+        "state": state,
+        "stopped": state == "T",
+        "step": mine.step if mine else None,
+        "idle_s": round(now - mine.time, 1) if mine else None,
+        "stacks": str(stacks) if dumped else None,
+    }
+    tmp = hangs / f".rank-{a.rank}.json.tmp"
+    tmp.write_text(json.dumps(seen))
+    tmp.replace(hangs / f"rank-{a.rank}.json")
+    try:
+        fd = os.open(hangs / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.close(fd)
+        claimed = True
+    except FileExistsError:
+        claimed = False
+    if claimed:
+        _record_and_requeue(a, hangs, timeout)
+    else:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (hangs / "decided").exists():
+            time.sleep(0.2)
+    # End the step: the job is requeued (or its budget is spent); nothing of this attempt may
+    # go on. A stopped rank dies of SIGKILL too.
+    with contextlib.suppress(OSError):
+        os.kill(a.pid, signal.SIGKILL)
+
+
+def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if all((hangs / f"rank-{r}.json").exists() for r in range(a.world_size)):
+            break
+        time.sleep(0.1)
+    seen = [_read_json(hangs / f"rank-{r}.json") for r in range(a.world_size)]
+    known = [s for s in seen if isinstance(s.get("rank"), int)]
+    stopped = [s for s in known if s.get("stopped")]
+    if not stopped and known:
+        low = min(s["step"] for s in known if isinstance(s.get("step"), int))
+        stopped = [s for s in known if s.get("step") == low]
+    ranks = sorted(s["rank"] for s in stopped)
+    nodes = sorted({str(s.get("node")) for s in stopped})
+    step = min((s["step"] for s in known if isinstance(s.get("step"), int)), default=None)
+    details = {
+        "ranks": ranks,
+        "nodes": nodes,
+        "timeout_s": round(timeout, 1),
+        "stacks_dir": str(hangs),
+        "no_stacks": sorted(s["rank"] for s in known if not s.get("stacks")),
+        "observed": known,
+    }
+    log.error(
+        "hang: rank(s) %s on %s made no progress for %.0f s (stacks in %s)",
+        ranks, nodes, timeout, hangs,
+    )  # fmt: skip
+    from train.requeue import request_requeue  # torch-free
+
+    code = request_requeue(
+        _MainEnv(a.job_id, a.restart_count, a.world_size),
+        a.run_dir,
+        _Budget(a.budgets),
+        "hang",
+        step=step,
+        details=details,
+    )
+    if code == 0 and a.job_id and nodes:
+        _quarantine(a, nodes, step)
+    (hangs / "decided").write_text(json.dumps({"exit_code": code, **details}))
+
+
+def _quarantine(a: _Args, nodes: list[str], step: int | None) -> None:
+    """Keep the requeued job off the nodes of the stuck ranks while the partition still has
+    enough other usable nodes for it; record a ``quarantine`` event either way."""
+    from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+
+    history = RunHistory(a.run_dir)
+    base = {"step": step, "restart_count": a.restart_count, "job_id": a.job_id}
+    reason = f"hang at step {step}"
+    try:
+        client = SlurmClient(timeout=30)
+        job = client.show_job(str(a.job_id))
+        need = int((job.get("NumNodes") or "1").split("-")[0])
+        partition = client.partition(job.get("Partition", ""))
+        members = set(partition.nodes) if partition is not None else set()
+        excluded = set(nodes)
+        have = job.get("ExcNodeList", "")
+        if have and have != "(null)":
+            from cluster.hostlist import expand_hostlist
+
+            excluded |= set(expand_hostlist(have))
+        others = [n.name for n in client.nodes() if n.usable and n.name in members - excluded]
+        if len(others) < need:
+            why = (
+                f"not excluding {','.join(nodes)}: the job needs {need} node(s) and partition "
+                f"{job.get('Partition')} would have {len(others)} usable one(s) left"
+            )
+            log.warning("%s", why)
+            history.append("quarantine", **base, nodes=[], reason=reason, skipped=why)
+            return
+        merged = client.exclude_nodes(str(a.job_id), nodes)
+    except Exception as exc:  # quarantine is best effort: the requeue already happened
+        log.warning("could not exclude %s: %s", nodes, exc)
+        history.append("quarantine", **base, nodes=[], reason=reason, skipped=str(exc)[:200])
+        return
+    log.warning("%s excluded after %s", ",".join(nodes), reason)
+    history.append("quarantine", **base, nodes=nodes, excluded=merged, reason=reason)
+
+
+@dataclass(frozen=True)
+class _MainEnv:
+    """The watcher acts as rank 0 for the requeue (one claimant per attempt)."""
+
+    job_id: str | None
+    restart_count: int
+    world_size: int
+    is_main: bool = True
+
+
+_DEFAULT_BUDGETS = {
+    "max_preemptions": 20, "max_timeouts": 10, "max_failures": 3, "max_hangs": 2,
+    "signal_delay_s": 90,
+}  # fmt: skip
+
+
+class _Budget:
+    """The run's ``requeue:`` budgets, as :func:`train.requeue.request_requeue` reads them."""
+
+    def __init__(self, budgets: dict[str, int]) -> None:
+        values = {**_DEFAULT_BUDGETS, **budgets}
+        self.max_preemptions = values["max_preemptions"]
+        self.max_timeouts = values["max_timeouts"]
+        self.max_failures = values["max_failures"]
+        self.max_hangs = values["max_hangs"]
+        self.signal_delay_s = values["signal_delay_s"]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.hangwatch", description=__doc__)
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--attempt", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--timeout", type=float)
+    p.add_argument("--poll", type=float)
+    p.add_argument("--budgets", type=json.loads, default={})
+    p.add_argument("--job-id", default="")
+    p.add_argument("--restart-count", type=int, default=0)
+    ns = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s [watchdog {ns.rank}] %(message)s", datefmt="%X"
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    args = _Args(
+        ns.run_dir, ns.attempt, ns.rank, ns.world_size, ns.pid, ns.timeout, ns.poll,
+        ns.budgets, ns.job_id or None, ns.restart_count,
+    )  # fmt: skip
+    return _watch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

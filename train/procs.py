@@ -1,0 +1,313 @@
+"""The user's command as processes: what it runs as and with which environment, which signals
+its processes catch and which one it gets on a stop (:func:`plan_stop`, pure), its stderr tail.
+
+Linux only where it matters (``/proc``); elsewhere the detection finds nothing and the caller
+falls back to what the spec says. Torch-free and side-effect free except :func:`signal_group`,
+:func:`stop_group` and :class:`StderrTail`.
+
+Why this exists: Slurm delivers a job step's signal (``--signal``, ``scancel --signal``, the
+preemption warning) to EVERY process of the step, children of children included, whatever their
+session or process group (checked on the local cluster with ``proctrack/linuxproc``; cgroup
+tracking does the same). A command that does not handle the requeue signal would die of it, and
+one that does would get it twice if we forwarded it too. So the command starts with the job's
+signal ignored (an ignored disposition survives ``exec``; a program that installs its own
+handler replaces it) and we send the signal it listens for ourselves, once.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from train.env import DistEnv
+
+__all__ = [
+    "StderrTail",
+    "StopPlan",
+    "caught_signals",
+    "child_environ",
+    "parse_sigmask",
+    "plan_stop",
+    "process_tree",
+    "resolve_argv",
+    "signal_group",
+    "signal_name",
+    "signum_of",
+    "stop_group",
+    "topmost",
+    "wait_exit",
+]
+
+PROC = Path("/proc")
+
+
+def parse_sigmask(text: str) -> set[int]:
+    """Signal numbers in a ``/proc/PID/status`` mask (``SigCgt: 0000000000004a02``)."""
+    try:
+        mask = int(text.strip(), 16)
+    except ValueError:
+        return set()
+    return {n + 1 for n in range(64) if mask >> n & 1}
+
+
+def _status(pid: int, proc: Path) -> dict[str, str]:
+    try:
+        text = (proc / str(pid) / "status").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def caught_signals(pid: int, proc: Path = PROC) -> set[int]:
+    """Signals process ``pid`` has a handler for (empty when it is gone or /proc is absent)."""
+    return parse_sigmask(_status(pid, proc).get("SigCgt", ""))
+
+
+def process_tree(root: int, proc: Path = PROC) -> dict[int, int]:
+    """``{pid: parent}`` for ``root`` and all its descendants (``{root: 0}`` without /proc)."""
+    parents: dict[int, int] = {}
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return {root: 0}
+    for entry in entries:
+        parent = _status(int(entry), proc).get("PPid", "")
+        if parent.isdigit():
+            parents[int(entry)] = int(parent)
+    tree = {root: 0}
+    grew = True
+    while grew:  # descendants of descendants (a few passes: trees are shallow)
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in tree and pid not in tree:
+                tree[pid] = ppid
+                grew = True
+    return tree
+
+
+def topmost(tree: Mapping[int, int], members: Iterable[int]) -> list[int]:
+    """The members none of whose ancestors (within ``tree``) is a member: a launcher that
+    catches a signal (torchrun) passes it on to its workers, so they must not get it twice."""
+    chosen = set(members)
+    out = []
+    for pid in sorted(chosen):
+        parent = tree.get(pid, 0)
+        while parent and parent not in chosen:
+            parent = tree.get(parent, 0)
+        if not parent:
+            out.append(pid)
+    return out
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid`` (the command's own session); False when gone.
+
+    Only ever called with the pgid of a child we started with ``start_new_session`` while it
+    (or its group) still exists: the kernel does not reuse a pid as long as it names a group.
+    """
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+#: Seconds a stopped command's group gets after TERM (and again after KILL) to exit.
+TERM_WAIT_S = 5.0
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """``proc``'s exit code if it exits within ``timeout`` seconds, else None (still running)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop_group(proc: subprocess.Popen[bytes], wait_s: float = TERM_WAIT_S) -> None:
+    """Stop the command we started (its own session): TERM to its group, KILL if still there
+    ``wait_s`` seconds later; nothing when it has already exited."""
+    if proc.poll() is None:
+        signal_group(proc.pid, signal.SIGTERM)
+        if wait_exit(proc, wait_s) is None:
+            signal_group(proc.pid, signal.SIGKILL)
+            wait_exit(proc, wait_s)
+
+
+def signal_name(sig: int) -> str:
+    """``SIGUSR2`` for 12; the number as text when it has no name."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+_PYTHON = re.compile(r"python(3(\.\d+)?)?")
+# auto: the signals a framework may checkpoint on, in the order we look for a handler
+_AUTO_ORDER = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+def signum_of(name: str) -> signal.Signals:
+    """``signal.SIGUSR1`` for ``"USR1"``/``"SIGUSR1"``."""
+    name = name.strip().upper()
+    return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+
+
+def resolve_argv(argv: Sequence[str], executable: str = sys.executable) -> list[str]:
+    """``python``/``python3`` -> ``executable``; another bare name that exists beside it
+    (``torchrun``) -> that file; a path, or a name not found there, stays as written."""
+    first = argv[0]
+    if os.sep in first:
+        return list(argv)
+    if _PYTHON.fullmatch(first):
+        return [executable, *argv[1:]]
+    beside = Path(executable).parent / first
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside), *argv[1:]]
+    return list(argv)
+
+
+def child_environ(
+    base: Mapping[str, str],
+    env: DistEnv,
+    run_dir: Path,
+    resume_from: Path | None,
+    stop_signal: str,
+    executable: str = sys.executable,
+) -> dict[str, str]:
+    """The command's environment: ours plus the documented variables (README, "Bring your own
+    training code")."""
+    child = dict(base)
+    env.export(child)
+    child["RUN_DIR"] = str(run_dir)
+    child["TRAIN_RESTART_COUNT"] = str(env.restart_count)
+    child["TRAIN_CHECKPOINT_DIR"] = str(run_dir / "checkpoints")
+    child["TRAIN_STOP_SIGNAL"] = stop_signal
+    child.pop("TRAIN_RESUME_FROM", None)
+    if resume_from is not None:
+        child["TRAIN_RESUME_FROM"] = str(resume_from)
+    # Lightning reads Trainer defaults from PL_TRAINER_*: its hpc_ckpt_N.ckpt (saved on the
+    # requeue signal, restored on the next start) then lives in the run directory.
+    child.setdefault("PL_TRAINER_DEFAULT_ROOT_DIR", str(run_dir))
+    # Helpers the command runs by name (`python` in a wrapper script) come from our environment.
+    bin_dir = str(Path(executable).parent)
+    path = child.get("PATH", "")
+    if bin_dir not in path.split(os.pathsep):
+        child["PATH"] = os.pathsep.join(filter(None, [bin_dir, path]))
+    return child
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """What to do with the command when a stop signal arrives.
+
+    ``signal``/``targets``: send this signal to these pids (each once); ``by_slurm``: the command
+    listens for the signal Slurm already delivered to it; ``terminate``: nothing listens, stop the
+    command now; ``note`` says why (logged and recorded).
+    """
+
+    signal: int | None
+    targets: tuple[int, ...]
+    by_slurm: bool
+    terminate: bool
+    note: str
+
+
+def plan_stop(
+    trigger: int,
+    job_signal: int,
+    configured: str,
+    root: int,
+    under_slurm: bool,
+    tree: Mapping[int, int] | None = None,
+    caught: Callable[[int], set[int]] | None = None,
+) -> StopPlan:
+    """Which signal the command gets on ``trigger`` (pure: ``tree``/``caught`` describe it)."""
+    tree = tree if tree is not None else {root: 0}
+    caught = caught or (lambda pid: set())
+    if trigger == signal.SIGTERM:
+        # Slurm's TERM (grace time over, scancel, requeue) reaches every process of the step.
+        if under_slurm:
+            return StopPlan(None, (), True, False, "SIGTERM reached the command from Slurm")
+        return StopPlan(signal.SIGTERM, (root,), False, False, "SIGTERM passed on")
+    if configured == "none":
+        return StopPlan(None, (), False, True, "stop_signal none: stopping the command")
+
+    def catchers(sig: int) -> list[int]:
+        return topmost(tree, [pid for pid in tree if sig in caught(pid)])
+
+    if configured != "auto":
+        sig = int(signum_of(configured))
+        if sig == job_signal and under_slurm:
+            return StopPlan(sig, (), True, False, f"{signal_name(sig)} delivered by Slurm")
+        targets = catchers(sig) or [root]
+        return StopPlan(sig, tuple(targets), False, False, f"stop_signal {signal_name(sig)}")
+    if job_signal in {s for pid in tree for s in caught(pid)} and under_slurm:
+        name = signal_name(job_signal)
+        return StopPlan(job_signal, (), True, False, f"the command catches {name} (from Slurm)")
+    for sig in _AUTO_ORDER:
+        if sig == job_signal:
+            continue
+        targets = catchers(int(sig))
+        if targets:
+            return StopPlan(int(sig), tuple(targets), False, False, f"it catches {sig.name}")
+    return StopPlan(None, (), False, True, "it catches no stop signal: stopping it")
+
+
+class StderrTail:
+    """Copies the child's stderr to ours as it comes and keeps its last lines (for the failure
+    event: the real error, not the batch step's exit code). Progress bars (``\\r``) count as
+    line ends, so a tqdm bar does not grow one endless line."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes] | None = None, keep: int = 20) -> None:
+        self._source = source
+        self._sink = sink if sink is not None else sys.stderr.buffer
+        self._lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._partial = b""
+        self._thread = threading.Thread(target=self._pump, name="command-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        fd = self._source.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            try:
+                self._sink.write(chunk)
+                self._sink.flush()
+            except (OSError, ValueError):
+                pass  # our own stderr is gone: keep the tail anyway
+            self._keep(chunk)
+        if self._partial.strip():
+            self._lines.append(self._partial.decode("utf-8", "replace")[-300:])
+        self._partial = b""
+
+    def _keep(self, chunk: bytes) -> None:
+        parts = (self._partial + chunk).replace(b"\r", b"\n").split(b"\n")
+        self._partial = parts.pop()[-4096:]
+        for part in parts:
+            if part.strip():
+                self._lines.append(part.decode("utf-8", "replace").rstrip()[-300:])
+
+    def lines(self, wait_s: float = 2.0) -> list[str]:
+        """The last lines, after the child's stderr closed (or ``wait_s`` passed)."""
+        self._thread.join(wait_s)
+        return list(self._lines)

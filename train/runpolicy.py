@@ -1,0 +1,137 @@
+"""The ``requeue`` and ``entrypoint`` sections of a job spec (torch-free).
+
+    requeue:      RequeueConfig     signal, its lead time, requeue budgets, hang detection
+    entrypoint:   EntrypointConfig  optional: run the user's function or command instead
+
+:mod:`train.config` composes them with ``train`` into :class:`train.config.RunConfig` (and
+re-exports them); ``SIGNALS`` are the signals a run can be warned with.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+
+from train.specbase import StrictModel
+
+__all__ = ["SIGNALS", "EntrypointConfig", "RequeueConfig"]
+
+
+# The signals a run can be warned with (train.signals handles them; the others kill or stop it).
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
+
+
+class RequeueConfig(StrictModel):
+    """How the job is warned before preemption / time limit, and how often it may come back."""
+
+    signal: Annotated[
+        str, Field(description="signal Slurm sends before the end (sbatch --signal=B:SIG@delay)")
+    ] = "USR2"
+    signal_delay_s: Annotated[
+        int, Field(description="seconds before the end the signal is sent", ge=10, le=65535)
+    ] = 90
+    max_preemptions: Annotated[
+        int, Field(description="requeues after preemption before giving up", ge=0)
+    ] = 20
+    max_timeouts: Annotated[
+        int, Field(description="requeues after hitting the time limit before giving up", ge=0)
+    ] = 10
+    max_failures: Annotated[
+        int, Field(description="restarts after a failure (non-zero exit) before giving up", ge=0)
+    ] = 3
+    max_hangs: Annotated[
+        int, Field(description="requeues after a hang (train.watchdog) before giving up", ge=0)
+    ] = 2
+    hang_watchdog: Annotated[
+        bool,
+        Field(description="watch every rank's progress; a rank without a step for "
+              "hang_timeout_s: dump stacks, record a hang, requeue (false: off)"),
+    ] = True  # fmt: skip
+    hang_timeout_s: Annotated[
+        float | None,
+        Field(description="seconds without a completed step that count as a hang; default: "
+              "max(60, 20 x the mean step time, 3 x the longest pause seen)", ge=1),
+    ] = None  # fmt: skip
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _signal_name(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        # ASCII only: str.upper() maps some non-ASCII letters to ASCII ones ("ſ" -> "S").
+        name = value.strip()
+        name = name.upper().removeprefix("SIG") if name.isascii() else name
+        if name not in SIGNALS:
+            raise ValueError(
+                f"unknown or uncatchable signal {value!r}; use one of {', '.join(SIGNALS)}"
+            )
+        return name
+
+
+_FUNCTION_RE = re.compile(
+    r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", re.ASCII
+)
+
+
+class EntrypointConfig(StrictModel):
+    """Run the user's own code instead of the built-in trainer (exactly one of the two)."""
+
+    function: Annotated[
+        str | None,
+        Field(description='"pkg.module:function" called with a train.entry.TrainContext'),
+    ] = None
+    command: Annotated[
+        list[str] | None,
+        Field(description="argv exec'd with RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/PORT exported"),
+    ] = None
+    stop_signal: Annotated[
+        str,
+        Field(
+            description="command only: the signal it saves on, sent once at a preemption or "
+            "before the time limit: auto (the one its processes catch: USR1, else USR2, else "
+            "TERM), none (stop it at once), or USR1/USR2/TERM/INT/HUP"
+        ),
+    ] = "auto"
+    stop_grace_s: Annotated[
+        int,
+        Field(
+            description="command only: seconds it has after that signal to save and exit "
+            "before the job is requeued (at most requeue.signal_delay_s - 10)",
+            ge=1,
+            le=3600,
+        ),
+    ] = 30
+
+    @field_validator("stop_signal", mode="before")
+    @classmethod
+    def _stop_signal_name(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        if value.strip().lower() in ("auto", "none"):
+            return value.strip().lower()
+        try:
+            return RequeueConfig._signal_name(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, or auto (detect it) or none (stop it at once)") from exc
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EntrypointConfig:
+        if (self.function is None) == (self.command is None):
+            raise ValueError(
+                'entrypoint needs exactly one of `function: "pkg.mod:fn"` or `command: [argv...]`'
+            )
+        if self.function is not None and not _FUNCTION_RE.match(self.function):
+            raise ValueError(
+                f'entrypoint.function {self.function!r} is not of the form "pkg.module:function"'
+            )
+        if self.command is not None:
+            if not self.command:
+                raise ValueError("entrypoint.command is empty; give the program and its arguments")
+            for arg in self.command:
+                if "\x00" in arg or "\n" in arg:
+                    raise ValueError(
+                        "entrypoint.command arguments must not contain NUL or newlines"
+                    )
+        return self

@@ -1,0 +1,283 @@
+"""One run session around any training code: the built-in trainer and both entrypoint kinds.
+
+:class:`RunSession` is the one place that sets a run up and takes it down::
+
+    with RunSession(config.train, config.requeue, env, run_dir, resume=...) as s:
+        # s.devices, s.ckpt (CheckpointManager), s.guard (PreemptionGuard), s.rt (Runtime),
+        # s.resume_from (agreed by all ranks), s.config_changed (fields, when allowed)
+        s.started(step)                       # the start/resume event
+        for step in ...:
+            ...; s.progress(step)             # cheap; listeners (a hang watchdog) see it
+            if s.should_stop():               # every rank, same steps
+                save(); return s.stop(step)   # wait, barrier, events, requeue -> exit code
+        s.complete(step)
+    # an exception in training: code = s.fail(exc, "what failed", step)
+
+Set-up order matters: rank 0 decides where to start (:func:`train.resume.plan_resume`: refuses
+a run directory that holds another run's checkpoints or a config change that alters training)
+and creates its checkpoint manager, which clears leftovers of interrupted saves, before the
+process group exists; every rank then receives the same decision (one broadcast), so no rank can
+resume from a different checkpoint than another. A refusal is a :class:`ConfigError` (exit 2) on
+every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from train.checkpoint import CheckpointManager
+from train.config import RequeueConfig, TrainConfig
+from train.device import DeviceInfo, resolve_device
+from train.env import DistEnv
+from train.errors import ConfigError
+from train.history import RunHistory
+from train.requeue import describe_failure, request_requeue
+from train.resume import ResumePlan, plan_resume, record_config
+from train.runtime import Runtime, configure_torch, setup_runtime
+from train.signals import PreemptionGuard
+from train.startup import mark, summary
+from train.watchdog import Watchdog, start_watchdog
+
+__all__ = ["RunSession"]
+
+log = logging.getLogger(__name__)
+
+ProgressListener = Callable[[int], None]
+
+
+class RunSession:
+    """Environment, device, process group, checkpoints, resume choice, preemption guard, events
+    and the stop/failure -> requeue path of one training process (see the module docstring).
+
+    ``resume``: True = newest valid checkpoint, a path = that checkpoint, None = only when
+    ``env.restart_count > 0`` (a requeued job). ``guard``: installed by the caller (tests, user
+    code) or, when None, installed here for the spec's requeue signal and SIGTERM.
+    ``allow_config_change``: resume even though fields that alter training changed.
+    ``process_group=False`` (a command entrypoint, whose child joins the process group itself):
+    no torch set-up, device or process group here (:attr:`devices` and :attr:`rt` unusable).
+    """
+
+    def __init__(
+        self,
+        train: TrainConfig,
+        requeue: RequeueConfig,
+        env: DistEnv,
+        run_dir: Path,
+        *,
+        resume: bool | str | Path | None = None,
+        guard: PreemptionGuard | None = None,
+        devices: DeviceInfo | None = None,
+        allow_config_change: bool = False,
+        process_group: bool = True,
+    ) -> None:
+        self.train, self.requeue, self.env = train, requeue, env
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.allow_config_change = allow_config_change or bool(
+            getattr(train, "allow_config_change", False)
+        )
+        self._own_guard = guard is None
+        self.guard = guard or PreemptionGuard(
+            (requeue.signal, "TERM"),
+            job_id=env.job_id,
+            signal_delay_s=requeue.signal_delay_s,
+            is_main=env.is_main,
+        )
+        self._devices = devices
+        self.process_group = process_group
+        self._ckpt: CheckpointManager | None = None
+        self._rt: Runtime | None = None
+        self.resume_from: Path | None = None
+        self.config_changed: tuple[str, ...] = ()
+        self.history = RunHistory(self.run_dir) if env.is_main else None
+        self._listeners: list[ProgressListener] = []
+        self._opened = False
+        self.watchdog: Watchdog | None = None
+        self.opened_at = time.perf_counter()
+
+    # -- set-up and take-down ------------------------------------------------------------------
+    def open(self) -> RunSession:
+        """Set everything up (see the module docstring); raises ConfigError when refused.
+        Idempotent: ``with session:`` after ``open()`` does not set up a second time."""
+        if self._opened:
+            return self
+        self._opened = True
+        env, train = self.env, self.train
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.process_group:
+            configure_torch(train, env)
+            if self._devices is None:
+                self._devices = resolve_device(env, train.strategy, train.allow_cpu_fallback)
+        want = self.resume if self.resume is not None else (True if env.restart_count else None)
+        plan = ResumePlan()
+        # Without a process group (a command entrypoint: its child creates one) every rank
+        # reads the same directory and comes to the same decision.
+        if env.is_main or not self.process_group:
+            plan = plan_resume(
+                want, self.run_dir, train, self._latest_valid, allow_change=self.allow_config_change
+            )
+            if plan.error is None and self._ckpt is None:
+                # before any other rank can save: rank 0 clears leftovers of interrupted saves
+                self._ckpt = self._manager()
+        if self._own_guard:
+            self.guard.install()
+        try:
+            if self.process_group:
+                self._rt = setup_runtime(env, self.devices)
+                mark("process_group")
+                box: list[Any] = [plan]
+                self._rt.broadcast_object(box)  # one decision for every rank
+                plan = box[0]
+        except BaseException:
+            self.close()
+            raise
+        if plan.error is not None:
+            self.close()
+            raise ConfigError(plan.error)
+        if self._ckpt is None:
+            self._ckpt = self._manager()
+        self.resume_from = Path(plan.path) if plan.path else None
+        self.config_changed = plan.changed
+        if env.is_main:
+            record_config(self.run_dir, train)
+        if self.process_group and env.job_id and self.watchdog is None:
+            # hang watchdog (train.watchdog): progress = this session's progress() calls
+            self.watchdog = start_watchdog(self.requeue, env, self.run_dir)
+            if self.watchdog is not None:
+                self.add_progress_listener(self.watchdog.beat)
+        return self
+
+    def _latest_valid(self) -> Path | None:
+        # only asked when this run resumes its own directory: its leftovers may go
+        self._ckpt = self._ckpt or self._manager()
+        return self._ckpt.latest_valid()
+
+    def _manager(self) -> CheckpointManager:
+        env = self.env
+        return CheckpointManager.for_run(
+            self.run_dir, self.train, rank=env.rank, world_size=env.world_size
+        )
+
+    def close(self) -> None:
+        """Finish in-flight saves, restore signal handlers, leave the process group."""
+        if self.watchdog is not None:
+            self.watchdog.close()
+            self.watchdog = None
+        try:
+            if self._ckpt is not None:
+                self._ckpt.close()
+        finally:
+            if self._own_guard:
+                self.guard.uninstall()
+            if self._rt is not None:
+                self._rt.close()
+                self._rt = None
+
+    def __enter__(self) -> RunSession:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- what the training code uses -----------------------------------------------------------
+    @property
+    def devices(self) -> DeviceInfo:
+        assert self._devices is not None, "RunSession.open() first"
+        return self._devices
+
+    @property
+    def ckpt(self) -> CheckpointManager:
+        assert self._ckpt is not None, "RunSession.open() first"
+        return self._ckpt
+
+    @property
+    def rt(self) -> Runtime:
+        assert self._rt is not None, "RunSession.open() first"
+        return self._rt
+
+    def event(self, name: str, step: int | None, **fields: Any) -> None:
+        """Append to ``RUN_DIR/events.jsonl`` (rank 0 only)."""
+        if self.history is not None:
+            self.history.append(
+                name,
+                step=step,
+                restart_count=self.env.restart_count,
+                job_id=self.env.job_id,
+                **fields,
+            )
+
+    def started(self, step: int | None, **fields: Any) -> None:
+        """Record ``start`` or ``resume``; a resume with an allowed config change names the
+        changed fields (``config_changed``) and says ``exact: false``."""
+        fields.setdefault("startup", summary())  # seconds per start-up phase
+        if self.resume_from is None:
+            self.event("start", step, **fields)
+            return
+        if self.config_changed:
+            log.warning(
+                "resuming with a changed config (allowed): %s; this is no longer an exact resume",
+                "; ".join(self.config_changed),
+            )
+            fields.update(config_changed=list(self.config_changed), exact=False)
+        self.event("resume", step, path=str(self.resume_from), **fields)
+
+    def add_progress_listener(self, listener: ProgressListener) -> None:
+        """Call ``listener(step)`` at every :meth:`progress` (e.g. a hang watchdog)."""
+        self._listeners.append(listener)
+
+    def progress(self, step: int) -> None:
+        """Report that optimizer step ``step`` completed on this rank (cheap: no listener, no
+        cost beyond a loop over an empty list)."""
+        for listener in self._listeners:
+            listener(step)
+
+    def should_stop(self, reduce: Callable[[int], int] | None = None) -> bool:
+        """Every rank, at the same step boundaries: True when any rank got a stop signal.
+        ``reduce`` defaults to a blocking all-reduce (the trainer passes the lagged one)."""
+        return self.guard.should_stop(reduce or self.rt.all_reduce_max)
+
+    def stop(
+        self, step: int, save: Callable[[], None] | None = None, *, kind: str | None = None
+    ) -> int:
+        """Stop agreed: record the signal, ``save()`` (if the caller has not saved yet), wait for
+        the save, meet at a barrier, record the checkpoint, then requeue; returns the exit code."""
+        # received_at: when this rank's signal arrived (None: another rank's), for jobs drill
+        self.event(
+            "signal",
+            step,
+            signal=self.guard.signal_name or "on another rank",
+            received_at=self.guard.received_at,
+        )
+        if save is not None:
+            save()
+        self.ckpt.wait()
+        self.rt.barrier()
+        # after the barrier: every rank's part of the checkpoint is complete
+        path = self.ckpt.root / f"step-{step}"
+        if path.is_dir():
+            self.event("checkpoint", step, path=str(path))
+        return request_requeue(
+            self.env, self.run_dir, self.requeue, kind or self.guard.reason, step=step
+        )
+
+    def fail(self, exc: BaseException, where: str, step: int | None = None) -> int:
+        """A failure in training: log it, record it (first failing rank) and requeue within
+        ``requeue.max_failures``; returns the exit code. Bad input is re-raised (exit 2)."""
+        what = describe_failure(exc, where)
+        return request_requeue(
+            self.env, self.run_dir, self.requeue, "failure", step=step, error=what
+        )
+
+    def complete(self, step: int | None, **fields: Any) -> None:
+        """Record that the run finished."""
+        self.event("complete", step, **fields)
