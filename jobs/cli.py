@@ -1,4 +1,4 @@
-"""``python -m jobs``: submit, status, logs, cancel, list.
+"""``python -m jobs``: submit, status, logs, cancel, list, drill.
 
 Exit codes: 0 ok, 2 bad input or usage, 1 anything else. Errors are one line on stderr (a spec
 with several problems: one line each); ``--debug`` adds the traceback. Nothing here imports
@@ -12,8 +12,10 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, NoReturn
 
+from cluster.errors import BadInputError
 from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
@@ -57,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="slurm, local (this machine, no Slurm) or auto (slurm when found)",
     )
-    s.add_argument("--json", action="store_true", help="print the submission as JSON")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print the submission (and, with --follow, every update) as JSON, one object a line",
+    )
     s.add_argument(
         "--no-preflight", action="store_true", help="skip the checks against the live cluster"
     )
@@ -82,10 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cancel", help="cancel a run (scancel)")
     c.add_argument("run", help="run id, job id, name or run directory")
 
-    ls = sub.add_parser("list", help="recorded runs, newest first (no cluster query)")
+    ls = sub.add_parser(
+        "list", help="recorded runs, newest first, with their states (one Slurm query for all)"
+    )
     ls.add_argument("-n", type=int, default=20, help="how many (default 20)")
     ls.add_argument("--json", action="store_true")
-    for sp in (s, st, lg, c, ls):
+    ls.add_argument("--no-state", action="store_true", help="ask Slurm nothing (index only)")
+    dr = sub.add_parser(
+        "drill", help="interrupt a running job as Slurm would, wait for it, report what it cost"
+    )
+    dr.add_argument("run", help="run id, job id, name or run directory")
+    dr.add_argument(
+        "--kind",
+        required=True,
+        choices=("preempt", "timeout", "cancel", "fail"),
+        help="preempt: a job in a higher-priority partition; timeout: a lowered time limit; "
+        "cancel: scancel; fail: a crash (SIGABRT), then requeue",
+    )
+    dr.add_argument("--json", action="store_true", help="print the report as JSON")
+    dr.add_argument("--timeout", type=float, default=900.0, help="give up after S seconds")
+    dr.add_argument("--partition", help="preempt: the partition to submit to (default: found)")
+    pl = sub.add_parser(
+        "plot", help="one picture of a run's life: curves, interruptions, resumes (PNG)"
+    )
+    pl.add_argument("run", help="run id, job id, name or run directory")
+    pl.add_argument("-o", "--output", type=Path, help="PNG file (default: RUN_DIR/plot.png)")
+    for sp in (s, st, lg, c, ls, dr, pl):
         sp.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )
@@ -104,50 +132,36 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
 
     if args.dry_run and args.follow:
         raise UsageError("submit: --dry-run and --follow do not go together")
-    if args.dry_run and args.executor != "local" and not args.template:
-        # The common edit-and-look loop: served from the validated-spec cache when unchanged.
-        from jobs.drycache import dry_run
-
-        out.write(dry_run(args.spec, args.overrides, runs_root(args.runs_dir)))
-        return 0
+    if args.template and not args.dry_run:
+        raise UsageError(
+            "submit: --template renders a plain sbatch script; use it with --dry-run "
+            "and submit the script with sbatch"
+        )
     from jobs.load import load_spec
     from jobs.submit import make_plan
 
     loaded = load_spec(args.spec, args.overrides)
     plan = make_plan(loaded, runs_root(args.runs_dir))
-    if args.template:
-        return _submit_template(args, loaded, plan, out)
-    executor = args.executor
-    if args.dry_run:  # --executor local (the Slurm dry-run returned above)
-        out.write(_local_plan(loaded, plan))
+    if args.dry_run:  # the one dry-run route: what Slurm would get (jobs.render's mapping)
+        from jobs.submit import dry_run, dry_run_note
+
+        out.write(dry_run(loaded, plan, args.template))
+        note = dry_run_note(loaded)
+        if note:
+            print(note, file=sys.stderr)
+        if args.executor == "local":
+            msg = "jobs: --executor local runs the same spec here, one process per rank (no sbatch)"
+            print(msg, file=sys.stderr)
         return 0
-    client = _client() if executor != "local" else None
-    if executor == "auto":
-        assert client is not None
-        executor = "slurm" if client.installed() and client.ping() else "local"
-        if executor == "local":
-            print(
-                "jobs: no Slurm cluster answers; running locally (--executor local)",
-                file=sys.stderr,
-            )
-    if executor == "slurm":
-        assert client is not None
-        if not args.no_preflight:
-            from jobs.preflight import preflight
+    from jobs.submit import submit
 
-            preflight(loaded.spec, client, loaded.where)
-        from jobs.submit import submit_slurm
-
-        record = submit_slurm(loaded, plan, client)
-    else:
-        from jobs.submit import submit_local
-
-        record = submit_local(loaded, plan)
+    client = _client() if args.executor != "local" else None
+    record = submit(loaded, plan, client, args.executor, preflight=not args.no_preflight)
     _print_submitted(record, args.json, out)
     if args.follow:
         from jobs.monitor import follow
 
-        return follow(record, _client, out=out)
+        return follow(record, _client, out=out, as_json=args.json)
     return 0
 
 
@@ -167,34 +181,6 @@ def _print_submitted(record: RunRecord, as_json: bool, out: IO[str]) -> None:
         size = f", array of {record.array_size}" if record.array_size else ""
         print(f"jobs: submitted {record.run_id}{size}; run dir {record.run_dir}", file=sys.stderr)
     out.flush()
-
-
-def _local_plan(loaded: Any, plan: Any) -> str:
-    import shlex
-
-    lines = [
-        f"# local run: {plan.run_dir} (no Slurm); per task, rank r of {loaded.spec.world_size}:"
-    ]
-    for task in loaded.tasks:
-        d = plan.task_dir(task.index if loaded.is_array else None)
-        cmd = ["python", "-m", "train", "--config", str(d / "resolved.yaml"), "--run-dir", str(d)]
-        lines.append(
-            f"RANK=r WORLD_SIZE={loaded.spec.world_size} MASTER_ADDR=127.0.0.1 MASTER_PORT=<free> "
-            + " ".join(shlex.quote(c) for c in cmd)
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _submit_template(args: argparse.Namespace, loaded: Any, plan: Any, out: IO[str]) -> int:
-    from jobs.templates import render_template
-
-    if not args.dry_run:
-        raise UsageError(
-            "submit: --template renders a plain sbatch script; use it with --dry-run "
-            "and submit the script with sbatch"
-        )
-    out.write(render_template(args.template, loaded.spec, loaded.path))
-    return 0
 
 
 # -- status / list ------------------------------------------------------------------------------
@@ -220,19 +206,61 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:
-    from jobs.records import read_index
+    from jobs.errors import RunNotFoundError
+    from jobs.records import load_record, read_index
 
     entries = list(reversed(read_index()))[: max(0, args.n)]
+    states: dict[str, str] = {}
+    if not args.no_state and entries:
+        records = []
+        for e in entries:
+            try:
+                records.append(load_record(e["run_dir"]))
+            except RunNotFoundError:
+                continue  # a deleted or damaged run directory: listed without a state
+        states = _run_states(records)
     if args.json:
+        for e in entries:
+            if e["run_dir"] in states:
+                e["state"] = states[e["run_dir"]]
         out.write(json.dumps(entries, indent=1) + "\n")
         return 0
+    width = max((len(str(e.get("run_id", "?"))) for e in entries), default=0)
     for e in entries:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.get("submitted_at") or 0))
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(_number(e.get("submitted_at"))))
+        state = "" if args.no_state else states.get(e["run_dir"], "?")
         out.write(
-            f"{e.get('run_id', '?'):<40} {e.get('job_id', ''):<14} {e.get('executor', ''):<6} "
-            f"{when}  {e['run_dir']}\n"
+            f"{e.get('run_id', '?')!s:<{width}}  {e.get('job_id', '')!s:<14} "
+            f"{e.get('executor', '')!s:<6} {state:<12} {when}  {e['run_dir']}\n"
         )
     return 0
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _run_states(records: list[RunRecord]) -> dict[str, str]:
+    """Per run dir: its state (an array: ``RUNNING 2/6``), from ONE Slurm query for all."""
+    from cluster.errors import ClusterError
+    from jobs.monitor import states_many
+
+    try:
+        states = states_many(records, _client)
+    except ClusterError as exc:
+        print(f"jobs: no states (Slurm: {str(exc).splitlines()[0]})", file=sys.stderr)
+        return {}
+    out = {}
+    for r in records:
+        found = [states[j].state for j in r.job_ids() if j in states]
+        if not found:
+            continue
+        if len(found) == 1:
+            out[r.run_dir] = found[0]
+        else:
+            top = max(set(found), key=lambda s: (s != "COMPLETED", found.count(s)))
+            out[r.run_dir] = f"{top} {found.count(top)}/{len(found)}"
+    return out
 
 
 # -- logs / cancel ------------------------------------------------------------------------------
@@ -272,7 +300,42 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
+def cmd_drill(args: argparse.Namespace, out: IO[str]) -> int:
+    from jobs.drill import run_drill
+    from jobs.records import find_run
+
+    record = find_run(args.run)
+    report = run_drill(
+        record,
+        _client(),
+        args.kind,
+        timeout_s=args.timeout,
+        partition=args.partition,
+        progress=sys.stderr,
+    )
+    if args.json:
+        out.write(json.dumps(report.to_dict(), indent=1) + "\n")
+    else:
+        out.write("\n".join(report.lines()) + "\n")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, out: IO[str]) -> int:
+    from jobs.plot import plot_run
+
+    run_dir = Path(args.run)
+    if not run_dir.is_dir():
+        from jobs.records import find_run
+
+        run_dir = Path(find_run(args.run).run_dir)
+    target = plot_run(run_dir, args.output or run_dir / "plot.png")
+    out.write(f"{target}\n")
+    return 0
+
+
 COMMANDS = {
+    "drill": cmd_drill,
+    "plot": cmd_plot,
     "submit": cmd_submit,
     "status": cmd_status,
     "logs": cmd_logs,
@@ -289,11 +352,16 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args, stream)
+    except BadInputError as exc:  # the one bad-input signal, whichever package raised it
+        if debug:
+            raise
+        print(str(exc) or type(exc).__name__, file=sys.stderr)
+        return 2
     except JobsError as exc:
         if debug:
             raise
         print(str(exc), file=sys.stderr)
-        return exc.exit_code
+        return 1
     except KeyboardInterrupt:
         print(
             "interrupted (a submitted job keeps running: python -m jobs cancel RUN)",
@@ -309,7 +377,7 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
 
         if isinstance(exc, ClusterError):
             print(f"slurm: {exc}", file=sys.stderr)
-            return 2 if isinstance(exc, ValueError) else 1
+            return 1
         first = str(exc).splitlines()[0] if str(exc) else ""
         print(
             f"internal error: {type(exc).__name__}: {first} (run with --debug for the traceback)",

@@ -1,30 +1,38 @@
 """Load a spec file: YAML -> overrides -> strict validation -> sweep expansion.
 
-Every problem becomes one line ``file:line:column: field.path: problem (hint)``; a problem
-that comes from ``--set`` points at the override instead (``--set k=v: field.path: ...``).
+Reading, YAML, ``--set`` and the one-line errors are :mod:`train.specio` /
+:mod:`train.specerrors`, shared with ``python -m train --config``. Every problem becomes one
+line ``file:line:column: field.path: problem (hint)``; a problem that comes from ``--set``
+points at the override instead (``--set k=v: field.path: ...``). The sweep is expanded here
+and only here (:attr:`LoadedSpec.tasks`); :func:`sweepable` is the one rule for what a sweep
+may vary.
 """
 
 from __future__ import annotations
 
 import itertools
-import types
-import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from jobs.errors import SpecError
-from jobs.overrides import CONTROL_RE, Override, apply_overrides, parse_override, set_path
-from jobs.spec import FieldIssue, JobSpec
-from jobs.yamlsrc import Path_, Source, load_yaml
+from jobs.spec import JobSpec
+from train.specerrors import error_lines, validate
+from train.specerrors import resolve_field as _resolve_field
+from train.specio import Override, Source, load_source, read_spec_file, set_path, where
 
 MAX_ARRAY = 10_000
 MAX_LINES = 20
 # Sections a sweep may vary: everything else is part of the one sbatch script all tasks share.
 SWEEPABLE = ("train.", "entrypoint.", "requeue.max_")
+
+
+def sweepable(key: str) -> bool:
+    """Whether a sweep may vary the field ``key`` (dotted): the one rule, for every renderer."""
+    return key.startswith(SWEEPABLE)
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,7 @@ class LoadedSpec:
 
     def where(self, path: Sequence[str]) -> str:
         """``file:line:column`` (or ``--set k=v``) of a field, for messages about it."""
-        return _where(tuple(path), False, self.source, self.parsed)
+        return where(tuple(path), False, self.source, self.parsed)
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> LoadedSpec:
@@ -67,204 +75,22 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> LoadedSpec:
     Raises :class:`SpecError` listing every problem, one line each.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise SpecError([f"{p}: cannot read the spec: {reason}"]) from None
-    return load_text(text, str(p), overrides, path=p)
+    return load_text(read_spec_file(p), str(p), overrides, path=p)
 
 
 def load_text(
     text: str, filename: str, overrides: Sequence[str] = (), *, path: Path | None = None
 ) -> LoadedSpec:
     """Like :func:`load_spec` for a spec held in memory (``filename`` only labels errors)."""
-    source = load_yaml(text, filename)
-    if not isinstance(source.data, dict):
-        raise SpecError(
-            [
-                f"{source.where(())}: (top level): the spec must be a mapping (name:, resources:, "
-                "train: ...; see examples/cifar.yaml)"
-            ]
-        )
-    parsed = [parse_override(o) for o in overrides]
-    data = apply_overrides(source.data, parsed)
-    lines = _control_chars(data, source, parsed)
-    if lines:
-        raise SpecError(lines)
-    spec = _validate(data, source, parsed)
+    source, parsed, data = load_source(text, filename, overrides)
+    spec = validate(JobSpec, data, source, parsed)
     tasks = _expand(spec, data, source, parsed)
-    return LoadedSpec(path or Path(filename), text, data, spec, tasks, source, tuple(parsed))
-
-
-# -- validation and error lines -----------------------------------------------------------------
-def _validate(
-    data: dict[str, Any], source: Source, parsed: Sequence[Override], point: str = ""
-) -> JobSpec:
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(_lines(exc, data, source, parsed, point)) from None
-
-
-def _lines(
-    exc: ValidationError, data: Any, source: Source, parsed: Sequence[Override], point: str
-) -> list[str]:
-    out: list[str] = []
-    for err in exc.errors(include_url=False):
-        path, is_key = _data_path(err, data)
-        where = _where(path, is_key, source, parsed)
-        field = _dotted(path) or "(top level)"
-        line = f"{where}: {point}{field}: {_message(err, path)}"
-        if line not in out:
-            out.append(line)
-    return out
-
-
-def _data_path(err: Any, data: Any) -> tuple[Path_, bool]:
-    """The error's location in the YAML data: drop pydantic's union/validator tags."""
-    loc = list(err["loc"])
-    path: list[str | int] = []
-    node = data
-    for i, part in enumerate(loc):
-        last = i == len(loc) - 1
-        in_map = isinstance(node, Mapping) and part in node
-        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
-        if in_map or in_list:
-            path.append(part)
-            node = node[part]
-        elif last and err["type"] in ("extra_forbidden", "missing"):
-            path.append(part)
-    issue = (err.get("ctx") or {}).get("error")
-    if isinstance(issue, FieldIssue):
-        path.extend(issue.path.split("."))
-        return tuple(path), False
-    return tuple(path), err["type"] == "extra_forbidden"
-
-
-def _where(path: Path_, is_key: bool, source: Source, parsed: Sequence[Override]) -> str:
-    for ov in reversed(parsed):
-        if tuple(path[: len(ov.path)]) == ov.path or ov.path[: len(path)] == tuple(path):
-            return ov.origin
-    if not is_key and path and path not in source.value_marks:
-        # A missing field or a cross-field rule: point at the field's key, else its section.
-        return source.where(path, key=True)
-    return source.where(path, key=is_key)
-
-
-def _dotted(path: Path_) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _message(err: Any, path: Path_) -> str:
-    kind = err["type"]
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    value = err.get("input")
-    if kind == "extra_forbidden":
-        allowed = fields_at(tuple(str(p) for p in path[:-1] if isinstance(p, str)))
-        hint = f"valid: {', '.join(allowed)}" if allowed else "remove it"
-        return f"unknown field ({hint})"
-    if kind == "missing":
-        return "required field is missing (add it)"
-    if kind in ("value_error", "assertion_error"):
-        return msg
-    shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
-    hint = f"got {shown}"
-    if kind == "float_type" and isinstance(value, str) and _looks_numeric(value):
-        hint += "; YAML reads 1e-3 as text, write 1.0e-3"
-    elif kind in ("int_type", "float_type", "bool_type") and isinstance(value, str):
-        hint += "; write the value without quotes"
-    return f"{msg} ({hint})"
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _control_chars(data: Any, source: Source, parsed: Sequence[Override]) -> list[str]:
-    found: list[str] = []
-
-    def walk(node: Any, path: Path_) -> None:
-        if isinstance(node, str) and CONTROL_RE.search(node):
-            where = _where(path, False, source, parsed)
-            found.append(
-                f"{where}: {_dotted(path)}: contains a newline or control character "
-                "(values must be one line of printable text)"
-            )
-        elif isinstance(node, Mapping):
-            for k, v in node.items():
-                walk(v, (*path, str(k)))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, (*path, i))
-
-    walk(data, ())
-    return found
-
-
-# -- field lookup (unknown-field hints, sweep keys) ----------------------------------------------
-def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    """(model class inside ``annotation``, whether it is a dict of them / of values)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            model, is_dict = _model_of(arg)
-            if model is not None or is_dict:
-                return model, is_dict
-        return None, False
-    if origin is dict:
-        return None, True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
-    return None, False
-
-
-def _field_names(model: type[BaseModel]) -> dict[str, str]:
-    """YAML key -> field name, aliases included (e.g. checkpoint ``async``)."""
-    names: dict[str, str] = {}
-    for name, info in model.model_fields.items():
-        names[name] = name
-        alias = info.validation_alias
-        for choice in getattr(alias, "choices", [alias] if isinstance(alias, str) else []):
-            if isinstance(choice, str):
-                names[choice] = name
-    return names
+    return LoadedSpec(path or Path(filename), text, data, spec, tasks, source, parsed)
 
 
 def resolve_field(path: Iterable[str]) -> tuple[bool, list[str]]:
     """Whether ``path`` names a field of JobSpec; else the valid names where it went wrong."""
-    model: type[BaseModel] | None = JobSpec
-    free = False
-    for part in path:
-        if free:
-            return True, []
-        if model is None:
-            return False, []
-        names = _field_names(model)
-        if part not in names:
-            return False, sorted(model.model_fields)
-        model, free = _model_of(model.model_fields[names[part]].annotation)
-    return True, []
-
-
-def fields_at(path: tuple[str, ...]) -> list[str]:
-    """The valid field names of the section at ``path`` (empty when unknown)."""
-    model: type[BaseModel] | None = JobSpec
-    for part in path:
-        if model is None:
-            return []
-        names = _field_names(model)
-        if part not in names:
-            return []
-        model, _ = _model_of(model.model_fields[names[part]].annotation)
-    return sorted(model.model_fields) if model is not None else []
+    return _resolve_field(JobSpec, path)
 
 
 # -- sweeps -------------------------------------------------------------------------------------
@@ -276,22 +102,22 @@ def _expand(
     grid = spec.sweep.grid
     problems: list[str] = []
     for key in grid:
-        where = _where(("sweep", "grid", key), True, source, parsed)
+        place = where(("sweep", "grid", key), True, source, parsed)
         exists, valid = resolve_field(key.split("."))
         if not exists:
             hint = f"valid here: {', '.join(valid)}" if valid else "check the path"
-            problems.append(f"{where}: sweep.grid.{key}: no such field ({hint})")
-        elif not key.startswith(SWEEPABLE):
+            problems.append(f"{place}: sweep.grid.{key}: no such field ({hint})")
+        elif not sweepable(key):
             problems.append(
-                f"{where}: sweep.grid.{key}: cannot vary inside one job array, all tasks share one "
+                f"{place}: sweep.grid.{key}: cannot vary inside one job array, all tasks share one "
                 "sbatch script (sweep train.*, entrypoint.* or requeue.max_*; submit separate "
                 "specs for other fields)"
             )
     if spec.sweep.size > MAX_ARRAY:
-        where = _where(("sweep", "grid"), True, source, parsed)
+        place = where(("sweep", "grid"), True, source, parsed)
         problems.append(
-            f"{where}: sweep.grid: {spec.sweep.size} points is more than {MAX_ARRAY} "
-            "(Slurm's MaxArraySize); split the sweep"
+            f"{place}: sweep.grid: {spec.sweep.size} points is more than {MAX_ARRAY}, "
+            "the most one submission takes; split the sweep"
         )
     if problems:
         raise SpecError(problems)
@@ -307,7 +133,7 @@ def _expand(
             task_spec = JobSpec.model_validate(point)
         except ValidationError as exc:
             label = ", ".join(f"{k}={v!r}" for k, v in values.items())
-            lines = _lines(exc, point, source, parsed, f"(sweep point {label}) ")
+            lines = error_lines(exc, point, source, parsed, JobSpec, f"(sweep point {label}) ")
             problems.extend(_point_where(line, keys, combo, source) for line in lines)
             if len(problems) >= MAX_LINES:
                 break
@@ -325,6 +151,6 @@ def _point_where(line: str, keys: list[str], combo: Sequence[Any], source: Sourc
             values = source.data.get("sweep", {}).get("grid", {}).get(key, [])
             idx = next((i for i, v in enumerate(values) if v == value), None)
             if idx is not None:
-                where = source.where(("sweep", "grid", key, idx))
-                return where + line[line.index(": ") :]
+                place = source.where(("sweep", "grid", key, idx))
+                return place + line[line.index(": ") :]
     return line

@@ -5,11 +5,29 @@ A detached supervisor (started by ``jobs submit --executor local``) runs each ta
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT), at most
 ``max_parallel`` tasks at once, logs named like Slurm's (``slurm/JOB_RANK_log.out``), and keeps
 ``RUN_DIR/local_state.json`` with Slurm-style states so ``status``/``follow`` read it like sacct.
-SIGTERM cancels (forwarded to every rank).
+
+The same requeue contract as on Slurm (train's ``requeue:`` section and ``events.jsonl``):
+
+- a rank that exits 75 (``REQUEUE_EXIT_CODE``: checkpointed, "run me again") restarts the
+  task with resume (``TORCHELASTIC_RESTART_COUNT`` = the attempt, so train resumes from the
+  newest valid checkpoint), while train's budget check allowed it;
+- a failed rank (any other non-zero code but 2, bad input, and 3, budget spent) ends the task
+  like ``srun --kill-on-bad-exit``, is recorded as a ``failure`` event (unless the rank did so)
+  and is restarted while ``requeue.max_failures`` allows, else ``budget_exhausted``;
+- SIGUSR2 to the supervisor is a requeue request: the spec's ``requeue.signal`` goes to every
+  rank, they checkpoint, exit 75 and are restarted; SIGTERM cancels (forwarded, no restart).
+
+No orphans: each rank gets ``PR_SET_PDEATHSIG`` (SIGTERM: it checkpoints and stops) so a
+``kill -9`` of the supervisor stops it, and the supervisor records its own and every rank's
+:class:`jobs.procs.ProcHandle` (PID + start time) so ``status`` and ``cancel`` can tell the
+truth and never signal a process that merely reuses a PID.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import json
 import os
 import signal
@@ -19,12 +37,23 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from jobs.procs import ProcHandle
 from jobs.records import RunRecord, load_record
 from train.env import DistEnv
+from train.history import RunHistory
+
+if TYPE_CHECKING:
+    from train.config import RequeueConfig
 
 STATE_FILE = "local_state.json"
+STOP_FILE = ".local-stop"  # "cancel": the ranks' stop is a cancel, not a preemption
+REQUEUE_EXIT = 75  # train.requeue.REQUEUE_EXIT_CODE
+NO_RETRY_EXITS = {2, 3}  # bad input; a requeue budget is spent (train said so)
+PEER_GRACE_S = 60.0  # after one rank exits 75, the others' time to exit on their own
+KILL_WAIT_S = 30.0  # after a cancel's SIGTERM, the ranks' time to save and exit (Slurm's KillWait)
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -36,28 +65,71 @@ def free_port() -> int:
 
 
 def read_state(run_dir: str | Path) -> dict[str, Any]:
+    """``local_state.json`` ({} when missing, damaged or not an object)."""
     try:
-        data = json.loads((Path(run_dir) / STATE_FILE).read_text(encoding="utf-8"))
+        data = json.loads((Path(run_dir) / STATE_FILE).read_bytes().decode("utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the child before exec: its own process group (the rank and its children are one
+    group to stop), and SIGTERM when the supervisor dies (even by ``kill -9``)."""
+    os.setpgid(0, 0)
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+def _budgets(task_dir: str) -> RequeueConfig:
+    """The task's requeue section (defaults when the resolved spec cannot be read)."""
+    from train.config import RequeueConfig, load_run_config
+
+    try:
+        return load_run_config(Path(task_dir) / "resolved.yaml").requeue
+    except Exception:
+        return RequeueConfig()
+
+
 class Supervisor:
-    """Starts, watches and (on SIGTERM) stops the ranks of every task."""
+    """Starts, watches, restarts and (on SIGTERM) stops the ranks of every task."""
 
     def __init__(self, record: RunRecord) -> None:
         self.record = record
         self.job_id = f"local-{os.getpid()}"
         self.cancelled = False
+        self.cancelled_at = 0.0
+        self.requeue_asked = False
         self.running: dict[int, list[subprocess.Popen[bytes]]] = {}
+        self.grace: dict[int, float] = {}
         self.logs: list[IO[bytes]] = []
-        self.state: dict[str, Any] = {"pid": os.getpid(), "job_id": self.job_id, "tasks": {}}
+        self.budgets = {t.index: _budgets(t.run_dir) for t in record.tasks}
+        me = ProcHandle.of(os.getpid())
+        self.state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "supervisor": me.to_json() if me else None,
+            "job_id": self.job_id,
+            "tasks": {},
+        }
         for t in record.tasks:
-            self.state["tasks"][self.task_id(t.index)] = {"state": "PENDING", "exit_codes": []}
+            self.state["tasks"][self.task_id(t.index)] = {
+                "state": "PENDING",
+                "exit_codes": [],
+                "restarts": 0,
+                "ranks": [],
+            }
 
     def task_id(self, index: int) -> str:
         return self.job_id if self.record.array_size is None else f"{self.job_id}_{index}"
+
+    def task_dir(self, index: int) -> str:
+        return next(t.run_dir for t in self.record.tasks if t.index == index)
+
+    def entry(self, index: int) -> dict[str, Any]:
+        entry: dict[str, Any] = self.state["tasks"][self.task_id(index)]
+        return entry
 
     def save(self) -> None:
         path = Path(self.record.run_dir) / STATE_FILE
@@ -65,18 +137,40 @@ class Supervisor:
         tmp.write_text(json.dumps(self.state, sort_keys=True), encoding="utf-8")
         os.replace(tmp, path)
 
-    def cancel(self, signum: int, frame: FrameType | None) -> None:
-        self.cancelled = True
+    # -- signals ---------------------------------------------------------------------------
+    def _send(self, sig: int) -> None:
         for procs in self.running.values():
             for p in procs:
                 if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
+                    p.send_signal(sig)
 
+    def cancel(self, signum: int, frame: FrameType | None) -> None:
+        self.cancelled = True
+        self.cancelled_at = self.cancelled_at or time.monotonic()
+        for t in self.record.tasks:
+            with contextlib.suppress(OSError):
+                (Path(t.run_dir) / STOP_FILE).write_text("cancel\n", encoding="utf-8")
+        self._send(signal.SIGTERM)
+
+    def request_requeue(self, signum: int, frame: FrameType | None) -> None:
+        self.requeue_asked = True
+        for t in self.record.tasks:
+            name = getattr(self.budgets[t.index], "signal", "USR2")
+            sig = getattr(signal, f"SIG{name}", signal.SIGUSR2)
+            for p in self.running.get(t.index, []):
+                if p.poll() is None:
+                    p.send_signal(sig)
+
+    # -- ranks -----------------------------------------------------------------------------
     def start(self, index: int) -> None:
-        task = next(t for t in self.record.tasks if t.index == index)
+        task_dir = self.task_dir(index)
+        entry = self.entry(index)
         world = self.record.world_size
         port = free_port()
         procs = []
+        parent = os.getpid()
+        with contextlib.suppress(OSError):
+            (Path(task_dir) / STOP_FILE).unlink()
         for rank in range(world):
             env = dict(os.environ)
             # The torchrun variables, written the one way train writes them (torch-free).
@@ -84,44 +178,116 @@ class Supervisor:
                 rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                 master_port=port,
             ).export(env)  # fmt: skip
-            env["SLURM_TRAIN_RUN_DIR"] = task.run_dir
+            env["SLURM_TRAIN_RUN_DIR"] = task_dir
+            env["SLURM_TRAIN_LOCAL_SUPERVISOR"] = str(parent)  # train.requeue: gone = no restart
+            # train reads the attempt as torchrun's restart count: > 0 implies --resume.
+            env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
             log = self.record.log_file(self.task_id(index), rank).open("ab")
             self.logs.append(log)
-            cmd = [
-                sys.executable,
-                "-u",
-                "-m",
-                "train",
-                "--config",
-                str(Path(task.run_dir) / "resolved.yaml"),
-                "--run-dir",
-                task.run_dir,
-            ]
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+            cmd = [sys.executable, "-u", "-m", "train", "--config"]
+            cmd += [str(Path(task_dir) / "resolved.yaml"), "--run-dir", task_dir]
+            if entry["restarts"]:
+                cmd.append("--resume")  # a restart continues this run's own checkpoints
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    preexec_fn=functools.partial(_die_with_parent, parent),
+                )
+            )
         self.running[index] = procs
-        self.state["tasks"][self.task_id(index)]["state"] = "RUNNING"
+        handles = [ProcHandle.of(p.pid) for p in procs]
+        entry.update(state="RUNNING", ranks=[h.to_json() for h in handles if h], exit_codes=[])
         self.save()
 
+    def _kill_groups(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)  # its own group (_die_with_parent)
+
     def reap(self) -> None:
+        late = self.cancelled and time.monotonic() - self.cancelled_at > KILL_WAIT_S
         for index, procs in list(self.running.items()):
+            if late:
+                self._kill_groups(procs)  # a rank that ignores the cancel's SIGTERM
             codes = [p.poll() for p in procs]
-            if any(c not in (None, 0) for c in codes):
+            bad = [c for c in codes if c not in (None, 0, REQUEUE_EXIT)]
+            if bad:
                 # Like srun --kill-on-bad-exit: one failed rank ends the task.
-                for p in procs:
-                    if p.poll() is None:
-                        p.terminate()
-                codes = [p.wait() for p in procs]
-            if all(c is not None for c in codes):
-                ok = all(c == 0 for c in codes)
-                state = "CANCELLED" if self.cancelled else ("COMPLETED" if ok else "FAILED")
-                entry = self.state["tasks"][self.task_id(index)]
-                entry.update(state=state, exit_codes=codes, end=time.time())
+                self._kill_groups(procs)
+            elif REQUEUE_EXIT in codes and None in codes:
+                deadline = self.grace.setdefault(index, time.monotonic() + PEER_GRACE_S)
+                if time.monotonic() > deadline:
+                    self._kill_groups(procs)
+            if bad or all(c is not None for c in codes):
+                done = [p.wait() for p in procs]
                 del self.running[index]
-                self.save()
+                self.grace.pop(index, None)
+                self.finish(index, done)
+
+    def finish(self, index: int, codes: list[int]) -> None:
+        """A task's ranks are all gone: record the outcome, or restart it (requeue contract)."""
+        entry = self.entry(index)
+        history = RunHistory(self.task_dir(index))
+        attempt = int(entry["restarts"])
+        entry.update(exit_codes=codes, end=time.time(), ranks=[])
+        state, why = self._outcome(index, codes, history, attempt)
+        if state == "REQUEUED":
+            entry.update(state="REQUEUED", restarts=attempt + 1, reason=why)
+            self.save()
+            if not self.cancelled:
+                self.start(index)
+                return
+            state, why = "CANCELLED", ""
+        if state == "CANCELLED":
+            events = history.events()
+            if not events or events[-1].get("event") != "cancelled":
+                step = next((e["step"] for e in reversed(events) if "step" in e), None)
+                history.append("cancelled", step=step, restart_count=attempt, job_id=None)
+        entry.update(state=state, reason=why)
+        self.save()
+
+    def _outcome(
+        self, index: int, codes: list[int], history: RunHistory, attempt: int
+    ) -> tuple[str, str]:
+        if self.cancelled:
+            return "CANCELLED", ""
+        if all(c == 0 for c in codes):
+            return "COMPLETED", ""
+        if any(c in NO_RETRY_EXITS for c in codes):
+            return "FAILED", ""
+        budgets = self.budgets[index]
+        if REQUEUE_EXIT in codes and all(c in (0, REQUEUE_EXIT) for c in codes):
+            # train recorded the stop (preempted/timeout) and checked the budget already; a
+            # program that exits 75 without recording anything is still bounded by the sum.
+            over = history.check_budget(budgets)
+            total = budgets.max_preemptions + budgets.max_timeouts + budgets.max_failures
+            if over is None and attempt >= total:
+                over = f"restarted {attempt}x, the sum of the requeue budgets; not restarting"
+            return ("FAILED", over) if over else ("REQUEUED", "requeued after a stop")
+        failing = [(r, c) for r, c in enumerate(codes) if c not in (0, REQUEUE_EXIT, -9)]
+        rank, code = failing[0] if failing else (0, codes[0])
+        recorded = any(
+            e.get("event") == "failure" and e.get("restart_count") == attempt
+            for e in history.events()
+        )
+        base = {"step": None, "restart_count": attempt, "job_id": None}
+        if not recorded:
+            history.append("failure", **base, error=f"rank {rank} exited {code}")
+        over = history.check_budget(budgets)
+        if over:
+            history.append("budget_exhausted", **base, reason=over)
+            return "FAILED", over
+        history.append("requeue", **base, via="local")
+        return "REQUEUED", f"rank {rank} failed; requeued"
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.cancel)
         signal.signal(signal.SIGINT, self.cancel)
+        signal.signal(signal.SIGUSR2, self.request_requeue)
         pending = [t.index for t in self.record.tasks]
         self.save()
         while pending or self.running:
@@ -131,7 +297,7 @@ class Supervisor:
                 self.start(pending.pop(0))
             if self.cancelled and pending:
                 for index in pending:
-                    self.state["tasks"][self.task_id(index)]["state"] = "CANCELLED"
+                    self.entry(index)["state"] = "CANCELLED"
                 pending.clear()
                 self.save()
             self.reap()

@@ -1,21 +1,19 @@
-"""Job states, following, logs and cancelling for recorded runs (Slurm or local).
+"""Job states, logs and cancelling for recorded runs (Slurm or local); following is
+:mod:`jobs.follow`.
 
-States come from ONE ``sacct`` call per query (``SlurmClient.job_states``: an array's base id
-returns all its tasks), or from ``local_state.json`` for local runs.
+Slurm states come from ONE query for any number of runs, shared for a few seconds through the
+state dir (:func:`jobs.statecache.slurm_states`); local runs' states from their supervisor's
+``local_state.json``, checked against the processes themselves (:mod:`jobs.procs`).
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
-from cluster.local.daemons import pid_alive
 from cluster.models import JobInfo
+from jobs.procs import ProcHandle, cmdline, signal_if_ours
 from jobs.records import RunRecord
 
 if TYPE_CHECKING:
@@ -23,35 +21,98 @@ if TYPE_CHECKING:
 
 ClientFactory = Callable[[], "SlurmClient"]
 FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
-UNKNOWN_GIVE_UP_S = 60.0
 
 
-def local_states(record: RunRecord) -> dict[str, JobInfo]:
-    """States of a local run from its supervisor's state file."""
-    from jobs.localrun import read_state
+def is_supervisor(pid: int, record: RunRecord) -> bool:
+    """``pid`` runs ``python -m jobs.localrun RUN_DIR`` for this very run."""
+    argv = cmdline(pid)
+    return "jobs.localrun" in argv and record.run_dir in argv
 
-    state = read_state(record.run_dir)
-    alive = pid_alive(record.pid)
-    out: dict[str, JobInfo] = {}
-    tasks = state.get("tasks", {})
-    for job_id in record.job_ids():
-        entry = tasks.get(job_id, {})
-        name = entry.get("state", "PENDING" if alive else "FAILED")
-        reason = ""
-        if name not in FINAL_LOCAL and not alive:
-            name, reason = "FAILED", "local supervisor is gone"
-        codes = [c for c in entry.get("exit_codes", []) if c is not None]
-        code = next((c for c in codes if c != 0), 0) if codes else None
-        out[job_id] = JobInfo(job_id, name, exit_code=code, reason=reason, source="local")
+
+def is_rank(pid: int, record: RunRecord) -> bool:
+    """``pid`` runs ``python -m train ... --run-dir DIR`` for a task of this run."""
+    argv = cmdline(pid)
+    return "train" in argv and any(t.run_dir in argv for t in record.tasks)
+
+
+def supervisor(record: RunRecord, state: dict[str, Any]) -> ProcHandle | None:
+    """The live supervisor of a local run, proven by its recorded start time (written by the
+    supervisor itself) and its command line; None when it is gone (or the PID is another's)."""
+    handle = ProcHandle.from_json(state.get("supervisor"))
+    if handle is None or handle.pid != record.pid:
+        # Not written yet (it has just started): its command line and start time must fit.
+        if not isinstance(record.pid, int) or record.pid <= 0:
+            return None
+        handle = ProcHandle.of(record.pid)
+        if handle is None or not _started_after(handle, record.submitted_at):
+            return None
+    return handle if handle.alive() and is_supervisor(handle.pid, record) else None
+
+
+def _started_after(handle: ProcHandle, when: float) -> bool:
+    from jobs.procs import started_at
+
+    started = started_at(handle)
+    return started is not None and started >= when - 2.0
+
+
+def live_ranks(record: RunRecord, state: dict[str, Any]) -> list[ProcHandle]:
+    """Rank processes of the run that still run (each proven by start time and command line)."""
+    out = []
+    tasks = state.get("tasks")
+    for entry in tasks.values() if isinstance(tasks, dict) else ():
+        ranks = entry.get("ranks") if isinstance(entry, dict) else None
+        for data in ranks if isinstance(ranks, list) else ():
+            handle = ProcHandle.from_json(data)
+            if handle is not None and handle.alive() and is_rank(handle.pid, record):
+                out.append(handle)
     return out
 
 
-def states_many(runs: list[RunRecord], client: ClientFactory) -> dict[str, JobInfo]:
-    """States of every task of several runs: one sacct call for all Slurm runs together."""
+def local_states(record: RunRecord) -> dict[str, JobInfo]:
+    """States of a local run from its supervisor's state file, told the truth by the processes:
+    a supervisor that is gone (killed) leaves FAILED tasks, or RUNNING while orphaned ranks
+    are still stopping."""
+    from jobs.localrun import read_state
+
+    state = read_state(record.run_dir)
+    alive = supervisor(record, state) is not None
+    orphans = bool(live_ranks(record, state)) if not alive else False
+    out: dict[str, JobInfo] = {}
+    tasks = state.get("tasks")
+    tasks = tasks if isinstance(tasks, dict) else {}
+    for job_id in record.job_ids():
+        entry = tasks.get(job_id)
+        entry = entry if isinstance(entry, dict) else {}
+        name = entry.get("state")
+        name = name if isinstance(name, str) else ("PENDING" if alive else "FAILED")
+        why = entry.get("reason")
+        why = why if isinstance(why, str) else ""
+        if name not in FINAL_LOCAL and not alive:
+            if orphans:
+                name, why = "RUNNING", "local supervisor is gone; its ranks are stopping"
+            else:
+                name, why = "FAILED", "local supervisor is gone"
+        codes = entry.get("exit_codes")
+        codes = [c for c in codes if isinstance(c, int)] if isinstance(codes, list) else []
+        code = next((c for c in codes if c != 0), 0) if codes else None
+        out[job_id] = JobInfo(job_id, name, exit_code=code, reason=why, source="local")
+    return out
+
+
+def states_many(
+    runs: list[RunRecord], client: ClientFactory, *, ttl_s: float | None = None, fresh: bool = False
+) -> dict[str, JobInfo]:
+    """States of every task of several runs: ONE Slurm query for all Slurm runs together,
+    shared with other shells for ``ttl_s`` seconds (:mod:`jobs.statecache`)."""
+    from jobs.statecache import TTL_S, slurm_states
+
     out: dict[str, JobInfo] = {}
     slurm_runs = [r for r in runs if r.executor == "slurm" and r.job_id]
     if slurm_runs:
-        found = client().job_states([r.job_id for r in slurm_runs])
+        ttl = TTL_S if ttl_s is None else ttl_s
+        ids = [j for r in slurm_runs for j in r.slurm_job_ids()]  # every array of a split sweep
+        found = slurm_states(ids, client, ttl_s=ttl, fresh=fresh)
         for r in slurm_runs:
             for jid in r.job_ids():
                 out[jid] = found.get(jid) or JobInfo(jid, "UNKNOWN", reason="not known to Slurm")
@@ -78,95 +139,15 @@ def outcome(states: dict[str, JobInfo]) -> int:
 
 
 def _finished(info: JobInfo) -> bool:
+    """Over for good: a Slurm terminal state, or a local run's final one."""
     return info.terminal or (info.source == "local" and info.state in FINAL_LOCAL)
 
 
-class LogTail:
-    """New complete lines of a growing file (survives the file appearing late)."""
+def follow(record: RunRecord, client: ClientFactory, **kwargs: Any) -> int:
+    """Follow the run until it ends (:func:`jobs.follow.follow`)."""
+    from jobs.follow import follow as follow_run
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def read(self) -> list[str]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        return [ln.decode("utf-8", "replace") for ln in lines]
-
-    def flush(self) -> list[str]:
-        rest = self.read()
-        if self.partial:
-            rest.append(self.partial.decode("utf-8", "replace"))
-            self.partial = b""
-        return rest
-
-
-def follow(
-    record: RunRecord,
-    client: ClientFactory,
-    *,
-    rank: int = 0,
-    out: IO[str] | None = None,
-    poll_s: float = 2.0,
-    only: str | None = None,
-    show_states: bool = True,
-) -> int:
-    """Stream state changes, new events and new rank-``rank`` log lines until the job ends.
-
-    Returns 0 iff every followed task COMPLETED.
-    """
-    stream = out or sys.stdout
-    ids = [only] if only else record.job_ids()
-    many = len(ids) > 1
-    tails = {jid: LogTail(record.log_file(jid, rank)) for jid in ids}
-    event_tails = {t.run_dir: LogTail(Path(t.run_dir) / "events.jsonl") for t in record.tasks}
-    last: dict[str, str] = {}
-    settled = unknown = 0
-    while True:
-        states = {k: v for k, v in task_states(record, client).items() if k in tails}
-        # Accounting may lag a fresh submission for a moment; a job unknown for long is gone.
-        unknown = unknown + 1 if all(s.state == "UNKNOWN" for s in states.values()) else 0
-        if unknown * poll_s > UNKNOWN_GIVE_UP_S:
-            stream.write(f"jobs: Slurm does not know {', '.join(states)} (purged?); giving up\n")
-            stream.flush()
-            return 1
-        for jid, info in states.items():
-            if show_states and last.get(jid) != info.state:
-                why = f" ({reason(info)})" if reason(info) else ""
-                stream.write(f"[{time.strftime('%H:%M:%S')}] {jid}: {info.state}{why}\n")
-                last[jid] = info.state
-        for jid, tail in tails.items():
-            now = states.get(jid)
-            if now is not None and now.state in ("PENDING", "UNKNOWN") and not tail.offset:
-                continue  # no log yet; skip the stat for big arrays
-            prefix = f"[{jid}] " if many else ""
-            for line in tail.read():
-                stream.write(f"{prefix}{line}\n")
-        if show_states:
-            for tail in event_tails.values():
-                for line in tail.read():
-                    stream.write(f"event: {line.strip()}\n")
-        stream.flush()
-        done = bool(states) and all(_finished(i) for i in states.values())
-        # Confirm once: a job being requeued can show a final state for a moment.
-        settled = settled + 1 if done else 0
-        if settled >= 2:
-            for jid, tail in tails.items():
-                prefix = f"[{jid}] " if many else ""
-                for line in tail.flush():
-                    stream.write(f"{prefix}{line}\n")
-            stream.flush()
-            return outcome(states)
-        time.sleep(poll_s if not done else min(poll_s, 1.0))
+    return follow_run(record, client, **kwargs)
 
 
 def print_logs(record: RunRecord, rank: int, only: str | None, out: IO[str]) -> int:
@@ -188,17 +169,50 @@ def print_logs(record: RunRecord, rank: int, only: str | None, out: IO[str]) -> 
 
 
 def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) -> list[str]:
-    """Cancel the run (or one task of it); returns what was cancelled."""
+    """Cancel the run (or one task of it); returns what was cancelled ([]: nothing runs).
+
+    A local run is signalled only through handles proven to be this run's processes (start
+    time and command line, :mod:`jobs.procs`): an ended run's PID may be anyone's by now.
+    """
     if record.executor == "local":
-        if pid_alive(record.pid):
-            assert record.pid is not None
-            os.kill(record.pid, signal.SIGTERM)
-            return [record.job_id]
+        if only is not None and only != record.job_id:
+            from jobs.errors import UsageError
+
+            raise UsageError(
+                f"cancel: {only} is one task of a local run; cancel the run ({record.job_id})"
+            )
+        return _cancel_local(record)
+    # Every array of a split sweep, the last first: each waits (afterany) on the one before, so
+    # cancelling an earlier one first would let the next one start.
+    target = [only] if only else list(reversed(record.slurm_job_ids()))
+    # A run that is over is left alone (scancel of an ended job is an error, and a no-op).
+    states = states_many([record], client, ttl_s=0.0)
+    mine = [i for j, i in states.items() if only is None or j == only or j.startswith(f"{only}_")]
+    if mine and all(i.terminal for i in mine):
         return []
-    target = [only] if only else [record.job_id]
     # Not requeueable first: neither Slurm nor train's guard may bring a cancelled job back.
     client().cancel(target, no_requeue=True)
     return target
+
+
+def _cancel_local(record: RunRecord) -> list[str]:
+    from jobs.localrun import read_state
+
+    state = read_state(record.run_dir)
+    sup = supervisor(record, state)
+    # The supervisor stops its ranks, records CANCELLED and restarts nothing.
+    ours = sup is not None and signal_if_ours(
+        sup, signal.SIGTERM, lambda pid: is_supervisor(pid, record)
+    )
+    if ours:
+        return [record.job_id]
+    # Killed supervisor: its orphaned ranks (if any still run) are stopped directly.
+    sent = [
+        h.pid
+        for h in live_ranks(record, state)
+        if signal_if_ours(h, signal.SIGTERM, lambda pid: is_rank(pid, record))
+    ]
+    return [record.job_id] if sent else []
 
 
 def events_summary(record: RunRecord) -> dict[str, str]:
@@ -211,6 +225,29 @@ def events_summary(record: RunRecord) -> dict[str, str]:
         history = RunHistory(task.run_dir)
         out[task.run_dir] = history.summary() if history.events() else ""
     return out
+
+
+def last_failures(record: RunRecord) -> dict[str, dict[str, Any]]:
+    """Per task run dir: its newest ``failure`` event (error, exit code or signal, the last
+    lines of stderr), when it has one."""
+    from train.history import RunHistory
+
+    out = {}
+    for task in record.tasks:
+        failures = [e for e in RunHistory(task.run_dir).events() if e["event"] == "failure"]
+        if failures:
+            out[task.run_dir] = failures[-1]
+    return out
+
+
+def describe_failure(event: dict[str, Any], tail: int = 3) -> list[str]:
+    """A failure event in a few lines: ``error: ...`` and the last ``tail`` lines of stderr."""
+    error = event.get("error")
+    lines = [f"error: {error}"] if isinstance(error, str) and error else []
+    stderr = event.get("stderr_tail")
+    if isinstance(stderr, list):
+        lines += [f"| {line}" for line in stderr[-tail:] if isinstance(line, str)]
+    return lines
 
 
 def progress_summary(record: RunRecord) -> dict[str, dict[str, object]]:

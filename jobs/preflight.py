@@ -1,30 +1,97 @@
 """Check a spec against the live cluster before anything is submitted.
 
 Partition exists and is up, the time limit fits its MaxTime, enough usable nodes, GPUs (gres)
-and CPUs per node. Each failure names the field, the limit and the fix.
+and CPUs per node; a sweep fits the cluster's array limits. Each failure names the field, the
+limit and the fix.
+
+Cost: ONE Slurm command per submission (``sinfo``: partitions and nodes together). The array
+limits (MaxArraySize, MaxJobCount, from ``scontrol show config``) are settings in slurm.conf:
+they change only when an admin edits that file, so they are kept in the state directory keyed
+on the file's path, size and mtime (``cluster.conf.conf_stamp``) and asked again only after
+an edit (or hourly where no slurm.conf is readable, as in configless set-ups).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from cluster.models import ClusterLimits
 from cluster.timefmt import format_slurm_time
 from jobs.errors import PreflightError
-from jobs.spec import JobSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from cluster.client import SlurmClient
+    from cluster.models import ClusterState
+    from jobs.spec import JobSpec
 
 Where = Callable[[tuple[str, ...]], str]
+LIMITS_FILE = "cluster-limits.json"
+UNSTAMPED_TTL_S = 3600.0
 
 
-def preflight(spec: JobSpec, client: SlurmClient, where: Where | None = None) -> str:
-    """Raise :class:`PreflightError` when the cluster cannot run ``spec``; return the partition."""
+def cluster_limits(client: SlurmClient, cache_dir: Path) -> ClusterLimits:
+    """The cluster's array limits, from the cache when slurm.conf has not changed since."""
+    stamp = client.conf_stamp()
+    path = cache_dir / LIMITS_FILE
+    try:
+        data = json.loads(path.read_bytes())
+        fresh = not stamp.endswith(":missing") or time.time() - data["at"] < UNSTAMPED_TTL_S
+        if data["stamp"] == stamp and fresh:
+            return ClusterLimits(int(data["max_array_size"]), int(data["max_job_count"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # missing, damaged or foreign: ask the cluster
+    limits = client.limits()
+    entry = {"stamp": stamp, "at": time.time(), **limits.__dict__}
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{LIMITS_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entry), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs one query next time
+    return limits
+
+
+def array_limit(tasks: int, limits: ClusterLimits, where: Where | None = None) -> int:
+    """Tasks per array for a sweep of ``tasks`` points; PreflightError when it cannot fit."""
+    loc = where or (lambda path: "preflight")
+    if limits.max_array_size < 1:
+        raise PreflightError(
+            f"{loc(('sweep',))}: sweep: this cluster has job arrays turned off "
+            "(MaxArraySize=0); submit the points as separate specs"
+        )
+    arrays = math.ceil(tasks / limits.max_array_size)
+    if arrays > limits.max_job_count:
+        raise PreflightError(
+            f"{loc(('sweep', 'grid'))}: sweep.grid: {tasks} points need {arrays} arrays of at most "
+            f"{limits.max_array_size} (MaxArraySize) but the cluster holds at most "
+            f"{limits.max_job_count} jobs (MaxJobCount); split the sweep into smaller specs"
+        )
+    return limits.max_array_size
+
+
+def preflight(
+    spec: JobSpec,
+    client: SlurmClient,
+    where: Where | None = None,
+    *,
+    state: ClusterState | None = None,
+) -> str:
+    """Raise :class:`PreflightError` when the cluster cannot run ``spec``; return the partition.
+
+    ``state``: the cluster as already read (else one ``sinfo`` now).
+    """
     loc = where or (lambda path: "preflight")
     res = spec.resources
-    nodes = client.nodes()
-    partitions = client.partitions()
+    state = state or client.cluster_state()
+    nodes, partitions = list(state.nodes), list(state.partitions)
     if res.partition is None:
         part = next((p for p in partitions if p.default), None)
         if part is None:

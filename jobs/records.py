@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import RunNotFoundError
-from train.history import read_jsonl
+from train.history import read_jsonl_checked
 
 STATE_ENV = "SLURM_TRAIN_STATE_DIR"
 RUNS_ENV = "SLURM_TRAIN_RUNS_DIR"
@@ -53,12 +54,39 @@ class Plan:
     run_id: str
     run_dir: Path
 
+    explicit: bool = False
+
     @classmethod
     def new(cls, name: str, explicit_dir: str | None, root: Path) -> Plan:
-        """A fresh run id; ``explicit_dir`` (the spec's train.run_dir) is the user's choice,
-        e.g. to resume an earlier run in place."""
-        run_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
-        return cls(run_id, Path(explicit_dir).absolute() if explicit_dir else root / run_id)
+        """A fresh run id (48 random bits after the second); ``explicit_dir`` (the spec's
+        train.run_dir) is the user's choice, e.g. to resume an earlier run in place."""
+        run_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(6).hex()}"
+        if explicit_dir:
+            return cls(run_id, Path(explicit_dir).absolute(), explicit=True)
+        return cls(run_id, root / run_id)
+
+    def claim(self, attempts: int = 5) -> Plan:
+        """Create the run directory exclusively and return the plan that owns it.
+
+        A generated directory that already exists belongs to another submission: a fresh id
+        is drawn (never ``exist_ok``: two submissions must never share one directory). An
+        explicit ``train.run_dir`` is the user's to reuse and is only made sure to exist.
+        """
+        if self.explicit:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            return self
+        plan = self
+        for _ in range(attempts):
+            plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                plan.run_dir.mkdir()
+                return plan
+            except FileExistsError:
+                name = plan.run_id.rsplit("-", 3)[0]
+                plan = Plan.new(name, None, plan.run_dir.parent)
+        raise FileExistsError(
+            f"{self.run_dir.parent}: no free run directory after {attempts} tries"
+        )
 
     def task_dir(self, index: int | None) -> Path:
         """train's run directory for array task ``index`` (None: the job is not an array)."""
@@ -92,13 +120,25 @@ class RunRecord:
     world_size: int = 1
     partition: str = ""
     pid: int | None = None
+    # A sweep bigger than the cluster's MaxArraySize is several arrays, one run (jobs.submit):
+    # the id of each array in order (job_id is the first) and the tasks per array.
+    array_job_ids: list[str] = field(default_factory=list)
+    array_chunk: int = 0
+
+    def slurm_job_ids(self) -> list[str]:
+        """The Slurm job id of every array (or of the job) of this run, in submission order."""
+        return list(self.array_job_ids) or ([self.job_id] if self.job_id else [])
 
     def job_ids(self) -> list[str]:
-        """Slurm ids of every task: ``["12"]`` or ``["12_0", "12_1", ...]``."""
+        """Slurm ids of every task: ``["12"]`` or ``["12_0", "12_1", ...]`` (task i of a split
+        sweep is ``array_job_ids[i // array_chunk]_{i % array_chunk}``)."""
         if not self.job_id:
             return []
         if self.array_size is None:
             return [self.job_id]
+        if self.array_job_ids and self.array_chunk > 0:
+            ids, n = self.array_job_ids, self.array_chunk
+            return [f"{ids[min(t.index // n, len(ids) - 1)]}_{t.index % n}" for t in self.tasks]
         return [f"{self.job_id}_{t.index}" for t in self.tasks]
 
     def log_file(self, task_job_id: str, rank: int) -> Path:
@@ -109,10 +149,61 @@ class RunRecord:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+    def from_dict(cls, data: Any) -> RunRecord:
+        """A record from its JSON; wrong types (a damaged or foreign run.json) raise ValueError."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        known["tasks"] = [TaskRecord(**t) for t in known.get("tasks", [])]
+        for key in ("run_id", "name", "run_dir", "executor"):
+            if not isinstance(known.get(key), str) or not known[key]:
+                raise ValueError(f"{key}: missing or not a string")
+        for key, kind in _FIELD_TYPES.items():
+            if key in known and not _is(known[key], kind):
+                raise ValueError(f"{key}: {known[key]!r} is not {kind}")
+        tasks = known.get("tasks", [])
+        if not isinstance(tasks, list):
+            raise ValueError("tasks: not a list")
+        known["tasks"] = [_task(t) for t in tasks]
         return cls(**known)
+
+
+_FIELD_TYPES = {
+    "job_id": "str",
+    "array_size": "int|None",
+    "max_parallel": "int",
+    "submitted_at": "number",
+    "spec_path": "str",
+    "overrides": "list",
+    "world_size": "int",
+    "partition": "str",
+    "pid": "int|None",
+    "array_job_ids": "list",
+    "array_chunk": "int",
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if value is None:
+        return kind.endswith("|None")
+    if isinstance(value, bool):
+        return False
+    return {
+        "str": isinstance(value, str),
+        "int": isinstance(value, int),
+        "int|None": isinstance(value, int),
+        "number": isinstance(value, int | float),
+        "list": isinstance(value, list),
+    }[kind]
+
+
+def _task(data: Any) -> TaskRecord:
+    if not isinstance(data, dict):
+        raise ValueError("tasks: an entry is not an object")
+    index, run_dir, values = data.get("index"), data.get("run_dir"), data.get("values", {})
+    if not _is(index, "int") or not isinstance(run_dir, str) or not isinstance(values, dict):
+        raise ValueError(f"tasks: damaged entry {data!r:.80}")
+    assert isinstance(index, int)
+    return TaskRecord(index, run_dir, values)
 
 
 def save_record(record: RunRecord) -> None:
@@ -124,9 +215,10 @@ def save_record(record: RunRecord) -> None:
 
 
 def load_record(run_dir: str | Path) -> RunRecord:
+    """RUN_DIR/run.json; a missing, damaged or foreign one raises RunNotFoundError (one line)."""
     path = Path(run_dir) / RECORD
     try:
-        return RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return RunRecord.from_dict(json.loads(path.read_bytes().decode("utf-8")))
     except (OSError, ValueError, TypeError) as exc:
         raise RunNotFoundError(f"{path}: not a readable run record ({exc})") from None
 
@@ -146,16 +238,31 @@ def append_index(record: RunRecord) -> None:
         },
         sort_keys=True,
     )
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        # A torn last line (a crash mid-write): start a fresh line instead of gluing onto it.
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
 
 
-def read_index() -> list[dict[str, Any]]:
-    """Index entries, oldest first (unreadable lines are skipped)."""
-    return [e for e in read_jsonl(index_path()) if e.get("run_dir")]
+def read_index(report: bool = True) -> list[dict[str, Any]]:
+    """Index entries, oldest first. A damaged line (a bad byte, torn JSON, a foreign entry) is
+    skipped and, with ``report``, named in one line on stderr; the others are all returned."""
+    entries, bad = read_jsonl_checked(index_path())
+    good = [e for e in entries if isinstance(e.get("run_dir"), str) and e["run_dir"]]
+    skipped = len(entries) - len(good)
+    if report and (bad or skipped):
+        where = f" (line {', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''})"
+        print(
+            f"jobs: warning: {index_path()}: skipped {len(bad) + skipped} damaged "
+            f"entr{'y' if len(bad) + skipped == 1 else 'ies'}{where if bad else ''}",
+            file=sys.stderr,
+        )
+    return good
 
 
 def iter_records() -> Iterator[RunRecord]:
@@ -180,7 +287,7 @@ def find_run(query: str | None) -> RunRecord:
     for record in iter_records():
         if query is None or query in (record.run_id, record.name, record.job_id):
             return record
-        if base is not None and base == record.job_id:
+        if base is not None and base in record.slurm_job_ids():
             return record
     if query is None:
         raise RunNotFoundError(f"no runs recorded yet in {index_path()} (submit one first)")

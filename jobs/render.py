@@ -1,8 +1,12 @@
-"""Spec -> submitit parameters -> the exact sbatch script.
+"""The ONE mapping from a spec to Slurm options, and the exact sbatch script submitit sends.
 
-One function builds the parameters; the real submission hands them to
-``submitit.SlurmExecutor.update_parameters`` and ``--dry-run`` hands the same ones to submitit's
-own ``_make_sbatch_string``, so what is shown is what is submitted.
+:func:`slurm_options` turns a :class:`~jobs.spec.JobSpec` into sbatch options (Slurm's long
+option names, in Slurm's spelling) and srun options. Everything that asks Slurm for resources
+comes from it: :func:`slurm_parameters` (submitit's ``update_parameters``, used for the real
+submission and for ``--dry-run``, so what is shown is what is submitted) and
+:mod:`jobs.templates` (the ``#SBATCH`` block of ``--template NAME``). GPUs are asked for one
+way only, ``--gres=gpu:N`` (works with select/cons_res and cons_tres alike), and the time limit
+is written as ``[D-]HH:MM:SS`` rounded up to whole minutes (Slurm's granularity).
 
 Quoting: submitit quotes every ``#SBATCH`` value and srun argument (``shlex.quote``); the
 variables and paths we add to the setup block are quoted here. Setup lines from the spec are
@@ -11,11 +15,13 @@ shell code on purpose (``module load``, ``source .venv/bin/activate``).
 
 from __future__ import annotations
 
-import math
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from cluster.timefmt import format_slurm_time
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -24,6 +30,71 @@ if TYPE_CHECKING:
 # even when the project is used from a checkout rather than installed.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SLURM_FOLDER = "slurm"
+#: One sbatch option: (long name as Slurm spells it, value; None for a flag such as --exclusive).
+Option = tuple[str, str | None]
+#: The options that size the allocation (what both dry-runs must agree on).
+RESOURCE_KEYS = (
+    "partition",
+    "nodes",
+    "ntasks-per-node",
+    "gres",
+    "cpus-per-task",
+    "mem",
+    "time",
+    "account",
+    "qos",
+    "constraint",
+    "exclusive",
+)
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What a spec asks of Slurm: sbatch options in a fixed order, then srun options."""
+
+    sbatch: tuple[Option, ...]
+    srun: tuple[str, ...]
+
+    def get(self, key: str) -> str | None:
+        return next((v for k, v in self.sbatch if k == key), None)
+
+
+def slurm_options(spec: JobSpec) -> SlurmOptions:
+    """The one spec -> Slurm mapping (see the module docstring)."""
+    res = spec.resources
+    opts: list[Option] = [("job-name", spec.name)]
+    if res.partition:
+        opts.append(("partition", res.partition))
+    opts += [("nodes", str(res.nodes)), ("ntasks-per-node", str(spec.ntasks_per_node))]
+    # gpus_per_node joins any other gres (the spec refuses GPUs given both ways).
+    gres = [g for g in (res.gres, f"gpu:{res.gpus_per_node}" if res.gpus_per_node else "") if g]
+    if gres:
+        opts.append(("gres", ",".join(gres)))
+    if res.cpus_per_task is not None:
+        opts.append(("cpus-per-task", str(res.cpus_per_task)))
+    if res.mem is not None:
+        opts.append(("mem", res.mem))
+    seconds = res.time_s
+    # Slurm counts whole minutes: round up so the job never gets less than asked.
+    opts.append(("time", format_slurm_time(None if seconds is None else -(-seconds // 60) * 60)))
+    for key, value in (("account", res.account), ("qos", res.qos), ("constraint", res.constraint)):
+        if value is not None:
+            opts.append((key, value))
+    if res.exclusive:
+        opts.append(("exclusive", None))
+    opts.append(("signal", f"{spec.requeue.signal}@{spec.requeue.signal_delay_s}"))
+    opts.append(("requeue", None))
+    for key, extra in spec.launch.sbatch_args.items():
+        if extra is True:
+            opts.append((key, None))
+        elif extra is not False:
+            opts.append((key, str(extra)))
+    return SlurmOptions(tuple(opts), tuple(srun_args(spec)))
+
+
+def array_option(size: int, max_parallel: int) -> str:
+    """``--array`` for ``size`` tasks, at most ``max_parallel`` at once (submitit's spelling)."""
+    return f"0-{size - 1}%{min(size, max_parallel)}"
 
 
 def submitit_folder(run_dir: Path) -> Path:
@@ -36,14 +107,18 @@ def setup_lines(spec: JobSpec) -> list[str]:
     root = shlex.quote(str(PROJECT_ROOT))
     lines = [f'export PYTHONPATH={root}"${{PYTHONPATH:+:$PYTHONPATH}}"']
     for key, value in spec.environment.variables.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        lines.append(f"export {key}={shlex.quote(text)}")
+        lines.append(f"export {key}={shlex.quote(env_text(value))}")
     lines.extend(spec.environment.setup)
     return lines
 
 
+def env_text(value: str | int | float | bool) -> str:
+    """An ``environment.variables`` value as the shell sees it (booleans as true/false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def srun_args(spec: JobSpec) -> list[str]:
-    """srun options: submitit joins them with shlex.quote."""
+    """srun options (submitit joins them with shlex.quote)."""
     launch = spec.launch
     args = [f"--kill-on-bad-exit={1 if launch.kill_on_bad_exit else 0}"]
     if spec.resources.cpus_per_task is not None:
@@ -60,48 +135,53 @@ def srun_args(spec: JobSpec) -> list[str]:
 def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     """Keyword arguments for ``SlurmExecutor.update_parameters`` (and ``_make_sbatch_string``).
 
-    Independent of the run directory (that only enters as submitit's folder), so
-    :mod:`jobs.drycache` can keep them.
+    Every sbatch option travels in ``additional_parameters``, which submitit writes last and
+    so wins over its own defaults (``--time=5``, ``--nodes=1``, its signal).
     """
-    res = spec.resources
-    seconds = res.time_s
-    extra: dict[str, Any] = {
-        "signal": f"{spec.requeue.signal}@{spec.requeue.signal_delay_s}",
-        "requeue": True,
-    }
-    extra.update({k: v for k, v in spec.launch.sbatch_args.items() if v is not False})
+    opts = slurm_options(spec)
+    extra: dict[str, Any] = {k.replace("-", "_"): True if v is None else v for k, v in opts.sbatch}
     params: dict[str, Any] = {
-        "job_name": spec.name,
-        "partition": res.partition,
-        # submitit takes minutes; Slurm rounds a limit up to whole minutes anyway.
-        "time": math.ceil(seconds / 60) if seconds is not None else None,
-        "nodes": res.nodes,
-        "ntasks_per_node": spec.ntasks_per_node,
-        "cpus_per_task": res.cpus_per_task,
-        "gpus_per_node": res.gpus_per_node or None,
-        "gres": res.gres,
-        "mem": res.mem,
-        "account": res.account,
-        "qos": res.qos,
-        "constraint": res.constraint,
-        "exclusive": True if res.exclusive else None,
+        "job_name": extra.pop("job_name"),
         "signal_delay_s": spec.requeue.signal_delay_s,
         "setup": setup_lines(spec),
-        "srun_args": srun_args(spec),
+        "srun_args": list(opts.srun),
         "stderr_to_stdout": True,
         "additional_parameters": extra,
     }
+    seconds = spec.resources.time_s
+    if seconds is not None:  # submitit's own timeout (minutes) for the pickled tasks
+        params["time"] = -(-seconds // 60)
     if spec.sweep is not None:
         params["array_parallelism"] = spec.sweep.max_parallel
-    if seconds is None:
-        params["additional_parameters"]["time"] = "UNLIMITED"
-    return {k: v for k, v in params.items() if v is not None}
+    return params
 
 
 def submit_command(folder: Path, python: str | None = None) -> str:
     """The command submitit puts after srun (``SlurmExecutor._submitit_command_str``)."""
     exe = shlex.quote(python or sys.executable)
     return " ".join([exe, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+
+
+def command_note(spec: JobSpec) -> str:
+    """For ``--dry-run``: what an ``entrypoint.command`` will run as, as comment lines.
+
+    A bare ``python`` (or another name found beside it, e.g. ``torchrun``) means the interpreter
+    of the environment ``jobs`` runs in, the one :func:`submit_command` starts the tasks with
+    (:func:`train.procs.resolve_argv` applies the same rule inside the allocation).
+    """
+    entry = spec.entrypoint
+    if entry is None or not entry.command:
+        return ""
+    from train.procs import resolve_argv
+
+    argv = resolve_argv(entry.command)
+    lines = [f"# entrypoint.command runs as: {shlex.join(argv)}"]
+    if argv[0] != entry.command[0]:
+        lines.append(
+            f"#   ({entry.command[0]!r} is the interpreter of the environment jobs runs in, "
+            f"{sys.executable}; write a path in the spec to use another)"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -> str:

@@ -10,7 +10,9 @@
     sweep         a grid over fields: one Slurm job array with a parallelism limit
 
 Cross-field rules live in ``model_validator``s; they raise :class:`FieldIssue` so the error
-points at the field to change (see :mod:`jobs.load` for ``file:line:column`` reporting).
+points at the field to change (see :mod:`train.specerrors` for ``file:line:column`` reporting).
+Every pattern is ASCII (``re.ASCII``, ``[0-9]``): a Unicode digit is never read as a digit.
+``launch.sbatch_args`` is checked option by option in :mod:`jobs.sbatchopts`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cluster.timefmt import parse_slurm_time
+from jobs.sbatchopts import check_sbatch_arg
 from train.config import EntrypointConfig, RequeueConfig, TrainConfig
+from train.specerrors import FieldIssue
 
 __all__ = [
     "Environment",
@@ -33,31 +37,21 @@ __all__ = [
 ]
 
 # Names end up in paths and job names: keep them boring rather than clever at quoting.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", re.ASCII)
 # Partition, account, qos: Slurm identifiers.
-_IDENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_GRES_RE = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*(,[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*)*$")
-_GPU_GRES_RE = re.compile(r"^gpu(?::[A-Za-z0-9_.-]+)?:(\d+)$")
-_MEM_RE = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
-_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_&|\[\]*():,.-]+$")
-_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SBATCH_KEY_RE = re.compile(r"^[a-z][a-z0-9-]*$")
-# sbatch options that jobs sets itself: overriding them would break logs, arrays or requeue.
-RESERVED_SBATCH = frozenset(
-    {"output", "error", "array", "signal", "requeue", "no-requeue", "open-mode", "job-name", "wrap"}
+_IDENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", re.ASCII)
+_GRES_RE = re.compile(
+    r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*(,[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*)*$", re.ASCII
 )
-
-
-class FieldIssue(ValueError):
-    """A cross-field problem that names the field (dotted, relative to the model) to change."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
+_GPU_GRES_RE = re.compile(r"^gpu(?::[A-Za-z0-9_.-]+)?:([0-9]{1,6})$", re.ASCII)
+_MEM_RE = re.compile(r"^[0-9]{1,15}[KMGT]?$", re.IGNORECASE | re.ASCII)
+_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_&|\[\]*():,.-]+$", re.ASCII)
+_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
+_SRUN_WORD_RE = re.compile(r"^[A-Za-z0-9_:,.=-]+$", re.ASCII)
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 def _check_ident(value: str | None, what: str, pattern: re.Pattern[str] = _IDENT_RE) -> str | None:
@@ -121,6 +115,14 @@ class Resources(_Model):
             seconds = parse_slurm_time(value)  # raises SlurmTimeError (a ValueError) with a hint
             if seconds == 0:
                 raise ValueError("a time limit of 0 lets nothing run (give e.g. 30 or 2:00:00)")
+            if seconds is not None and seconds < 60:
+                raise ValueError(
+                    f"a time limit of {seconds}s: Slurm counts whole minutes (give at least 1)"
+                )
+            if seconds is not None and seconds > 365 * 86400:
+                raise ValueError(
+                    f"a time limit of more than a year ({value!r}); for no limit write UNLIMITED"
+                )
         return value
 
     @model_validator(mode="after")
@@ -169,7 +171,7 @@ class Launch(_Model):
     @field_validator("mpi", "cpu_bind")
     @classmethod
     def _word(cls, value: str | None) -> str | None:
-        return _check_ident(value, "srun option value", re.compile(r"^[A-Za-z0-9_:,.=-]+$"))
+        return _check_ident(value, "srun option value", _SRUN_WORD_RE)
 
     @field_validator("srun_args")
     @classmethod
@@ -181,12 +183,12 @@ class Launch(_Model):
 
     @field_validator("sbatch_args")
     @classmethod
-    def _sbatch_keys(cls, value: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
-        for key in value:
-            if not _SBATCH_KEY_RE.match(key):
-                raise ValueError(f"{key!r} is not an sbatch option name (e.g. mail-type)")
-            if key in RESERVED_SBATCH:
-                raise ValueError(f"--{key} is set by jobs itself and cannot be overridden")
+    def _sbatch_args(cls, value: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
+        for key, item in value.items():
+            try:
+                check_sbatch_arg(key, item)
+            except ValueError as exc:
+                raise FieldIssue("", str(exc), key=key) from None
         return value
 
 
@@ -207,7 +209,9 @@ class Environment(_Model):
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in value:
             if not _VAR_RE.match(key):
-                raise ValueError(f"{key!r} is not a variable name (letters, digits, _)")
+                raise FieldIssue(
+                    "", f"{key!r} is not a variable name (letters, digits, _)", key=key
+                )
         return value
 
 

@@ -10,7 +10,13 @@ import time
 from typing import IO, Any
 
 from cluster.models import JobInfo
-from jobs.monitor import events_summary, progress_summary, reason
+from jobs.monitor import (
+    describe_failure,
+    events_summary,
+    last_failures,
+    progress_summary,
+    reason,
+)
 from jobs.records import RunRecord, describe_progress
 
 # Past this many tasks, status reads no per-task files (a 1000-task sweep stays fast).
@@ -24,12 +30,31 @@ def _elapsed(seconds: int | None) -> str:
     return format_slurm_time(seconds) if seconds else ""
 
 
+def _slurm_restarts(info: JobInfo, run_dir: str) -> str:
+    """``restarted Nx (Slurm)`` when Slurm restarted the job but the run wrote no event of it
+    (a command entrypoint that does not record its restarts); from the same one squeue."""
+    count = info.restarts
+    if not isinstance(count, int) or count <= 0:
+        return ""
+    from train.history import RunHistory
+
+    recorded = RunHistory(run_dir).to_dict().get("restarts") or 0
+    return "" if recorded else f"restarted {count}x (Slurm)"
+
+
+def _failed(info: JobInfo) -> bool:
+    """Over without completing (a local run's FAILED included)."""
+    return info.state != "COMPLETED" and (info.terminal or info.state == "FAILED")
+
+
 def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[str, Any]]:
     """Machine-readable status of ``runs`` (every task, its state, progress and history)."""
     data = []
     for r in runs:
         history = events_summary(r)
-        progress = progress_summary(r) if len(r.tasks) <= DETAIL_LIMIT else {}
+        detail = len(r.tasks) <= DETAIL_LIMIT
+        progress = progress_summary(r) if detail else {}
+        failures = last_failures(r) if detail else {}
         tasks = []
         for jid, t in zip(r.job_ids(), r.tasks, strict=False):
             info = states.get(jid)
@@ -46,6 +71,7 @@ def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[
                     "values": t.values,
                     "history": history.get(t.run_dir, ""),
                     "progress": progress.get(t.run_dir, {}),
+                    "last_failure": failures.get(t.run_dir),
                     "run_dir": t.run_dir,
                 }
             )
@@ -78,6 +104,7 @@ def write_status(runs: list[RunRecord], states: dict[str, JobInfo], out: IO[str]
         detail = len(ids) <= DETAIL_LIMIT
         history = events_summary(r) if detail else {}
         progress = progress_summary(r) if detail else {}
+        failures = last_failures(r) if detail else {}
         shown = 0
         for jid, t in zip(ids, r.tasks, strict=False):
             info = states[jid]
@@ -96,6 +123,13 @@ def write_status(runs: list[RunRecord], states: dict[str, JobInfo], out: IO[str]
                 " ".join(f"{k}={v}" for k, v in t.values.items()),
                 describe_progress(progress.get(t.run_dir, {})),
                 history.get(t.run_dir, ""),
+                _slurm_restarts(info, t.run_dir),
             ]
             line = f"  {jid:<14} {info.state:<11} {'  '.join(e for e in extra if e)}"
             out.write(line.rstrip() + "\n")
+            if _failed(info) and t.run_dir in failures:
+                # The history line names the error already ("last failure: ..."): not twice.
+                said = history.get(t.run_dir, "")
+                for text in describe_failure(failures[t.run_dir]):
+                    if not (text.startswith("error: ") and text[7:] in said):
+                        out.write(f"      {text}\n")

@@ -1,37 +1,37 @@
-"""Submit a loaded spec: a run directory, then submitit (Slurm) or local processes, then records.
+"""Submit a loaded spec: a run directory, then sbatch (Slurm) or local processes, then records.
 
-One code path for single jobs and sweeps: a sweep is ONE job array (``submit_array``), one
-resolved spec per task. ``render.slurm_parameters`` feeds both this and ``--dry-run``.
+One code path for single jobs and sweeps: a sweep is one job array (several when it is bigger
+than the cluster's MaxArraySize), one resolved spec per task, recorded as ONE run. The script
+is :func:`jobs.render.sbatch_script`'s, which ``--dry-run`` (:func:`dry_run`) prints too; sbatch
+runs through :class:`cluster.client.SlurmClient` with its own environment (``os.environ`` is
+never touched). submitit is used for what runs in the allocation (its pickles and
+``submitit.core._submit``), not to call sbatch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from cluster.errors import ClusterError
 from jobs import records
 from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.records import Plan
-from jobs.render import slurm_parameters, submitit_folder
+from jobs.render import command_note, sbatch_script, slurm_parameters, submitit_folder
+from train.specio import dump_spec
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
+    from cluster.models import ClusterState
     from jobs.spec import JobSpec
-
-_Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def make_plan(loaded: LoadedSpec, root: Path) -> Plan:
@@ -49,12 +49,40 @@ def _resolved_data(spec: JobSpec, *, keep_sweep: bool = False) -> dict[str, Any]
 
 
 def _yaml_text(data: dict[str, Any]) -> str:
-    text: str = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-    return text
+    # Quoted by the loader's own rules, so train reads back exactly these values ("y", "0o17").
+    return dump_spec(data)
 
 
 def _resolved_text(task: Task) -> str:
     return _yaml_text(_resolved_data(task.spec))
+
+
+def dry_run(loaded: LoadedSpec, plan: Plan, template: str | None = None) -> str:
+    """What ``submit`` would hand to sbatch (or ``sbatch_templates/TEMPLATE`` filled in).
+
+    Both come from :func:`jobs.render.slurm_options`; nothing is written and no cluster is asked.
+    """
+    if template:
+        from jobs.templates import render_template
+
+        return render_template(template, loaded, loaded.path)
+    size = len(loaded.tasks) if loaded.is_array else None
+    script = sbatch_script(loaded.spec, plan.run_dir, size)
+    return script + command_note(loaded.spec)
+
+
+def dry_run_note(loaded: LoadedSpec) -> str | None:
+    """A line for stderr when the sweep is bigger than one array can be by Slurm's default."""
+    from cluster.models import ClusterLimits
+
+    default = ClusterLimits().max_array_size
+    if not loaded.is_array or len(loaded.tasks) <= default:
+        return None
+    return (
+        f"jobs: {len(loaded.tasks)} tasks are more than one array holds where MaxArraySize is "
+        f"Slurm's default {default}: submit splits them into arrays of at most the cluster's "
+        "MaxArraySize, each after the previous one (--dependency=afterany)"
+    )
 
 
 @dataclass(frozen=True)
@@ -116,58 +144,138 @@ def new_record(
     )
 
 
-@contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    """submitit runs sbatch with os.environ: lend it the client's (SLURM_CONF) for the call."""
-    saved = dict(os.environ)
-    os.environ.update(env)
+def submit(
+    loaded: LoadedSpec,
+    plan: Plan,
+    client: SlurmClient | None,
+    executor: str = "auto",
+    *,
+    preflight: bool = True,
+) -> records.RunRecord:
+    """Submit to Slurm (after the preflight) or run locally; ``auto``: Slurm when it answers.
+
+    Slurm costs one ``sinfo`` (which also tells ``auto`` that Slurm answers) and one sbatch per
+    array; the array limits come from :func:`jobs.preflight.cluster_limits` (cached).
+    """
+    if executor == "local" or client is None:
+        return submit_local(loaded, plan)
+    from cluster.errors import SlurmCommandError
+
+    state: ClusterState | None = None
+    if executor == "auto":
+        answers = False
+        if client.installed():
+            try:
+                if preflight:
+                    state, answers = client.cluster_state(), True
+                else:
+                    answers = client.ping()
+            except SlurmCommandError:
+                answers = False
+        if not answers:
+            msg = "jobs: no Slurm cluster answers; running locally (--executor local)"
+            print(msg, file=sys.stderr)
+            return submit_local(loaded, plan)
+    limit = None
+    if preflight:
+        from jobs.preflight import array_limit, cluster_limits
+        from jobs.preflight import preflight as check
+
+        check(loaded.spec, client, loaded.where, state=state)
+        if loaded.is_array:
+            limits = cluster_limits(client, records.state_dir())
+            limit = array_limit(len(loaded.tasks), limits, loaded.where)
+    return submit_slurm(loaded, plan, client, array_limit=limit)
+
+
+def submit_slurm(
+    loaded: LoadedSpec, plan: Plan, client: SlurmClient, *, array_limit: int | None = None
+) -> records.RunRecord:
+    """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
+
+    Each task's :class:`~jobs.launch.TrainLaunch` is pickled the way submitit's executor does
+    it (``RUN_DIR/slurm/JOBID[_N]_submitted.pkl``, read by ``submitit.core._submit`` in the
+    allocation) and the script is :func:`jobs.render.sbatch_script`'s, the one ``--dry-run``
+    prints. A sweep is one array; when it has more tasks than ``array_limit`` (the cluster's
+    MaxArraySize) it is several arrays of at most ``array_limit`` tasks, each after the
+    previous one has ended (``--dependency=afterany``), so at most ``sweep.max_parallel`` tasks
+    run at any time over all of them. All arrays go in or none: when one sbatch fails, the
+    arrays already submitted are cancelled. Returns the saved record (one run).
+    """
+    from submitit.core.utils import JobPaths
+
+    plan = _claim(plan)  # the run directory, created exclusively
+    files = write_run_files(loaded, plan, lazy=True)
+    folder = submitit_folder(plan.run_dir)
+    size = array_limit if loaded.is_array and array_limit else len(files)
+    groups = [files[i : i + size] for i in range(0, len(files), size)]
+    pending = folder / ".pending"
+    job_ids: list[str] = []
     try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for k, group in enumerate(groups):
+            pickles = _dump_launches(loaded, group, pending)
+            count = len(group) if loaded.is_array else None
+            script = sbatch_script(loaded.spec, plan.run_dir, count)
+            path = plan.run_dir / ("sbatch.sh" if k == 0 else f"sbatch-{k}.sh")
+            path.write_text(script, encoding="utf-8")
+            after = [f"--dependency=afterany:{job_ids[-1]}"] if job_ids else []
+            # sbatch from the caller's directory, as submitit did: the job's working directory.
+            job_ids.append(client.submit(path, after))
+            for i, pkl in enumerate(pickles):
+                jid = f"{job_ids[-1]}_{i}" if loaded.is_array else job_ids[-1]
+                os.replace(pkl, JobPaths(folder, job_id=jid).submitted_pickle)
+    except (ClusterError, OSError) as exc:
+        if job_ids:  # ours: submitted by this call a moment ago
+            with contextlib.suppress(ClusterError):
+                client.cancel(list(reversed(job_ids)), no_requeue=True)
+        shutil.rmtree(pending, ignore_errors=True)
+        if not plan_is_explicit(loaded):
+            shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing of it runs
+        if isinstance(exc, ClusterError):
+            raise SubmitError(f"sbatch failed: {_last_line(exc)}") from exc
+        raise SubmitError(f"{plan.run_dir}: cannot write the submission: {exc}") from exc
+    with contextlib.suppress(OSError):
+        pending.rmdir()
+    record = new_record(loaded, plan, "slurm", files)
+    record.job_id = job_ids[0]
+    if len(job_ids) > 1:
+        record.array_job_ids = job_ids
+        record.array_chunk = size
+    _save(record)
+    return record
 
 
-def submit_slurm(loaded: LoadedSpec, plan: Plan, client: SlurmClient) -> records.RunRecord:
-    """One sbatch call through submitit; a sweep is one array. Returns the saved record."""
-    import submitit
+def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) -> list[Path]:
+    """One pickled :class:`~jobs.launch.TrainLaunch` per task, as submitit's executor writes
+    them (``SlurmExecutor._internal_process_submissions``), under temporary names."""
+    from submitit.core.utils import DelayedSubmission
 
     from jobs.launch import TrainLaunch
 
-    files = write_run_files(loaded, plan, lazy=True)
+    minutes = int(slurm_parameters(loaded.spec).get("time", 5))  # submitit's own default
     signal_name = loaded.spec.requeue.signal
-    launches = [
-        TrainLaunch(str(f.config), str(f.run_dir), signal_name, resolved=f.pending) for f in files
-    ]
-    folder = submitit_folder(plan.run_dir)
-    # submitit echoes sbatch's stderr on failure; the error below carries it as one line.
-    with _environ(client.env()), contextlib.redirect_stderr(io.StringIO()):
-        try:
-            # max_num_timeout=0 and a callable without .checkpoint: submitit never requeues by
-            # itself; train's guard decides (budgets in the spec's requeue section).
-            executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-            executor.update_parameters(**slurm_parameters(loaded.spec))
-            if loaded.is_array:
-                jobs = executor.submit_array(launches)
-            else:
-                jobs = [executor.submit(launches[0])]
-        except Exception as exc:  # submitit raises plain RuntimeErrors for sbatch failures
-            if not (loaded.spec.train is not None and loaded.spec.train.run_dir):
-                shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing was submitted
-            raise SubmitError(f"sbatch failed: {_last_line(exc)}") from exc
-    record = new_record(loaded, plan, "slurm", files)
-    record.job_id = jobs[0].job_id.split("_", 1)[0]
-    script = folder / f"{jobs[0].job_id}_submission.sh"
-    with contextlib.suppress(OSError):  # a convenience copy; the record does not need it
-        (plan.run_dir / "sbatch.sh").write_text(script.read_text("utf-8"), encoding="utf-8")
-    _save(record)
-    return record
+    pending.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for f in group:
+        delayed = DelayedSubmission(
+            TrainLaunch(str(f.config), str(f.run_dir), signal_name, resolved=f.pending)
+        )
+        delayed.set_timeout(minutes, 0)  # 0 timeouts: submitit never requeues by itself
+        paths.append(pending / f"{f.task.index}.pkl")
+        delayed.dump(paths[-1])
+    return paths
+
+
+def plan_is_explicit(loaded: LoadedSpec) -> bool:
+    """Whether the run directory is the user's ``train.run_dir`` (never removed by us)."""
+    return bool(loaded.spec.train is not None and loaded.spec.train.run_dir)
 
 
 def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     """Run the job on this machine: a detached supervisor starts the ranks (torchrun-style env)."""
     import subprocess
 
+    plan = _claim(plan)  # the run directory, created exclusively
     files = write_run_files(loaded, plan)
     record = new_record(loaded, plan, "local", files)
     records.save_record(record)  # the supervisor reads it
@@ -192,6 +300,13 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     record.job_id = f"local-{proc.pid}"
     _save(record)
     return record
+
+
+def _claim(plan: Plan) -> Plan:
+    try:
+        return plan.claim()
+    except OSError as exc:
+        raise SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc}") from None
 
 
 def _save(record: records.RunRecord) -> None:

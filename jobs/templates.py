@@ -19,8 +19,6 @@ This module never imports torch.
 
 from __future__ import annotations
 
-import itertools
-import json
 import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,11 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.errors import SpecError, UsageError
+from jobs.render import array_option, env_text, slurm_options
 from train.config import load_run_config
 from train.errors import ConfigError
+from train.specio import set_text
 
 if TYPE_CHECKING:
-    from jobs.spec import JobSpec, Sweep
+    from jobs.load import LoadedSpec, Task
+    from jobs.spec import JobSpec
 
 __all__ = [
     "TEMPLATES_DIR",
@@ -54,6 +55,8 @@ _FILL_END = "# <<< filled in"
 # Characters sbatch's #SBATCH parser takes literally outside quotes (no space, quote, \ or #).
 _SBATCH_PLAIN_RE = re.compile(r"^[A-Za-z0-9_.,:=/@%+\-\[\]&|*()!^~]+$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Options the templates carry themselves, below the filled-in block.
+_TEMPLATE_FIXED = ("requeue",)
 # Sections of a spec that `python -m train` reads (and so can take as --set overrides).
 _TRAIN_SECTIONS = ("train", "requeue", "entrypoint")
 
@@ -85,75 +88,50 @@ def sbatch_quote(value: str, field: str = "value") -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def sbatch_options(name: str, spec: JobSpec) -> list[tuple[str, str | None]]:
-    """The ``(option, value)`` pairs (value None: a flag) of the #SBATCH block for ``name``."""
+def sbatch_options(
+    name: str, spec: JobSpec, tasks: Sequence[Task] | None = None
+) -> list[tuple[str, str | None]]:
+    """The ``(option, value)`` pairs (value None: a flag) of the #SBATCH block for ``name``.
+
+    The options are :func:`jobs.render.slurm_options`' (the submitit path's), adjusted only
+    where a template launches differently: ``dataparallel`` is one task, ``requeue`` traps the
+    signal in the batch shell (``B:``), ``array`` adds ``--array`` for ``tasks``.
+    """
     res = spec.resources
-    opts: list[tuple[str, str | None]] = [("job-name", spec.name)]
-    if res.partition:
-        opts.append(("partition", res.partition))
-    if name == "dataparallel":
-        if res.nodes != 1:
-            raise UsageError(
-                f"--template dataparallel runs one task on one node but resources.nodes is "
-                f"{res.nodes} (set nodes: 1, or use --template ddp)"
-            )
-        opts += [("nodes", "1"), ("ntasks", "1"), ("ntasks-per-node", "1")]
-    else:
-        opts += [("nodes", str(res.nodes)), ("ntasks-per-node", str(spec.ntasks_per_node))]
-    if res.gpus_per_node is not None:
-        if res.gpus_per_node > 0:
-            opts.append(("gres", f"gpu:{res.gpus_per_node}"))
-    elif res.gres:
-        opts.append(("gres", res.gres))
-    for key, value in (
-        ("cpus-per-task", res.cpus_per_task),
-        ("mem", res.mem),
-        ("time", res.time),
-        ("account", res.account),
-        ("qos", res.qos),
-        ("constraint", res.constraint),
-    ):
-        if value is not None:
-            opts.append((key, str(value)))
-    if res.exclusive:
-        opts.append(("exclusive", None))
-    # requeue.sbatch traps the signal in the batch shell (B:); the others let it reach train.
-    target = "B:" if name == "requeue" else ""
-    opts.append(("signal", f"{target}{spec.requeue.signal}@{spec.requeue.signal_delay_s}"))
+    if name == "dataparallel" and res.nodes != 1:
+        raise UsageError(
+            f"--template dataparallel runs one task on one node but resources.nodes is "
+            f"{res.nodes} (set nodes: 1, or use --template ddp)"
+        )
     if name == "array":
-        sweep = _require_sweep(spec)
-        opts.append(("array", f"0-{sweep.size - 1}%{sweep.max_parallel}"))
+        if spec.sweep is None or tasks is None:
+            raise UsageError(
+                "--template array needs a `sweep:` section in the spec (or submit "
+                "sbatch_templates/array.sbatch by hand with a directory of specs or SWEEP_FILE)"
+            )
     elif spec.sweep is not None:
         raise UsageError(
             f"--template {name} runs one configuration but the spec has a sweep: section "
             "(use --template array, or remove the sweep)"
         )
-    for key, extra in spec.launch.sbatch_args.items():
-        if extra is True:
-            opts.append((key, None))
-        elif extra is not False:
-            opts.append((key, str(extra)))
+    opts: list[tuple[str, str | None]] = []
+    for key, value in slurm_options(spec).sbatch:
+        if key in _TEMPLATE_FIXED:
+            continue
+        if name == "dataparallel" and key == "ntasks-per-node":
+            opts += [("ntasks", "1"), ("ntasks-per-node", "1")]
+            continue
+        if key == "signal" and name == "requeue":
+            value = f"B:{value}"
+        opts.append((key, value))
+        if key == "signal" and name == "array" and spec.sweep is not None and tasks is not None:
+            opts.append(("array", array_option(len(tasks), spec.sweep.max_parallel)))
     return opts
 
 
-def _require_sweep(spec: JobSpec) -> Sweep:
-    if spec.sweep is None:
-        raise UsageError(
-            "--template array needs a `sweep:` section in the spec (or submit "
-            "sbatch_templates/array.sbatch by hand with a directory of specs or SWEEP_FILE)"
-        )
-    for key in spec.sweep.grid:
-        if key.split(".", 1)[0] not in _TRAIN_SECTIONS:
-            raise UsageError(
-                f"--template array: sweep.grid.{key} is not a train/requeue/entrypoint field; "
-                "array tasks share one set of sbatch resources (use python -m jobs submit)"
-            )
-    return spec.sweep
-
-
-def _sbatch_block(name: str, spec: JobSpec) -> list[str]:
+def _sbatch_block(name: str, spec: JobSpec, tasks: Sequence[Task] | None) -> list[str]:
     lines = [f"{_SBATCH_BEGIN} (from the spec by `python -m jobs submit --dry-run`)"]
-    for key, value in sbatch_options(name, spec):
+    for key, value in sbatch_options(name, spec, tasks):
         if value is None:
             lines.append(f"#SBATCH --{key}")
         else:
@@ -163,8 +141,8 @@ def _sbatch_block(name: str, spec: JobSpec) -> list[str]:
 
 
 def _set_value(value: Any) -> str:
-    # JSON is YAML: strings stay strings ("1" is not 1), lists stay flow lists, None is null.
-    return json.dumps(value, ensure_ascii=False)
+    # What train's --set parser reads back as this value ("1" stays text, 1e-05 is 1.0e-05).
+    return set_text(value)
 
 
 def _leaves(data: Any, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -200,16 +178,10 @@ def spec_overrides(spec: JobSpec, spec_path: Path) -> list[str]:
     return out
 
 
-def _sweep_tasks(spec: JobSpec) -> list[list[str]]:
-    """``--set`` items per array task: the grid's combinations, first key varying slowest.
-
-    The same order as :func:`jobs.load.load_spec`'s tasks, so task i is the same point both ways.
-    """
-    sweep = _require_sweep(spec)
-    keys = list(sweep.grid)
+def _sweep_tasks(tasks: Sequence[Task]) -> list[tuple[int, list[str]]]:
+    """``--set`` items per array task, from :mod:`jobs.load`'s one sweep expansion."""
     return [
-        [f"{k}={_set_value(v)}" for k, v in zip(keys, combo, strict=True)]
-        for combo in itertools.product(*(sweep.grid[k] for k in keys))
+        (task.index, [f"{k}={_set_value(v)}" for k, v in task.values.items()]) for task in tasks
     ]
 
 
@@ -217,25 +189,9 @@ def _set_args(items: Sequence[str], field: str) -> str:
     return " ".join(f"--set {shlex.quote(_no_control(item, field))}" for item in items)
 
 
-def _srun_options(spec: JobSpec) -> list[str]:
-    launch = spec.launch
-    opts: list[str] = []
-    if launch.mpi:
-        opts.append(f"--mpi={launch.mpi}")
-    if launch.cpu_bind:
-        opts.append(f"--cpu-bind={launch.cpu_bind}")
-    if not launch.kill_on_bad_exit:
-        opts.append("--kill-on-bad-exit=0")  # later on the srun line than the template's =1
-    opts.extend(launch.srun_args)
-    return opts
-
-
-def _env_value(value: str | int | float | bool) -> str:
-    # As jobs.render writes them for the submitit path.
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _fill_block(name: str, spec: JobSpec, spec_path: Path) -> list[str]:
+def _fill_block(
+    name: str, spec: JobSpec, spec_path: Path, tasks: Sequence[Task] | None
+) -> list[str]:
     lines = [f"{_FILL_BEGIN} by `python -m jobs submit --dry-run` from {spec.name}"]
     lines.append(f"DEFAULT_CONFIG={shlex.quote(_no_control(str(spec_path), 'spec path'))}")
     # The checkout this jobs runs from, as the submitit path uses it: the script then works
@@ -244,18 +200,18 @@ def _fill_block(name: str, spec: JobSpec, spec_path: Path) -> list[str]:
     lines.append(f'if [[ -z "${{PROJECT_DIR:-}}" ]]; then PROJECT_DIR={root}; fi')
     overrides = _set_args(spec_overrides(spec, spec_path), "--set")
     lines.append(f"spec_overrides=({overrides})")
-    srun = " ".join(shlex.quote(_no_control(o, "launch")) for o in _srun_options(spec))
+    srun = " ".join(shlex.quote(_no_control(o, "launch")) for o in slurm_options(spec).srun)
     lines.append(f"srun_options=({srun})")
-    if name == "array":
+    if name == "array" and tasks is not None:
         lines.append("sweep_task() {  # one case per combination of sweep.grid")
         lines.append('  case "$1" in')
-        for i, items in enumerate(_sweep_tasks(spec)):
+        for i, items in _sweep_tasks(tasks):
             lines.append(f"    {i}) sweep_args=({_set_args(items, 'sweep.grid')}) ;;")
         lines.append('    *) echo "[array.sbatch] the sweep has no task $1" >&2; exit 2 ;;')
         lines.append("  esac")
         lines.append("}")
     for key, value in spec.environment.variables.items():
-        text = _no_control(_env_value(value), f"environment.variables.{key}")
+        text = _no_control(env_text(value), f"environment.variables.{key}")
         lines.append(f"export {key}={shlex.quote(text)}")
     if spec.environment.setup:
         lines.append("# environment.setup (shell lines from the spec, run as written):")
@@ -277,14 +233,20 @@ def _replace_block(text: str, begin: str, end: str, new: list[str], name: str) -
     return "\n".join([*lines[:start], *new, *lines[stop + 1 :]]) + "\n"
 
 
-def render_template(name: str, spec: JobSpec, spec_path: Path) -> str:
+def render_template(name: str, spec: LoadedSpec | JobSpec, spec_path: Path) -> str:
     """The template ``name`` filled in for ``spec`` (read from ``spec_path``), ready for sbatch.
 
-    Raises UsageError for an unknown template or one that does not fit the spec, SpecError for a
-    value that cannot be written safely (newlines, control characters).
+    ``--template array`` needs the :class:`~jobs.load.LoadedSpec` (its ``tasks`` are the sweep's
+    points). Raises UsageError for an unknown template or one that does not fit the spec,
+    SpecError for a value that cannot be written safely (newlines, control characters).
     """
+    from jobs.load import LoadedSpec
+
+    tasks = spec.tasks if isinstance(spec, LoadedSpec) else None
+    job = spec.spec if isinstance(spec, LoadedSpec) else spec
     path = template_path(name)
     text = path.read_text(encoding="utf-8")
     spec_path = Path(spec_path).resolve()
-    text = _replace_block(text, _SBATCH_BEGIN, _SBATCH_END, _sbatch_block(name, spec), name)
-    return _replace_block(text, _FILL_BEGIN, _FILL_END, _fill_block(name, spec, spec_path), name)
+    text = _replace_block(text, _SBATCH_BEGIN, _SBATCH_END, _sbatch_block(name, job, tasks), name)
+    fill = _fill_block(name, job, spec_path, tasks)
+    return _replace_block(text, _FILL_BEGIN, _FILL_END, fill, name)

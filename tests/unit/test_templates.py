@@ -490,7 +490,7 @@ def _load(path: Path, text: str, overrides: tuple[str, ...] = ()) -> object:
     from jobs.load import load_spec
 
     path.write_text(text)
-    return load_spec(path, overrides).spec
+    return load_spec(path, overrides)  # render_template takes the LoadedSpec (its sweep tasks)
 
 
 def _render(name: str, spec: object, spec_path: Path, tmp: Path) -> tuple[str, Path]:
@@ -569,10 +569,11 @@ def test_render_fills_options_from_spec(h: Harness, name: str) -> None:
 def test_render_without_overrides_adds_no_set(h: Harness) -> None:
     from jobs.templates import spec_overrides
 
-    spec = _load(h.project / "s.yaml", SPEC_YAML)
-    assert spec_overrides(spec, h.project / "s.yaml") == []  # type: ignore[arg-type]
+    spec = _load(h.project / "s.yaml", SPEC_YAML).spec  # type: ignore[attr-defined]
+    assert spec_overrides(spec, h.project / "s.yaml") == []
     spec = _load(h.project / "s.yaml", SPEC_YAML, ("requeue.max_failures=1", "train.width=8"))
-    assert sorted(spec_overrides(spec, h.project / "s.yaml")) == [  # type: ignore[arg-type]
+    spec = spec.spec  # type: ignore[attr-defined]
+    assert sorted(spec_overrides(spec, h.project / "s.yaml")) == [
         "requeue.max_failures=1",
         "train.width=8",
     ]

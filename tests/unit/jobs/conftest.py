@@ -10,12 +10,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
-# A stub sbatch: keeps a copy of every submitted script and answers like the real one.
+# A stub sbatch: keeps a copy of every submitted script (its last argument) and answers like
+# the real one (just the id with --parsable).
 SBATCH = """#!/bin/sh
 n=$(ls "$STUB_DIR"/submitted-*.sh 2>/dev/null | wc -l)
-cp "$1" "$STUB_DIR/submitted-$n.sh"
+for arg in "$@"; do script="$arg"; done
+cp "$script" "$STUB_DIR/submitted-$n.sh"
 printf '%s\\n' "$@" > "$STUB_DIR/sbatch-args-$n.txt"
-echo "Submitted batch job $((4242 + n))"
+case " $* " in
+  *" --parsable "*) echo "$((4242 + n))" ;;
+  *) echo "Submitted batch job $((4242 + n))" ;;
+esac
 """
 # A stub srun: records its arguments and the environment instead of launching anything.
 SRUN = """#!/bin/sh

@@ -6,14 +6,13 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from jobs.launch import TrainLaunch, _remember
+from jobs.launch import TrainLaunch
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -59,8 +58,11 @@ def test_calls_train_main_with_config_and_run_dir(
     assert calls[0] == ["--config", "/r/resolved.yaml", "--run-dir", "/r"]
     handlers = calls[1]
     assert isinstance(handlers, dict)
+    from train.signals import early_handler
+
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-        assert handlers[sig] is _remember  # submitit's handlers are gone before train starts
+        # submitit's handlers are gone before train starts: train's early-signal store has them
+        assert handlers[sig] is early_handler
 
 
 def test_nonzero_train_exit_becomes_the_task_exit_code(
@@ -75,22 +77,22 @@ def test_nonzero_train_exit_becomes_the_task_exit_code(
 def test_signal_before_train_starts_is_delivered_to_its_guard(
     monkeypatch: pytest.MonkeyPatch, restore_signals: None
 ) -> None:
-    got: list[int] = []
+    from train.signals import PreemptionGuard
+
+    got: list[str | None] = []
 
     def main(argv: list[str]) -> int:
         signal.raise_signal(signal.SIGUSR2)  # preempted while torch is still importing
-        assert got == []
-        signal.signal(signal.SIGUSR2, lambda s, f: got.append(s))  # train's guard
-        deadline = time.monotonic() + 5
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.01)
+        guard = PreemptionGuard(("USR2", "TERM")).install()  # train's guard, installed later
+        got.append(guard.signal_name if guard.requested else None)
+        guard.uninstall()
         return 0
 
     module = types.ModuleType("train.cli")
     module.main = main  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "train.cli", module)
     assert TrainLaunch("/r/c.yaml", "/r")() == 0
-    assert got == [signal.SIGUSR2]
+    assert got == ["SIGUSR2"]  # the same early-signal store: the guard takes it over
 
 
 def test_importing_launch_does_not_import_torch_or_train() -> None:

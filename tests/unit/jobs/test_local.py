@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,115 @@ def test_local_run_cancel(tmp_path: Path) -> None:
     while task_states(record, _no_client)[job_id].state != "CANCELLED":  # type: ignore[arg-type]
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+# -- the requeue contract and no orphans (issue 14.4) ---------------------------------------------
+REPO = Path(__file__).resolve().parents[3]
+TRAIN = [
+    "--set", "resources.nodes=1", "--set", "train.max_steps=400", "--set", "train.width=4",
+    "--set", "train.batch_size=16", "--set", "train.data.train_size=1024",
+    "--set", "train.data.test_size=32", "--set", "train.checkpoint.interval_steps=1000",
+    "--set", "train.strategy=single",
+]  # fmt: skip
+
+
+@pytest.fixture
+def started() -> Iterator[list[str]]:
+    """Job ids of local runs a test starts: cancelled afterwards (a failed test leaves none)."""
+    ids: list[str] = []
+    yield ids
+    for job_id in ids:
+        main(["cancel", job_id], io.StringIO())
+
+
+def _submit_training(tmp_path: Path, started: list[str], steps: int = 400) -> str:
+    out = io.StringIO()
+    cmd = ["submit", str(REPO / "examples" / "cifar.yaml"), "--executor", "local", *TRAIN]
+    cmd += ["--set", f"train.max_steps={steps}"]
+    assert main(cmd, out) == 0
+    started.append(out.getvalue().strip())
+    return started[-1]
+
+
+def _wait(what: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def _step(run_dir: str) -> int:
+    from jobs.records import latest_progress
+
+    step = latest_progress(run_dir).get("step")
+    return step if isinstance(step, int) else -1
+
+
+def test_local_requeue_request_restarts_the_run_with_resume(
+    tmp_path: Path, started: list[str]
+) -> None:
+    """A rank that checkpoints and exits 75 was marked FAILED; now it restarts and resumes."""
+    from jobs.localrun import read_state
+    from train.history import RunHistory
+
+    job_id = _submit_training(tmp_path, started, steps=60)
+    record = find_run(job_id)
+    assert record.pid is not None
+    _wait(lambda: _step(record.run_dir) >= 10)
+    os.kill(record.pid, signal.SIGUSR2)  # a requeue request, like Slurm's signal
+    _wait(lambda: task_states(record, _no_client)[job_id].state == "COMPLETED", timeout=180)  # type: ignore[arg-type]
+    events = [e["event"] for e in RunHistory(record.run_dir).events() if e["event"] != "checkpoint"]
+    assert events == ["start", "signal", "preempted", "requeue", "resume", "complete"], events
+    resume = next(e for e in RunHistory(record.run_dir).events() if e["event"] == "resume")
+    assert resume["step"] >= 10 and resume["restart_count"] == 1
+    assert read_state(record.run_dir)["tasks"][job_id]["restarts"] == 1
+    status = io.StringIO()
+    assert main(["status", job_id], status) == 0
+    assert "preempted 1x, resumed at step" in status.getvalue()
+
+
+def test_a_killed_supervisor_leaves_no_rank_training(tmp_path: Path, started: list[str]) -> None:
+    from jobs.localrun import read_state
+    from jobs.procs import ProcHandle
+
+    job_id = _submit_training(tmp_path, started)
+    record = find_run(job_id)
+    assert record.pid is not None
+    _wait(lambda: _step(record.run_dir) >= 5)
+    ranks = [ProcHandle.from_json(r) for r in read_state(record.run_dir)["tasks"][job_id]["ranks"]]
+    assert ranks and all(r is not None and r.alive() for r in ranks)
+    os.kill(record.pid, signal.SIGKILL)
+    _wait(lambda: not any(r is not None and r.alive() for r in ranks), timeout=60)
+    info = task_states(record, _no_client)[job_id]  # type: ignore[arg-type]
+    assert (info.state, info.reason) == ("FAILED", "local supervisor is gone")
+    out = io.StringIO()
+    assert main(["cancel", job_id], out) == 0
+    assert "nothing running" in out.getvalue()
+    assert _step(record.run_dir) < 400  # it did not train on to the end
+    from train.history import RunHistory
+
+    events = [e["event"] for e in RunHistory(record.run_dir).events()]
+    assert events[-1] == "cancelled" and "requeue" not in events  # no restart is pretended
+
+
+def test_a_failing_local_run_is_restarted_within_its_failure_budget(tmp_path: Path) -> None:
+    from train.history import RunHistory
+
+    spec = tmp_path / "fails.yaml"
+    spec.write_text(
+        (SPEC % "echo attempt $TORCHELASTIC_RESTART_COUNT; exit 1").replace(
+            "resources: {nodes: 1, ntasks_per_node: 2, time: 5}",
+            "resources: {nodes: 1, ntasks_per_node: 1, time: 5}\nrequeue: {max_failures: 1}",
+        )
+    )
+    out = io.StringIO()
+    assert main(["submit", str(spec), "--executor", "local", "--follow"], out) == 1
+    job_id = out.getvalue().splitlines()[0]
+    assert f"job {job_id}: FAILED" in out.getvalue()
+    record = find_run(job_id)
+    events = [e["event"] for e in RunHistory(record.run_dir).events()]
+    assert events.count("failure") == 2 and events[-1] == "budget_exhausted", events
+    assert "requeue" in events  # the first failure was within the budget: restarted once
+    logs = io.StringIO()
+    assert main(["logs", job_id], logs) == 0
+    assert "attempt 0" in logs.getvalue() and "attempt 1" in logs.getvalue()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ class ScriptedClient:
         self.cancelled: list[str] = []
         self.commands: list[list[str]] = []
 
-    def job_states(self, ids: list[str]) -> dict[str, JobInfo]:
+    def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
         self.calls.append(list(ids))
         n = len(self.calls) - 1
         snap = self.snapshots[min(n, len(self.snapshots) - 1)]
@@ -54,12 +55,13 @@ def test_follow_streams_states_logs_events_and_exits_0_on_completed(tmp_path: Pa
     snaps = [{"7": "PENDING"}, {"7": "RUNNING"}, {"7": "RUNNING"}, {"7": "COMPLETED"}]
     client = ScriptedClient(snaps, rec.log_file("7", 0), ["", "step 1", "step 2", "done"])
     out = io.StringIO()
-    assert follow(rec, lambda: client, out=out, poll_s=0.01) == 0  # type: ignore[arg-type,return-value]
+    assert follow(rec, lambda: client, out=out, poll_s=0.01, min_poll_s=0.01) == 0  # type: ignore[arg-type,return-value]
     text = out.getvalue()
     assert "7: PENDING" in text and "7: RUNNING" in text and "7: COMPLETED" in text
     assert text.index("step 1") < text.index("step 2") < text.index("done")
-    assert 'event: {"event": "start"}' in text
-    assert all(call == ["7"] for call in client.calls)  # one id per poll: one sacct call
+    assert ">> started" in text and '{"event"' not in text  # readable, no raw JSON (issue 19)
+    assert text.index("done") < text.index("7: COMPLETED")  # the final state comes last
+    assert all(call == ["7"] for call in client.calls)  # one id per poll: one Slurm query
 
 
 def test_follow_exits_1_unless_every_task_completed(tmp_path: Path) -> None:
@@ -67,18 +69,18 @@ def test_follow_exits_1_unless_every_task_completed(tmp_path: Path) -> None:
     snaps = [{"7_0": "RUNNING", "7_1": "RUNNING"}, {"7_0": "COMPLETED", "7_1": "FAILED"}]
     client = ScriptedClient(snaps, tmp_path / "unused.log", [])
     out = io.StringIO()
-    assert follow(rec, lambda: client, out=out, poll_s=0.01) == 1  # type: ignore[arg-type,return-value]
+    assert follow(rec, lambda: client, out=out, poll_s=0.01, min_poll_s=0.01) == 1  # type: ignore[arg-type,return-value]
     assert "7_1: FAILED" in out.getvalue()
 
 
 def test_follow_gives_up_on_a_job_slurm_forgot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("jobs.monitor.UNKNOWN_GIVE_UP_S", 0.05)
+    monkeypatch.setattr("jobs.follow.UNKNOWN_GIVE_UP_S", 0.05)
     rec = _record(tmp_path)
     client = ScriptedClient([{}], tmp_path / "x.log", [])
     out = io.StringIO()
-    assert follow(rec, lambda: client, out=out, poll_s=0.01) == 1  # type: ignore[arg-type,return-value]
+    assert follow(rec, lambda: client, out=out, poll_s=0.01, min_poll_s=0.01) == 1  # type: ignore[arg-type,return-value]
     assert "Slurm does not know 7" in out.getvalue()
 
 
@@ -114,3 +116,375 @@ def test_cancel_makes_the_job_non_requeueable_first(tmp_path: Path) -> None:
     client = ScriptedClient([{}], tmp_path / "x.log", [])
     assert cancel(rec, lambda: client, "7_2") == ["7_2"]  # type: ignore[arg-type,return-value]
     assert client.commands == [["scontrol", "update", "JobId=7_2", "Requeue=0"]]
+
+
+# -- polling (issue 18) ---------------------------------------------------------------------------
+def test_poller_backs_off_to_one_poll_a_minute_and_hurries_on_news() -> None:
+    from jobs.follow import Poller
+
+    now = [0.0]
+    poller = Poller(min_s=3, max_s=60, clock=lambda: now[0])
+    polls = []
+    while now[0] <= 120:  # a calm 2-minute job, looked at every second
+        if poller.due():
+            polls.append(now[0])
+            poller.polled(changed=now[0] == 0)
+        now[0] += 1
+    assert len(polls) <= 30, polls
+    after_first_minute = [b - a for a, b in itertools.pairwise(polls) if a >= 60]
+    assert after_first_minute and min(after_first_minute) >= 10, polls
+    assert min(b - a for a, b in itertools.pairwise(polls)) >= 3
+    while now[0] <= 3600:
+        if poller.due():
+            polls.append(now[0])
+            poller.polled(changed=False)
+        now[0] += 1
+    assert polls[-1] - polls[-2] == 60  # a long wait: one poll a minute
+    poller.hurry()  # the files show the job stopped / ended: ask at once
+    assert poller.due()
+
+
+def test_follow_asks_slurm_rarely_while_reading_files_every_tick(tmp_path: Path) -> None:
+    rec = _record(tmp_path)
+    snaps = [{"7": "RUNNING"}] * 6 + [{"7": "COMPLETED"}]
+    client = ScriptedClient(snaps, rec.log_file("7", 0), [])
+    (tmp_path / "slurm").mkdir()
+    ticks = 0
+    log = rec.log_file("7", 0)
+
+    import jobs.follow as jf
+
+    real_sleep = jf.time.sleep
+
+    def tick(_: float) -> None:
+        nonlocal ticks
+        ticks += 1
+        with log.open("a") as f:
+            f.write(f"12:00:00 [rank 0] INFO train.trainer: step {ticks}/100\n")
+        real_sleep(0.002)
+
+    jf.time.sleep = tick  # type: ignore[assignment]
+    try:
+        out = io.StringIO()
+        code = follow(rec, lambda: client, out=out, poll_s=0.001, min_poll_s=0.05, max_poll_s=0.05)  # type: ignore[arg-type,return-value]
+    finally:
+        jf.time.sleep = real_sleep  # type: ignore[assignment]
+    assert code == 0
+    assert ticks > 3 * len(client.calls)  # files every tick, Slurm every ~50 ms
+    text = out.getvalue()
+    assert text.count("job 7: RUNNING") == 1 and text.rstrip().endswith("job 7: COMPLETED")
+    steps = [ln for ln in text.splitlines() if " step " in ln]
+    assert steps == [f"12:00:00 step {i}/100" for i in range(1, len(steps) + 1)]
+
+
+def test_follow_output_is_readable_once_and_in_order(tmp_path: Path) -> None:
+    """Issue 19: submitit's lines twice, raw JSON events, the final state before the last lines."""
+    rec = _record(tmp_path)
+    run_dir = Path(rec.tasks[0].run_dir)
+    (run_dir / "checkpoints" / "step-70").mkdir(parents=True)
+    (tmp_path / "slurm").mkdir()
+    t0 = 1795430000.0
+    events = [
+        {"time": t0, "event": "start", "step": 0},
+        {"time": t0 + 10, "event": "signal", "step": 70, "signal": "USR2"},
+        {"time": t0 + 11, "event": "preempted", "step": 70},
+        {"time": t0 + 12, "event": "requeue", "step": 70, "via": "scontrol"},
+        {"time": t0 + 50, "event": "resume", "step": 70, "restart_count": 1},
+        {"time": t0 + 60, "event": "complete", "step": 100, "test_accuracy": 0.5},
+    ]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    log = [
+        "submitit INFO (2026-11-23 10:49:05,206) - Job completed successfully",
+        "10:49:05 [rank 0] INFO submitit: Job completed successfully",
+        "submitit WARNING (2026-11-23 10:49:06,000) - Something odd",
+        "10:49:06 [rank 0] WARNING submitit: Something odd",
+        "10:49:07 [rank 0] INFO train.trainer: step 100/100 (100%) epoch 1 | loss 0.1",
+    ]
+    rec.log_file("7", 0).write_text("\n".join(log) + "\n")
+    client = ScriptedClient([{"7": "RUNNING"}, {"7": "COMPLETED"}], tmp_path / "x.log", [])
+    out = io.StringIO()
+    assert follow(rec, lambda: client, out=out, poll_s=0.001, min_poll_s=0.001) == 0  # type: ignore[arg-type,return-value]
+    text = out.getvalue()
+    assert "Job completed successfully" not in text  # submitit's INFO: noise, and twice
+    assert text.count("Something odd") == 1  # a warning: shown once
+    assert ">> preempted at step 70, checkpoint step-70" in text
+    assert ">> resumed at step 70 (restart 1)" in text
+    assert ">> complete at step 100, test acc 50.0%" in text
+    assert "{" not in text
+    lines = text.splitlines()
+    assert lines[-1].endswith("job 7: COMPLETED")
+    order = [">> started", ">> preempted", ">> requeued", ">> resumed", ">> complete"]
+    assert [next(i for i, ln in enumerate(lines) if o in ln) for o in order] == sorted(
+        next(i for i, ln in enumerate(lines) if o in ln) for o in order
+    )
+    out = io.StringIO()
+    client = ScriptedClient([{"7": "COMPLETED"}], tmp_path / "x.log", [])
+    assert follow(rec, lambda: client, out=out, poll_s=0.001, min_poll_s=0.001, as_json=True) == 0  # type: ignore[arg-type,return-value]
+    objs = [json.loads(ln) for ln in out.getvalue().splitlines()]  # only JSON, one a line
+    assert {o["type"] for o in objs} == {"log", "event", "state"}
+    assert objs[-1] == {**objs[-1], "type": "state", "state": "COMPLETED"}
+
+
+def test_status_cache_one_query_for_many_and_none_within_ttl(tmp_path: Path) -> None:
+    from jobs.statecache import cache_path, slurm_states
+
+    a, b = _record(tmp_path), _record(tmp_path, array=3)
+    b.job_id = "9"
+    snap = {"7": "RUNNING", "9_0": "RUNNING", "9_1": "PENDING"}
+    client = ScriptedClient([snap], tmp_path / "x", [])
+    first = states_many([a, b], lambda: client)  # type: ignore[arg-type,return-value]
+    again = states_many([a, b], lambda: client)  # type: ignore[arg-type,return-value]
+    assert client.calls == [["7", "9"]]  # one query, then the cache (watch jobs status)
+    assert first == again and first["9_2"].state == "UNKNOWN"
+    states_many([a], lambda: client, ttl_s=0.0)  # type: ignore[arg-type,return-value]
+    assert len(client.calls) == 2
+    cache_path().write_bytes(b"\xff{damaged")  # a damaged cache costs one query, no error
+    assert slurm_states(["7"], lambda: client)["7"].state == "RUNNING"  # type: ignore[arg-type,return-value]
+    assert len(client.calls) == 3
+
+
+def test_final_states_from_accounting_are_never_asked_again(tmp_path: Path) -> None:
+    from jobs.statecache import slurm_states
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls: list[list[str]] = []
+
+        def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
+            self.calls.append(list(ids))
+            return {
+                "5": JobInfo("5", "COMPLETED", exit_code=0, partition="debug", source="sacct"),
+                "6": JobInfo("6", "RUNNING", partition="debug", source="squeue"),
+            }
+
+    c = Client()
+    slurm_states(["5", "6"], lambda: c)  # type: ignore[arg-type,return-value]
+    slurm_states(["5", "6"], lambda: c, ttl_s=0)  # type: ignore[arg-type,return-value]
+    assert c.calls == [["5", "6"], ["6"]]
+
+
+SHIM = """#!/bin/sh
+echo "${0##*/} $*" >> "$SHIM_LOG"
+case "${0##*/}" in
+  squeue) echo "5|a|RUNNING|None|n1|debug|0:05|0|" ;;
+  sacct) echo "6|b|COMPLETED|0:0|00:00:07|n1|debug|None" ;;
+esac
+"""
+
+
+def test_poll_states_is_one_squeue_and_sacct_only_for_forgotten_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cluster.client import SlurmClient
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("squeue", "sacct", "sbatch"):
+        (bin_dir / name).write_text(SHIM)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {"PATH": str(bin_dir), "SHIM_LOG": str(log)}
+    client = SlurmClient(conf="/nonexistent/slurm.conf", environ=env)
+    assert client.poll_states(["5"])["5"].state == "RUNNING"
+    assert log.read_text().splitlines()[0].startswith("squeue ")
+    assert len(log.read_text().splitlines()) == 1  # one command per poll
+    log.unlink()
+    client.poll_states(["5", "6"])
+    assert [ln.split()[0] for ln in log.read_text().splitlines()] == ["squeue", "sacct"]
+    assert "-j 6" in log.read_text().splitlines()[1]  # only the id squeue did not know
+
+
+# -- local runs: nothing but our own processes is ever signalled (issue 14.1) ---------------------
+def _local_record(tmp_path: Path, pid: int, state: dict[str, object] | None) -> RunRecord:
+    run_dir = tmp_path / "local-run"
+    run_dir.mkdir(parents=True)
+    if state is not None:
+        (run_dir / "local_state.json").write_text(json.dumps(state))
+    return RunRecord(
+        "l-1",
+        "l",
+        str(run_dir),
+        "local",
+        job_id=f"local-{pid}",
+        tasks=[TaskRecord(0, str(run_dir), {})],
+        pid=pid,
+        submitted_at=1.0,
+    )
+
+
+@pytest.fixture
+def bystander() -> object:
+    """An unrelated process (what a recycled PID points at after the run ended)."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_process_handles_need_the_same_start_time() -> None:
+    import os
+
+    from jobs.procs import ProcHandle
+
+    me = ProcHandle.of(os.getpid())
+    assert me is not None and me.alive()
+    assert not ProcHandle(me.pid, me.start + 1, me.boot).alive()  # same PID, another process
+    assert not ProcHandle(me.pid, me.start, "another-boot").alive()
+    for junk in (None, [], {"pid": "1", "start": 2}, {"pid": True, "start": 2}, {"pid": 1}):
+        assert ProcHandle.from_json(junk) is None
+    assert ProcHandle.from_json(me.to_json()) == me
+
+
+def test_cancel_never_signals_a_process_that_reuses_the_pid(tmp_path: Path, bystander) -> None:  # type: ignore[no-untyped-def]
+    from jobs.procs import ProcHandle
+
+    pid = bystander.pid
+    h = ProcHandle.of(pid)
+    assert h is not None
+    cases = [
+        # the run COMPLETED; its PID now belongs to someone else
+        {
+            "supervisor": {**h.to_json(), "start": h.start - 5},
+            "tasks": {f"local-{pid}": {"state": "COMPLETED"}},
+        },
+        # the supervisor's handle is right but it is not running this run (command line)
+        {"supervisor": h.to_json(), "tasks": {f"local-{pid}": {"state": "RUNNING"}}},
+        None,  # no state file at all: only the PID is known
+        {"supervisor": "garbage", "tasks": ["x"]},
+    ]
+    for i, state in enumerate(cases):
+        rec = _local_record(tmp_path / str(i), pid, state)
+        assert cancel(rec, lambda: None) == []  # type: ignore[arg-type,return-value]
+        assert bystander.poll() is None, state  # still alive: never signalled
+        states = states_many([rec], lambda: None)  # type: ignore[arg-type,return-value]
+        assert states[f"local-{pid}"].state in ("COMPLETED", "FAILED")
+
+
+def test_a_local_cancel_is_recorded_as_cancelled_not_preempted(tmp_path: Path) -> None:
+    """The local supervisor marks its SIGTERM as a cancel (RUN_DIR/.local-stop) before sending
+    it; train then records 'cancelled' and asks for no restart (was: 'preempted' + exit 75)."""
+    from jobs.localrun import STOP_FILE
+    from train.config import RequeueConfig
+    from train.history import RunHistory
+    from train.requeue import request_requeue
+
+    class Env:
+        is_main, job_id, restart_count, world_size = True, None, 0, 1
+
+    assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=7) == 75
+    (tmp_path / STOP_FILE).write_text("cancel\n")
+    assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=9) == 0
+    events = [(e["event"], e["step"]) for e in RunHistory(tmp_path).events()]
+    assert events == [("preempted", 7), ("requeue", 7), ("cancelled", 9)]
+
+
+def test_cancel_leaves_an_ended_slurm_run_alone(tmp_path: Path) -> None:
+    rec = _record(tmp_path, array=2)
+    client = ScriptedClient([{"7_0": "COMPLETED", "7_1": "FAILED"}], tmp_path / "x.log", [])
+    assert cancel(rec, lambda: client) == []  # type: ignore[arg-type,return-value]
+    assert client.cancelled == [] and client.commands == []
+    client = ScriptedClient([{"7_0": "COMPLETED", "7_1": "RUNNING"}], tmp_path / "x.log", [])
+    assert cancel(rec, lambda: client, "7_0") == []  # type: ignore[arg-type,return-value]
+    assert cancel(rec, lambda: client, "7_1") == ["7_1"]  # type: ignore[arg-type,return-value]
+
+
+def test_a_rank_that_ignores_the_cancel_is_killed_after_the_kill_wait(tmp_path: Path) -> None:
+    import functools
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from jobs.localrun import Supervisor, _die_with_parent, read_state
+
+    rec = RunRecord(
+        "l-2", "l", str(tmp_path), "local", job_id="local-1",
+        tasks=[TaskRecord(0, str(tmp_path), {})],
+    )  # fmt: skip
+    sup = Supervisor(rec)
+    ready = tmp_path / "ready"
+    stubborn = subprocess.Popen(
+        ["sh", "-c", f"trap '' TERM; touch {ready}; sleep 30 & wait"],
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+    )
+    deadline = time.monotonic() + 10
+    while not ready.exists():  # the trap is set
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    sup.running[0] = [stubborn]
+    sup.cancel(signal.SIGTERM, None)
+    time.sleep(0.3)
+    sup.reap()
+    assert stubborn.poll() is None and sup.running  # within the kill wait: it may still save
+    sup.cancelled_at -= 31
+    deadline = time.monotonic() + 10
+    while sup.running:
+        assert time.monotonic() < deadline
+        sup.reap()
+        time.sleep(0.05)
+    assert stubborn.returncode == -signal.SIGKILL
+    assert read_state(tmp_path)["tasks"][sup.task_id(0)]["state"] == "CANCELLED"
+
+
+def test_one_task_of_a_local_array_cannot_be_cancelled_alone(tmp_path: Path) -> None:
+    from jobs.errors import UsageError
+
+    rec = _local_record(tmp_path, 999999, None)
+    rec.array_size = 2
+    with pytest.raises(UsageError, match="one task of a local run"):
+        cancel(rec, lambda: None, "local-999999_1")  # type: ignore[arg-type,return-value]
+
+
+def test_a_final_state_is_confirmed_within_min_poll_even_after_a_long_calm() -> None:
+    from jobs.follow import Poller
+
+    now = [0.0]
+    poller = Poller(min_s=3, max_s=60, clock=lambda: now[0])
+    poller.polled(changed=True)
+    now[0] = 3600.0  # an hour of calm: the back-off is at one poll a minute
+    poller.polled(changed=False)
+    assert poller.next_at == 3660.0
+    poller.soon()  # a final state seen once: confirm it soon, not in a minute
+    assert poller.next_at == 3603.0
+
+
+def test_local_restarts_on_exit_75_are_bounded_even_without_events(tmp_path: Path) -> None:
+    """A program that exits 75 and records nothing must not be restarted forever."""
+    from jobs.localrun import Supervisor
+    from train.history import RunHistory
+
+    (tmp_path / "resolved.yaml").write_text(
+        "requeue: {max_preemptions: 1, max_timeouts: 1, max_failures: 0}\n"
+    )
+    rec = RunRecord(
+        "l-3", "l", str(tmp_path), "local", job_id="local-1",
+        tasks=[TaskRecord(0, str(tmp_path), {})],
+    )  # fmt: skip
+    sup = Supervisor(rec)
+    assert sup.budgets[0].max_preemptions == 1
+    history = RunHistory(tmp_path)
+    assert sup._outcome(0, [75, 0], history, attempt=1)[0] == "REQUEUED"
+    state, why = sup._outcome(0, [75, 0], history, attempt=2)
+    assert state == "FAILED" and "restarted 2x" in why
+
+
+def test_ranks_of_a_killed_local_supervisor_record_a_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their parent-death SIGTERM is no preemption: nobody is left to restart them."""
+    import os
+
+    from train.config import RequeueConfig
+    from train.history import RunHistory
+    from train.requeue import request_requeue
+
+    class Env:
+        is_main, job_id, restart_count, world_size = True, None, 0, 1
+
+    monkeypatch.setenv("SLURM_TRAIN_LOCAL_SUPERVISOR", str(os.getppid()))  # alive: a requeue
+    assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=3) == 75
+    monkeypatch.setenv("SLURM_TRAIN_LOCAL_SUPERVISOR", str(os.getppid() + 100000))  # gone
+    assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=5) == 0
+    assert [e["event"] for e in RunHistory(tmp_path).events()][-1] == "cancelled"

@@ -44,35 +44,7 @@ def _imported(args: list[str], env: dict[str, str]) -> set[str]:
 def test_cli_does_not_import_torch(args: list[str], tmp_path: Path) -> None:
     env = dict(os.environ)
     env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path)
-    env["SLURM_TRAIN_NO_CACHE"] = "1"  # the full validation path, not the dry-run cache
     names = _imported(args, env)
     assert "jobs.cli" in names
     assert not {n for n in names if n == "torch" or n.startswith("torch.")}
     assert "numpy" not in names
-
-
-def test_cached_dry_run_skips_validation_and_pydantic(tmp_path: Path) -> None:
-    """A repeated dry-run of an unchanged spec renders from the cache: no pydantic, no PyYAML."""
-    env = dict(os.environ)
-    env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path)
-    env.pop("SLURM_TRAIN_NO_CACHE", None)
-    args = ["submit", "examples/cifar.yaml", "--dry-run"]
-    first = _imported(args, env)
-    assert "jobs.spec" in first  # the miss validates
-    second = _imported(args, env)
-    assert "submitit" in second  # submitit's own function renders the script
-    assert not {n for n in second if n.split(".")[0] in ("pydantic", "pydantic_core", "yaml")}
-    assert "jobs.spec" not in second
-
-
-def test_dry_run_cache_key_follows_the_installed_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs import drycache
-
-    key = drycache.cache_key("name: x\n", [])
-    assert key == drycache.cache_key("name: x\n", [])
-    stamp = drycache._library_stamp()
-    assert {s[0] for s in stamp if s[0].endswith("__init__.py")} >= {
-        str(Path(__import__(m).__file__)) for m in ("pydantic", "submitit", "yaml")
-    }
-    monkeypatch.setattr(drycache, "_library_stamp", lambda: [*stamp, ["pydantic", "upgraded"]])
-    assert drycache.cache_key("name: x\n", []) != key

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from cluster.models import Node, Partition
+from cluster.errors import SlurmCommandError
+from cluster.models import ClusterLimits, ClusterState, Node, Partition
 from jobs.errors import PreflightError
 from jobs.load import load_text
-from jobs.preflight import preflight
+from jobs.preflight import LIMITS_FILE, array_limit, cluster_limits, preflight
 
 NODES = [
     Node("n1", "IDLE", 2, {"gpu": 2}, ("debug", "urgent")),
@@ -20,14 +23,15 @@ PARTS = [
 
 
 class FakeClient:
+    """What preflight reads: ONE cluster_state() (sinfo) per check, counted."""
+
     def __init__(self, nodes: list[Node] = NODES) -> None:
         self._nodes = nodes
+        self.queries = 0
 
-    def nodes(self) -> list[Node]:
-        return self._nodes
-
-    def partitions(self) -> list[Partition]:
-        return PARTS
+    def cluster_state(self) -> ClusterState:
+        self.queries += 1
+        return ClusterState(tuple(PARTS), tuple(self._nodes))
 
 
 def _check(*overrides: str, client: FakeClient | None = None) -> str:
@@ -82,3 +86,141 @@ def test_down_nodes_are_not_counted() -> None:
     nodes = [NODES[0], Node("n2", "DOWN", 2, {"gpu": 2}, ("debug",))]
     with pytest.raises(PreflightError, match=r"only 1 usable nodes in debug \(n1=IDLE, n2=DOWN\)"):
         _check("resources.nodes=2", client=FakeClient(nodes))
+
+
+def test_preflight_is_one_query() -> None:
+    client = FakeClient()
+    loaded = load_text("name: d\ntrain: {batch_size: 12}\n", "spec.yaml")
+    assert preflight(loaded.spec, client, loaded.where) == "debug"  # type: ignore[arg-type]
+    assert client.queries == 1
+
+
+class LimitsClient:
+    def __init__(self, stamp: str, limits: ClusterLimits) -> None:
+        self.stamp, self._limits, self.asked = stamp, limits, 0
+
+    def conf_stamp(self) -> str:
+        return self.stamp
+
+    def limits(self) -> ClusterLimits:
+        self.asked += 1
+        return self._limits
+
+
+def test_limits_are_cached_on_the_slurm_conf_stamp(tmp_path: Path) -> None:
+    client = LimitsClient("/etc/slurm.conf:10:1", ClusterLimits(1001, 10000))
+    for _ in range(3):
+        assert cluster_limits(client, tmp_path) == ClusterLimits(1001, 10000)  # type: ignore[arg-type]
+    assert client.asked == 1
+    client.stamp, client._limits = "/etc/slurm.conf:12:2", ClusterLimits(50, 100)
+    assert cluster_limits(client, tmp_path) == ClusterLimits(50, 100)  # type: ignore[arg-type]
+    assert client.asked == 2
+    (tmp_path / LIMITS_FILE).write_text("{damaged")
+    assert cluster_limits(client, tmp_path) == ClusterLimits(50, 100)  # type: ignore[arg-type]
+    assert client.asked == 3
+
+
+@pytest.mark.parametrize(
+    ("tasks", "limits", "expected"),
+    [
+        (1500, ClusterLimits(1001, 10000), 1001),
+        (4, ClusterLimits(1001, 10000), 1001),
+        (1500, ClusterLimits(10, 150), 10),
+    ],
+)
+def test_array_limit(tasks: int, limits: ClusterLimits, expected: int) -> None:
+    assert array_limit(tasks, limits) == expected
+
+
+@pytest.mark.parametrize(
+    ("tasks", "limits", "match"),
+    [
+        (4, ClusterLimits(0, 10000), r"^preflight: sweep: this cluster has job arrays turned off"),
+        (1500, ClusterLimits(10, 149), r"1500 points need 150 arrays of at most 10 .*MaxJobCount"),
+    ],
+)
+def test_impossible_sweeps_are_refused(tasks: int, limits: ClusterLimits, match: str) -> None:
+    with pytest.raises(PreflightError, match=match):
+        array_limit(tasks, limits)
+
+
+class SubmitClient(FakeClient):
+    """For jobs.submit.submit: whether Slurm is installed/answers, and what it was asked."""
+
+    def __init__(self, installed: bool = True, answers: bool = True) -> None:
+        super().__init__()
+        self._installed, self._answers = installed, answers
+        self.pings = 0
+
+    def installed(self) -> bool:
+        return self._installed
+
+    def ping(self) -> bool:
+        self.pings += 1
+        return self._answers
+
+    def cluster_state(self) -> ClusterState:
+        if not self._answers:
+            raise SlurmCommandError(
+                ["sinfo"], 1, "sinfo: error: Unable to contact slurm controller"
+            )
+        return super().cluster_state()
+
+    def conf_stamp(self) -> str:
+        return "/etc/slurm/slurm.conf:1:1"
+
+    def limits(self) -> ClusterLimits:
+        return ClusterLimits(3, 100)
+
+
+@pytest.fixture
+def routes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
+    """Replace the two ways out of jobs.submit.submit by recorders."""
+    from jobs import submit as mod
+
+    taken: list[tuple[str, object]] = []
+    monkeypatch.setattr(mod, "submit_local", lambda loaded, plan: taken.append(("local", None)))
+    monkeypatch.setattr(
+        mod,
+        "submit_slurm",
+        lambda loaded, plan, client, array_limit=None: taken.append(("slurm", array_limit)),
+    )
+    return taken
+
+
+@pytest.mark.parametrize(
+    ("client", "preflight", "route"),
+    [
+        (SubmitClient(), True, ("slurm", None)),
+        (SubmitClient(answers=False), True, ("local", None)),
+        (SubmitClient(installed=False), True, ("local", None)),
+        (SubmitClient(answers=False), False, ("local", None)),
+    ],
+)
+def test_auto_executor_uses_the_preflight_query_as_its_ping(
+    client: SubmitClient,
+    preflight: bool,
+    route: tuple[str, object],
+    routes: list[tuple[str, object]],
+    tmp_path: Path,
+) -> None:
+    from jobs.submit import make_plan, submit
+
+    loaded = load_text("name: d\ntrain: {batch_size: 12}\n", "spec.yaml")
+    submit(loaded, make_plan(loaded, tmp_path), client, "auto", preflight=preflight)  # type: ignore[arg-type]
+    assert routes == [route]
+    # One Slurm query in all: sinfo doubles as the ping; ping only without the preflight.
+    assert client.queries + client.pings <= 1
+
+
+def test_a_sweep_gets_the_clusters_array_limit(
+    routes: list[tuple[str, object]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.submit import make_plan, submit
+
+    monkeypatch.setenv("SLURM_TRAIN_STATE_DIR", str(tmp_path / "state"))
+    text = "name: d\ntrain: {batch_size: 12}\nsweep: {grid: {train.seed: [1, 2, 3, 4, 5]}}\n"
+    loaded = load_text(text, "spec.yaml")
+    client = SubmitClient()
+    submit(loaded, make_plan(loaded, tmp_path), client, "slurm")  # type: ignore[arg-type]
+    assert routes == [("slurm", 3)] and client.queries == 1

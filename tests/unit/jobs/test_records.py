@@ -124,3 +124,120 @@ def test_progress_from_metrics_tail(tmp_path: Path) -> None:
     assert progress["step"] == 1999 and progress["test_accuracy"] == 0.875
     assert describe_progress(progress) == "step 1999 loss 0.001 test acc 87.5%"
     assert latest_progress(tmp_path / "missing") == {}
+
+
+def test_a_bad_byte_in_the_index_is_skipped_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 14.5: one non-UTF-8 byte in runs.jsonl stopped list/status/logs/cancel (exit 1)."""
+    _record(tmp_path, "cifar", "10")
+    index = tmp_path / "state" / "runs.jsonl"
+    with index.open("ab") as f:
+        f.write(b'{"run_id": "x\xff", "run_dir": "/nowhere"}\n')
+        f.write(b"not json at all\n")
+    newer = _record(tmp_path, "cifar", "11")
+    with index.open("ab") as f:
+        f.write(b'{"torn": ')  # a crash mid-append: the next append starts a fresh line
+    _record(tmp_path, "cifar", "12")
+    capsys.readouterr()
+    out = io.StringIO()
+    assert main(["list", "--no-state"], out) == 0
+    listed = out.getvalue()
+    assert "cifar-10" in listed and "cifar-11" in listed and "cifar-12" in listed
+    err = capsys.readouterr().err
+    assert "skipped 3 damaged entries (line 2, 3, 5)" in err, err
+    assert find_run("11").run_id == newer.run_id
+    logs = io.StringIO()
+    assert main(["logs", "11"], logs) == 0
+    assert main(["status", "11", "--json"], io.StringIO()) in (0, 1)
+
+
+def test_a_bad_byte_in_events_costs_only_that_line(tmp_path: Path) -> None:
+    record = _record(tmp_path, "cifar", "10")
+    path = Path(record.tasks[0].run_dir) / "events.jsonl"
+    path.write_bytes(
+        b'{"event": "start", "step": 0}\n'
+        b'{"event": "preempted", "step": 5, "note": "\xff"}\n'
+        b'{"event": ["not", "a", "name"]}\n'
+        b'{"event": "resume", "step": 4}\n'
+    )
+    assert events_summary(record) == {record.tasks[0].run_dir: "resumed at step 4"}
+    from train.history import read_jsonl_checked
+
+    events, bad = read_jsonl_checked(path)
+    assert [e.get("step") for e in events] == [0, None, 4] and bad == [2]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'{"run_id": "a", "name": "a", "run_dir": "/x", "executor": "local", "pid": "12"}',
+        b'{"run_id": "a", "name": "a", "run_dir": "/x", "executor": "slurm", "tasks": [7]}',
+        b'{"run_id": "a", "name": "a", "executor": "slurm"}',
+    ],
+)
+def test_a_damaged_run_record_is_one_line(tmp_path: Path, text: bytes) -> None:
+    from jobs.records import load_record
+
+    (tmp_path / "run.json").write_bytes(text)
+    with pytest.raises(RunNotFoundError, match="not a readable run record"):
+        load_record(tmp_path)
+
+
+def test_run_directories_are_claimed_exclusively(tmp_path: Path) -> None:
+    """Issue 14.7: 16 random bits and exist_ok=True let two submissions share a directory."""
+    from jobs.records import Plan
+
+    root = tmp_path / "runs"
+    plan = Plan.new("cifar", None, root)
+    assert len(plan.run_id.rsplit("-", 1)[1]) == 12  # 48 random bits
+    taken = Plan(plan.run_id, plan.run_dir)
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / "run.json").write_text("{}")  # someone else's run
+    mine = taken.claim()
+    assert mine.run_dir != plan.run_dir and mine.run_dir.is_dir()
+    assert list(mine.run_dir.iterdir()) == []
+    assert mine.run_id.startswith("cifar-") and mine.run_dir == root / mine.run_id
+    explicit = Plan.new("cifar", str(plan.run_dir), root)
+    assert explicit.claim().run_dir == plan.run_dir  # the user's own choice, reused
+
+
+def test_status_of_a_failed_run_shows_its_error_and_stderr_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cluster.models import JobInfo
+
+    class Client:
+        def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
+            return {"31": JobInfo("31", "FAILED", exit_code=1, source="squeue")}
+
+    monkeypatch.setattr("jobs.cli._client", Client)
+    rec = _record(tmp_path, "byo", "31")
+    failure = {
+        "event": "failure",
+        "step": None,
+        "error": "command exited 1: ModuleNotFoundError: No module named 'torch'",
+        "stderr_tail": ["Traceback (most recent call last):", "  line 1", "  line 2", "boom"],
+    }
+    (Path(rec.run_dir) / "events.jsonl").write_text(json.dumps(failure) + "\n")
+    out = io.StringIO()
+    assert main(["status", "31"], out) == 0
+    text = out.getvalue()
+    assert text.count("command exited 1: ModuleNotFoundError") == 1  # named once
+    assert "| boom" in text and "| Traceback" not in text  # the last 3 lines
+    out = io.StringIO()
+    assert main(["status", "31", "--json"], out) == 0
+    assert json.loads(out.getvalue())["tasks"][0]["last_failure"]["stderr_tail"][-1] == "boom"
+
+
+def test_status_shows_slurm_restarts_only_when_the_run_recorded_none(tmp_path: Path) -> None:
+    from cluster.models import JobInfo
+    from jobs.statusview import _slurm_restarts
+
+    info = JobInfo("5", "RUNNING", restarts=2)  # squeue's RestartCnt
+    assert _slurm_restarts(info, str(tmp_path)) == "restarted 2x (Slurm)"
+    (tmp_path / "events.jsonl").write_text('{"event": "resume", "step": 3, "restart_count": 2}\n')
+    assert _slurm_restarts(info, str(tmp_path)) == ""  # the history says it already
+    assert _slurm_restarts(JobInfo("5", "RUNNING"), str(tmp_path)) == ""

@@ -46,13 +46,14 @@ def test_example_script_has_requeue_signal_append_and_per_rank_logs() -> None:
 def test_ddp_runs_one_task_per_gpu_by_default() -> None:
     script = _script("name: d\nresources: {nodes: 2, gpus_per_node: 4}\ntrain: {}\n")
     assert "#SBATCH --ntasks-per-node=4" in script
-    assert "#SBATCH --gpus-per-node=4" in script
+    # GPUs one way on every path (jobs.render.slurm_options): --gres=gpu:N.
+    assert "#SBATCH --gres=gpu:4" in script
 
 
 def test_dataparallel_runs_one_task_with_all_gpus() -> None:
     script = _script("name: d\nresources: {gpus_per_node: 8}\ntrain: {strategy: dp}\n")
     assert "#SBATCH --ntasks-per-node=1" in script
-    assert "#SBATCH --gpus-per-node=8" in script
+    assert "#SBATCH --gres=gpu:8" in script
 
 
 def test_spec_signal_time_and_launch_options() -> None:
@@ -67,7 +68,7 @@ def test_spec_signal_time_and_launch_options() -> None:
     lines = _script(text).splitlines()
     for expected in (
         "#SBATCH --signal=USR1@120",
-        "#SBATCH --time=1440",
+        "#SBATCH --time=1-00:00:00",
         "#SBATCH --cpus-per-task=4",
         "#SBATCH --mem=16G",
         "#SBATCH --account=a1",
@@ -103,31 +104,6 @@ def test_dry_run_is_exactly_what_is_submitted(tmp_path: Path, stub_slurm: Path) 
     submitted = (stub_slurm / "submitted-0.sh").read_text()
     assert submitted == out.getvalue()
     assert (run_dir / "sbatch.sh").read_text() == submitted
-
-
-def test_dry_run_cache_gives_the_same_script(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = ["submit", str(EXAMPLE), "--dry-run", "--set", "train.run_dir=/fixed"]
-    first, second = io.StringIO(), io.StringIO()
-    assert main(args, first) == 0  # miss: validates and stores
-    assert main(args, second) == 0  # hit
-    monkeypatch.setenv("SLURM_TRAIN_NO_CACHE", "1")
-    third = io.StringIO()
-    assert main(args, third) == 0
-    assert first.getvalue() == second.getvalue() == third.getvalue()
-
-
-def test_dry_run_cache_notices_a_changed_spec(tmp_path: Path) -> None:
-    spec = tmp_path / "s.yaml"
-    spec.write_text("name: d\nresources: {nodes: 1}\ntrain: {}\n")
-    first = io.StringIO()
-    assert main(["submit", str(spec), "--dry-run"], first) == 0
-    spec.write_text("name: d\nresources: {nodes: 2}\ntrain: {}\n")
-    second = io.StringIO()
-    assert main(["submit", str(spec), "--dry-run"], second) == 0
-    assert "#SBATCH --nodes=1" in first.getvalue()
-    assert "#SBATCH --nodes=2" in second.getvalue()
-    spec.write_text("name: d\nresources: {nodes: 0}\ntrain: {}\n")
-    assert main(["submit", str(spec), "--dry-run"], io.StringIO()) == 2
 
 
 def test_failed_sbatch_is_one_line_and_leaves_no_run(
@@ -171,3 +147,105 @@ def test_sweep_submission_is_one_sbatch_call(tmp_path: Path, stub_slurm: Path) -
         seeds.append(task.values["train.seed"])
         assert f"seed: {task.values['train.seed']}" in resolved
     assert seeds == [1, 2, 3, 4]
+
+
+# -- one mapping: the submitit script and --template ddp ask Slurm for the same resources -------
+_RESOURCE_TABLE = [
+    "resources: {partition: debug, nodes: 2, gpus_per_node: 2, cpus_per_task: 1, time: '00:10:00'}",
+    "resources: {nodes: 1, gpus_per_node: 0, time: 90}",
+    "resources: {nodes: 4, ntasks_per_node: 2, mem: 16G, time: '1-00:00:00', exclusive: true}",
+    "resources: {gres: 'gpu:a100:4', account: a1, qos: high, constraint: 'a100&ib', time: '10:30'}",
+    "resources: {gres: 'nvme:1', gpus_per_node: 1, time: 'UNLIMITED'}",
+    "resources: {nodes: 2, time: '2:00:00'}\nlaunch: {sbatch_args: {mail-type: END}}",
+]
+
+
+def _sbatch_args(script: str) -> dict[str, str]:
+    """The #SBATCH options of a script as sbatch reads them (quotes removed), by option name."""
+    out: dict[str, str] = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line[len("#SBATCH --") :].partition("=")
+            out[key] = value.strip("'\"")  # shlex's quotes (submitit) or sbatch's (templates)
+    return out
+
+
+@pytest.mark.parametrize("resources", _RESOURCE_TABLE)
+def test_dry_run_and_ddp_template_ask_for_the_same_resources(
+    resources: str, tmp_path: Path
+) -> None:
+    from jobs.render import RESOURCE_KEYS
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: same\n{resources}\ntrain: {{}}\n")
+    plain, ddp = io.StringIO(), io.StringIO()
+    assert main(["submit", str(spec), "--dry-run"], plain) == 0
+    assert main(["submit", str(spec), "--dry-run", "--template", "ddp"], ddp) == 0
+    got, want = _sbatch_args(plain.getvalue()), _sbatch_args(ddp.getvalue())
+    asked = {k: got.get(k) for k in (*RESOURCE_KEYS, "job-name", "signal", "mail-type")}
+    assert asked == {k: want.get(k) for k in asked}
+    assert "gpus-per-node" not in got and "gpus-per-node" not in want
+    assert got["nodes"] == want["nodes"] != ""
+
+
+def test_sweep_bigger_than_an_array_is_chained_arrays_in_one_run(
+    tmp_path: Path, stub_slurm: Path
+) -> None:
+    text = "name: sw\ntrain: {}\nsweep: {max_parallel: 2, grid: {train.seed: [1, 2, 3, 4, 5]}}"
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(text)
+    loaded = load_spec(spec)
+    plan = make_plan(loaded, tmp_path / "runs")
+    record = submit_slurm(loaded, plan, SlurmClient(), array_limit=2)
+    scripts = sorted(stub_slurm.glob("submitted-*.sh"))
+    assert len(scripts) == 3  # 2 + 2 + 1 tasks
+    arrays = [ln for s in scripts for ln in s.read_text().splitlines() if "--array" in ln]
+    assert arrays == ["#SBATCH --array=0-1%2", "#SBATCH --array=0-1%2", "#SBATCH --array=0-0%1"]
+    args = [(stub_slurm / f"sbatch-args-{n}.txt").read_text().split() for n in range(3)]
+    assert not any(a.startswith("--dependency") for a in args[0])
+    # Each array starts after the previous one ended: max_parallel holds over all of them.
+    assert "--dependency=afterany:4242" in args[1] and "--dependency=afterany:4243" in args[2]
+    assert record.job_id == "4242"
+    assert record.job_ids() == ["4242_0", "4242_1", "4243_0", "4243_1", "4244_0"]
+    assert record.slurm_job_ids() == ["4242", "4243", "4244"]
+    for jid, task in zip(record.job_ids(), record.tasks, strict=True):
+        launch = DelayedSubmission.load(Path(record.run_dir) / "slurm" / f"{jid}_submitted.pkl")
+        assert launch.function.config == str(Path(task.run_dir) / "resolved.yaml")
+
+
+def test_a_failed_later_array_cancels_the_earlier_ones(tmp_path: Path, stub_slurm: Path) -> None:
+    real = (stub_slurm / "sbatch").read_text()
+    (stub_slurm / "sbatch").write_text(
+        real.replace(
+            "#!/bin/sh\n",
+            '#!/bin/sh\ncase " $* " in *dependency*) '
+            "echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2; exit 1;; esac\n",
+        )
+    )
+    scancel = '#!/bin/sh\nprintf "%s\\n" "$@" > "$STUB_DIR/scancel.txt"\n'
+    (stub_slurm / "scancel").write_text(scancel)
+    (stub_slurm / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    for name in ("scancel", "scontrol"):
+        (stub_slurm / name).chmod(0o755)
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("name: sw\ntrain: {}\nsweep:\n  grid:\n    train.seed: [1, 2, 3]\n")
+    loaded = load_spec(spec)
+    plan = make_plan(loaded, tmp_path / "runs")
+    with pytest.raises(SubmitError, match=r"^sbatch failed: .*QOSMaxSubmitJobPerUserLimit"):
+        submit_slurm(loaded, plan, SlurmClient(), array_limit=2)
+    assert (stub_slurm / "scancel.txt").read_text().split() == ["4242"]
+    assert not plan.run_dir.exists()
+
+
+def test_dry_run_of_a_sweep_bigger_than_one_array_says_it_will_be_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "big.yaml"
+    seeds = ", ".join(str(i) for i in range(1002))
+    spec.write_text(f"name: big\ntrain: {{}}\nsweep: {{grid: {{train.seed: [{seeds}]}}}}\n")
+    assert main(["submit", str(spec), "--dry-run"], io.StringIO()) == 0
+    err = capsys.readouterr().err
+    assert "1002 tasks" in err and "--dependency=afterany" in err
+    spec.write_text("name: small\ntrain: {}\nsweep: {grid: {train.seed: [1, 2]}}\n")
+    assert main(["submit", str(spec), "--dry-run"], io.StringIO()) == 0
+    assert capsys.readouterr().err == ""

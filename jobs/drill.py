@@ -1,0 +1,360 @@
+"""``python -m jobs drill RUN --kind preempt|timeout|cancel|fail``: interrupt your own running
+job the way Slurm would, wait for it to come back, and say what the interruption cost.
+
+Only what a user may do to their own job (every Slurm command through :mod:`cluster.client`):
+
+- ``preempt``: a real preemption. A one-second job is submitted to a partition with a higher
+  PriorityTier over the job's first node (``urgent`` on the local cluster; ``--partition``
+  chooses), asking for the whole node, so Slurm preempts ours: signal, grace time, requeue.
+- ``timeout``: the job's time limit is lowered to just past ``elapsed + signal lead`` (anyone may
+  lower their own limit), so Slurm sends the time-limit signal within a minute. Once the job is
+  requeued the original limit is put back; Slurm lets only operators raise a limit, so where
+  that is refused the report says so (the restarted job then keeps the short limit).
+- ``cancel``: a plain ``scancel`` (SIGTERM): the run must checkpoint and NOT come back.
+- ``fail``: ``scancel --signal=ABRT``: every process of the job's steps dies at once, as in a
+  crash (an abort in native code), with no chance to save. (``--signal=KILL`` would not do: Slurm
+  turns it into a plain cancel, SIGTERM first.) Slurm does not requeue a failed job; the drill
+  does what its user would (``scontrol requeue``) and the run must resume from its newest valid
+  checkpoint, losing at most the steps since that checkpoint.
+
+A requeued job waits about two minutes (BeginTime) before it may start again; the drill lets it
+start at once (``scontrol update StartTime=now``, allowed on one's own job). The report comes
+from the run's own records (``events.jsonl``, ``metrics.jsonl``) and Slurm's StartTime:
+signal-to-checkpoint seconds (from the signal's arrival, as the trainer records it, to the
+checkpoint event; from the drill's action where no arrival is recorded), the last completed
+step, the step it resumed from, steps lost and restart-to-first-step seconds (from the restarted
+job's StartTime to its first training step).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from jobs.errors import JobsError, UsageError
+from jobs.records import RunRecord
+from train.history import RunHistory, read_jsonl
+
+if TYPE_CHECKING:
+    from cluster.client import SlurmClient
+
+KINDS = ("preempt", "timeout", "cancel", "fail")
+_STOP_EVENTS = {"preempted", "timeout", "cancelled", "failure"}
+_TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+
+
+class DrillError(JobsError):
+    """The drill could not do or see what it needed (the message says what)."""
+
+
+@dataclass
+class DrillReport:
+    """What one drill did and measured (``--json`` prints :meth:`to_dict`)."""
+
+    run_id: str
+    job_id: str
+    kind: str
+    action: str = ""
+    outcome: str = ""
+    stop_event: str | None = None
+    signal_to_checkpoint_s: float | None = None
+    last_completed_step: int | None = None
+    checkpoint_step: int | None = None
+    resumed_from_step: int | None = None
+    steps_lost: int | None = None
+    restart_to_first_step_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        def show(value: Any, unit: str = "") -> str:
+            if value is None:
+                return "n/a"
+            return f"{value:.1f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+        out = [
+            f"drill {self.kind} of {self.run_id} (job {self.job_id}): {self.outcome}",
+            f"  action                  {self.action}",
+            f"  recorded as             {show(self.stop_event)}",
+            f"  signal to checkpoint    {show(self.signal_to_checkpoint_s, ' s')}",
+            f"  last completed step     {show(self.last_completed_step)}",
+            f"  checkpoint step         {show(self.checkpoint_step)}",
+            f"  resumed from step       {show(self.resumed_from_step)}",
+            f"  steps lost              {show(self.steps_lost)}",
+            f"  restart to first step   {show(self.restart_to_first_step_s, ' s')}",
+        ]
+        out.extend(f"  note: {n}" for n in self.notes)
+        return out
+
+
+def _slurm_time(value: str | None) -> float | None:
+    """A Slurm timestamp (local time, no zone) as epoch seconds; None when unset."""
+    if not value or value.strip().lower() in ("unknown", "none", "n/a", "(null)"):
+        return None
+    try:
+        return datetime.fromisoformat(value.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def _as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class Drill:
+    """One drill against one recorded Slurm run (see the module docstring)."""
+
+    def __init__(
+        self,
+        record: RunRecord,
+        client: SlurmClient,
+        kind: str,
+        *,
+        timeout_s: float = 900.0,
+        partition: str | None = None,
+        poll_s: float = 1.0,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        if kind not in KINDS:
+            raise UsageError(f"drill: --kind {kind!r}: choose one of {', '.join(KINDS)}")
+        if record.executor != "slurm" or not record.job_id:
+            raise UsageError(
+                f"drill: {record.run_id} is a {record.executor} run; drills need Slurm"
+            )
+        if record.array_size is not None:
+            raise UsageError(f"drill: {record.run_id} is a job array; drill one plain job")
+        self.record, self.client, self.kind = record, client, kind
+        self.job_id = record.job_id
+        self.run_dir = Path(record.tasks[0].run_dir if record.tasks else record.run_dir)
+        self.timeout_s, self.partition, self.poll_s, self.say = timeout_s, partition, poll_s, say
+        self.report = DrillReport(record.run_id, self.job_id, kind)
+
+    # -- reading -----------------------------------------------------------------------------
+    def job(self) -> dict[str, str]:
+        return self.client.show_job(self.job_id)
+
+    def restarts(self) -> int:
+        value = self.job().get("Restarts", "0")
+        return int(value) if value.isdigit() else 0
+
+    def events(self, since: float = 0.0) -> list[dict[str, Any]]:
+        return [e for e in RunHistory(self.run_dir).events() if float(e.get("time", 0)) >= since]
+
+    def train_steps(self) -> list[tuple[float, int]]:
+        """(time, step) of the run's training records (``metrics.jsonl``)."""
+        out = []
+        for rec in read_jsonl(self.run_dir / "metrics.jsonl"):
+            step, when = _as_int(rec.get("step")), rec.get("time")
+            if rec.get("kind") == "train" and step is not None and isinstance(when, int | float):
+                out.append((float(when), step))
+        return out
+
+    def wait(self, what: str, predicate: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise DrillError(
+                    f"drill {self.kind}: gave up after {self.timeout_s:.0f} s waiting for {what} "
+                    f"(job {self.job_id}; see python -m jobs status {self.record.run_id})"
+                )
+            time.sleep(self.poll_s)
+
+    # -- the drill -----------------------------------------------------------------------------
+    def run(self) -> DrillReport:
+        self.say(f"waiting for job {self.job_id} to train")
+        self.wait("the job to run and train", self._training)
+        restarts = self.restarts()
+        t0 = time.time()
+        getattr(self, f"_do_{self.kind}")()
+        self.say(self.report.action)
+        if self.kind == "cancel":
+            self.wait("the job to end", lambda: self.job().get("JobState") in _TERMINAL)
+            self.wait("the run's stop record", lambda: self._stop_event(t0) is not None)
+        else:
+            self.wait("the job to be requeued", lambda: self._requeued(restarts))
+            self._restore_time_limit()
+            self.client.release(self.job_id)
+            self.say("requeued; released from its BeginTime wait")
+            self.wait("the job to train again", lambda: self._resumed(t0, restarts) is not None)
+        self._measure(t0, restarts)
+        return self.report
+
+    def _training(self) -> bool:
+        state = self.job().get("JobState")
+        if state in _TERMINAL:
+            raise DrillError(f"drill: job {self.job_id} already ended ({state})")
+        started = [e for e in self.events() if e["event"] in ("start", "resume")]
+        # the built-in trainer logs its steps; a command's own steps are unknown to us
+        return (
+            state == "RUNNING" and bool(started) and (self._command() or bool(self.train_steps()))
+        )
+
+    def _command(self) -> bool:
+        return not (self.run_dir / "metrics.jsonl").exists()
+
+    def _requeued(self, before: int) -> bool:
+        info = self.job()
+        return int(info.get("Restarts", "0") or 0) > before and info.get("JobState") == "PENDING"
+
+    def _stop_event(self, since: float) -> dict[str, Any] | None:
+        return next((e for e in self.events(since) if e["event"] in _STOP_EVENTS), None)
+
+    def _resumed(self, since: float, restarts: int) -> dict[str, Any] | None:
+        starts = [
+            e
+            for e in self.events(since)
+            if e["event"] in ("start", "resume")
+            and (_as_int(e.get("restart_count")) or 0) > restarts
+        ]
+        if not starts:
+            return None
+        after = starts[0]["time"]
+        if self._command():
+            return starts[0]
+        return starts[0] if any(t >= after for t, _ in self.train_steps()) else None
+
+    # -- actions (only what a user may do to their own job) ----------------------------------------
+    def _do_preempt(self) -> None:
+        info = self.job()
+        from cluster.hostlist import expand_hostlist
+
+        node = expand_hostlist(info.get("NodeList", ""))[0]
+        name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
+        script = self.run_dir / "drill" / "preempt.sbatch"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text("#!/bin/bash\nsleep 1\n")
+        args = [f"--partition={name}", f"--nodelist={node}", "--exclusive", "--time=1"]
+        args += ["--job-name=drill-preempt", "--output=/dev/null"]
+        urgent = self.client.submit(script, args)
+        self.report.action = f"submitted job {urgent} to partition {name} needing all of {node}"
+
+    def _preempting_partition(self, ours: str, node: str) -> str:
+        parts = self.client.partitions()
+        tier = next((p.priority_tier for p in parts if p.name == ours), 0)
+        better = [p for p in parts if p.priority_tier > tier and node in p.nodes]
+        if not better:
+            raise UsageError(
+                f"drill: no partition with a higher PriorityTier than {ours!r} covers {node}: "
+                "nothing a user may submit preempts this job (--kind timeout drills the same path)"
+            )
+        return max(better, key=lambda p: p.priority_tier).name
+
+    def _do_timeout(self) -> None:
+        info = self.job()
+        self._original_limit = info.get("TimeLimit", "")
+        start = _slurm_time(info.get("StartTime")) or time.time()
+        lead = self._signal_lead()
+        minutes = math.ceil((time.time() - start + lead) / 60) + 1
+        self.client.set_time_limit(self.job_id, str(minutes))
+        self.report.action = (
+            f"lowered the time limit from {self._original_limit} to {minutes} min "
+            f"(the {lead:.0f} s signal lead starts within a minute)"
+        )
+
+    def _signal_lead(self) -> float:
+        """The spec's requeue.signal_delay_s (from the run's resolved.yaml), 90 s if unreadable."""
+        import yaml
+
+        resolved = self.run_dir / "resolved.yaml"
+        try:
+            data = yaml.safe_load(resolved.read_text(encoding="utf-8")) or {}
+            return float(data.get("requeue", {}).get("signal_delay_s", 90))
+        except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+            return 90.0
+
+    def _restore_time_limit(self) -> None:
+        original = getattr(self, "_original_limit", "")
+        if self.kind != "timeout" or not original:
+            return
+        from cluster.errors import ClusterError
+
+        try:
+            self.client.set_time_limit(self.job_id, original)
+        except ClusterError as exc:
+            self.report.notes.append(
+                f"could not restore the time limit {original} ({exc}); only an operator may "
+                "raise it: the restarted job keeps the short limit"
+            )
+
+    def _do_cancel(self) -> None:
+        self.client.cancel([self.job_id])
+        self.report.action = "scancel (SIGTERM, as a user cancelling the job)"
+
+    def _do_fail(self) -> None:
+        self.client.cancel([self.job_id], signal="ABRT")
+        self.wait("the killed job to end", lambda: self.job().get("JobState") in _TERMINAL)
+        self.client.requeue(self.job_id)
+        self.report.action = (
+            "scancel --signal=ABRT (every process of the job dies, no chance to save); "
+            "then scontrol requeue, as its user would after a crash"
+        )
+
+    # -- measuring ---------------------------------------------------------------------------
+    def _measure(self, t0: float, restarts: int) -> None:
+        r = self.report
+        events = self.events(t0 - 1)
+        stop = self._stop_event(t0 - 1)
+        r.stop_event = stop["event"] if stop else None
+        checkpoint = next((e for e in events if e["event"] == "checkpoint"), None)
+        if checkpoint is not None:
+            r.checkpoint_step = _as_int(checkpoint.get("step"))
+            # from the signal's arrival (the trainer records it), else from the drill's action
+            signal = next((e for e in events if e["event"] == "signal"), {})
+            arrived = signal.get("received_at")
+            since = float(arrived) if isinstance(arrived, int | float) else t0
+            r.signal_to_checkpoint_s = round(float(checkpoint["time"]) - since, 2)
+        resumed = self._resumed(t0, restarts) if self.kind != "cancel" else None
+        until = float(resumed["time"]) if resumed else time.time()
+        before = [s for t, s in self.train_steps() if t < until]
+        stop_step = _as_int(stop.get("step")) if stop else None
+        known = [*before, *([stop_step] if stop_step is not None else [])]
+        r.last_completed_step = max(known) if known else None
+        if self.kind == "cancel":
+            r.outcome = "cancelled, not requeued" if r.stop_event == "cancelled" else "stopped"
+            if r.checkpoint_step is not None and r.last_completed_step is not None:
+                r.steps_lost = r.last_completed_step - r.checkpoint_step
+            return
+        assert resumed is not None
+        r.resumed_from_step = _as_int(resumed.get("step"))
+        if r.resumed_from_step is not None and r.last_completed_step is not None:
+            r.steps_lost = r.last_completed_step - r.resumed_from_step
+        start = _slurm_time(self.job().get("StartTime"))
+        first = min((t for t, _ in self.train_steps() if t >= float(resumed["time"])), default=None)
+        if start is not None and first is not None:
+            r.restart_to_first_step_s = round(first - start, 2)
+        r.outcome = (
+            f"back: resumed at step {r.resumed_from_step}"
+            if r.resumed_from_step is not None
+            else "back: restarted (a command: its steps are its own, not known here)"
+        )
+        if self.kind == "fail" and r.stop_event is None:
+            r.notes.append(
+                "a hard kill records nothing: the last completed step is the newest "
+                "logged one (train.log_interval)"
+            )
+
+
+def run_drill(
+    record: RunRecord,
+    client: SlurmClient,
+    kind: str,
+    *,
+    timeout_s: float = 900.0,
+    partition: str | None = None,
+    progress: IO[str] | None = None,
+) -> DrillReport:
+    """Run one drill and return its report (see the module docstring)."""
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress.write(f"drill: {line}\n")
+            progress.flush()
+
+    return Drill(record, client, kind, timeout_s=timeout_s, partition=partition, say=say).run()

@@ -1,0 +1,398 @@
+"""Following a run (``submit --follow``, ``logs -f``): its files every second, Slurm rarely.
+
+Progress comes from the run's own files, read once a second at no cost to anyone: the per-rank
+log (``slurm/JOB_RANK_log.out``) and train's ``events.jsonl``. Slurm is asked about the job's
+state by :class:`Poller`'s schedule, ONE command per poll (:func:`jobs.statecache.slurm_states`):
+every ``min_s`` (3 s) while things change, backing off to one poll every ``max_s`` (60 s) as
+the job stays calm (a day-long job costs ~1,500 queries, not 170,000), and at once again when
+the files show that the job started, stopped, was requeued or ended.
+
+What a person sees (``--json``: the same as one JSON object a line, nothing else)::
+
+    10:49:01 job 75: RUNNING
+    10:49:04 training tinycnn/ddp on cpu: 2 rank(s), ...
+    10:49:05 step 20/60 (33%) epoch 0 | loss 2.3307 acc 16.1% | lr 0.05 | 921 img/s
+    10:49:09 >> preempted at step 40, checkpoint step-40
+    10:49:09 >> requeued (scontrol)
+    10:51:30 >> resumed at step 40 (restart 1)
+    10:51:41 >> complete at step 60, test acc 14.1%
+    10:51:42 job 75: COMPLETED
+
+submitit's own log lines (each also arrives through train's logging, so twice) are dropped at
+INFO and shown once at WARNING and above; train's ``TIME [rank R] LEVEL logger:`` prefix is
+shortened to the time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from cluster.models import JobInfo
+from jobs.records import RunRecord
+
+if TYPE_CHECKING:
+    from cluster.client import SlurmClient
+
+ClientFactory = Callable[[], "SlurmClient"]
+UNKNOWN_GIVE_UP_S = 60.0
+MIN_POLL_S = 3.0
+MAX_POLL_S = 60.0
+# Events after which Slurm's view of the job changes (or the run is over): ask at once.
+_HURRY = {
+    "start",
+    "resume",
+    "preempted",
+    "timeout",
+    "failure",
+    "hang",
+    "requeue",
+    "complete",
+    "budget_exhausted",
+    "cancelled",
+}
+_FINAL_EVENTS = {"complete", "budget_exhausted", "cancelled"}
+_OURS = re.compile(r"^(\d\d:\d\d:\d\d) \[rank (\d+)\] ([A-Z]+) ([\w.]+): (.*)$")
+_SUBMITIT = re.compile(r"^submitit ([A-Z]+) \(\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d),\d+\) - (.*)$")
+
+
+class Poller:
+    """When to ask Slurm next: ``min_s`` apart right after a change, then one poll per
+    ``calm / ratio`` seconds of calm (capped at ``max_s``); :meth:`hurry` asks at once."""
+
+    def __init__(
+        self,
+        min_s: float = MIN_POLL_S,
+        max_s: float = MAX_POLL_S,
+        ratio: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_s, self.max_s, self.ratio, self.clock = min_s, max(min_s, max_s), ratio, clock
+        now = clock()
+        self.calm_since = now
+        self.next_at = now  # the first poll is at once
+        self.urgent = True
+        self.polls = 0
+
+    def interval(self) -> float:
+        calm = self.clock() - self.calm_since
+        return min(self.max_s, max(self.min_s, calm / self.ratio))
+
+    def due(self) -> bool:
+        return self.clock() >= self.next_at
+
+    def hurry(self) -> None:
+        """The files show a change: poll now (and keep polling often for a while)."""
+        self.calm_since = self.clock()
+        self.next_at = min(self.next_at, self.clock())
+        self.urgent = True
+
+    def soon(self) -> None:
+        """Confirm something within ``min_s`` (e.g. a final state that might be a requeue)."""
+        self.next_at = min(self.next_at, self.clock() + self.min_s)
+
+    def polled(self, changed: bool) -> None:
+        self.polls += 1
+        self.urgent = False
+        if changed:
+            self.calm_since = self.clock()
+        self.next_at = self.clock() + self.interval()
+
+
+class LogTail:
+    """New complete lines of a growing file (survives the file appearing late)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        return [ln.decode("utf-8", "replace") for ln in lines]
+
+    def flush(self) -> list[str]:
+        rest = self.read()
+        if self.partial:
+            rest.append(self.partial.decode("utf-8", "replace"))
+            self.partial = b""
+        return rest
+
+
+def _clock_time(hms: str, now: float) -> float:
+    """Epoch seconds of today's (or, near midnight, yesterday's) ``HH:MM:SS``."""
+    day = time.localtime(now)
+    h, m, s = (int(x) for x in hms.split(":"))
+    t = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, h, m, s, 0, 0, -1))
+    return t - 86400 if t > now + 3600 else t
+
+
+def _hms(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+@dataclass(order=True)
+class Item:
+    """One thing to show: a log line, an event or a state change, ordered by time (a final
+    state after everything else)."""
+
+    last: bool
+    time: float
+    seq: int
+    text: str = field(compare=False)
+    data: dict[str, Any] = field(compare=False)
+
+
+def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
+    """One readable line for an ``events.jsonl`` entry (None: nothing worth a line)."""
+    name, step = event.get("event"), event.get("step")
+    at = f" at step {step}" if step is not None else ""
+    ckpt = ""
+    if step is not None and (Path(run_dir) / "checkpoints" / f"step-{step}").is_dir():
+        ckpt = f", checkpoint step-{step}"
+    if name == "start":
+        return f"started{at}"
+    if name == "resume":
+        restart = event.get("restart_count")
+        return f"resumed{at}" + (f" (restart {restart})" if restart else "")
+    if name == "signal":
+        return f"stop signal {event.get('signal', '')}{at}".replace("  ", " ")
+    if name in ("preempted", "timeout"):
+        what = "preempted" if name == "preempted" else "time limit reached"
+        return f"{what}{at}{ckpt}"
+    if name == "failure":
+        return f"failed{at}: {event.get('error', 'unknown error')}"
+    if name == "hang":
+        ranks = ",".join(map(str, event.get("ranks") or [])) or "?"
+        stuck = ",".join(map(str, event.get("nodes") or [])) or "?"
+        return f"hang{at}: rank(s) {ranks} on {stuck} made no progress{ckpt}"
+    if name == "quarantine":
+        kept_off = event.get("nodes")
+        if isinstance(kept_off, list) and kept_off:
+            return f"{','.join(map(str, kept_off))} excluded after {event.get('reason', 'a fault')}"
+        return f"no node excluded: {event.get('skipped', 'not needed')}"
+    if name == "requeue":
+        via = event.get("via")
+        return "requeued" + (
+            " (exit code 75: the launcher restarts it)" if via == "exit_code" else ""
+        )
+    if name == "budget_exhausted":
+        return f"not requeued: {event.get('reason', 'budget spent')}"
+    if name == "cancelled":
+        return f"cancelled{at}{ckpt or ''}"
+    if name == "complete":
+        acc = event.get("test_accuracy")
+        acc_text = f", test acc {100 * acc:.1f}%" if isinstance(acc, int | float) else ""
+        return f"complete{at}{acc_text}"
+    if name == "target":
+        return f"target accuracy reached{at}"
+    if name == "checkpoint":
+        return None  # the log says "checkpoint saved" already
+    return f"{name}{at}" if isinstance(name, str) else None
+
+
+class LineFilter:
+    """Shortens train's log lines and drops submitit's duplicates (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.shown_submitit: list[str] = []
+
+    def __call__(self, line: str, now: float) -> tuple[float | None, str | None]:
+        """(time of the line or None, text to show or None to drop it)."""
+        m = _SUBMITIT.match(line)
+        if m:
+            level, hms, msg = m.groups()
+            if level in ("DEBUG", "INFO"):
+                return _clock_time(hms, now), None
+            self.shown_submitit = [*self.shown_submitit[-20:], msg]
+            return _clock_time(hms, now), f"{hms} {level} submitit: {msg}"
+        m = _OURS.match(line)
+        if m:
+            hms, _rank, level, logger, msg = m.groups()
+            t = _clock_time(hms, now)
+            if logger == "submitit" and (level in ("DEBUG", "INFO") or msg in self.shown_submitit):
+                return t, None
+            return t, f"{hms} {msg}" if level == "INFO" else f"{hms} {level} {msg}"
+        return None, line
+
+
+@dataclass
+class Following:
+    """The per-run state of one :func:`follow` call."""
+
+    record: RunRecord
+    rank: int
+    ids: list[str]
+    tails: dict[str, LogTail] = field(default_factory=dict)
+    events: dict[str, LogTail] = field(default_factory=dict)
+    filters: dict[str, LineFilter] = field(default_factory=dict)
+    last_time: dict[str, float] = field(default_factory=dict)
+    final_event: dict[str, bool] = field(default_factory=dict)
+    seq: int = 0
+
+    def __post_init__(self) -> None:
+        dirs = dict(zip(self.record.job_ids(), self.record.tasks, strict=False))
+        for jid in self.ids:
+            self.tails[jid] = LogTail(self.record.log_file(jid, self.rank))
+            self.filters[jid] = LineFilter()
+            task = dirs.get(jid)
+            if task is not None:
+                self.events[jid] = LogTail(Path(task.run_dir) / "events.jsonl")
+
+    def item(self, t: float, text: str, data: dict[str, Any], last: bool = False) -> Item:
+        self.seq += 1
+        return Item(last, t, self.seq, text, data)
+
+    def read(self, jid: str, *, flush: bool, pretty: bool, hurry: Callable[[], None]) -> list[Item]:
+        now = time.time()
+        many = len(self.ids) > 1
+        prefix = f"[{jid}] " if many else ""
+        items = []
+        tail = self.tails[jid]
+        fresh_log = tail.offset == 0
+        lines = tail.flush() if flush else tail.read()
+        if lines and fresh_log:
+            hurry()  # the job started writing: Slurm has news too
+        for line in lines:
+            t, text = self.filters[jid](line, now) if pretty else (None, line)
+            # A node's clock may run ahead of ours: never order a line after "now".
+            t = min(t, now) if t is not None else self.last_time.get(jid, now)
+            self.last_time[jid] = t
+            if text is not None and (text.strip() or not pretty):
+                data = {"type": "log", "job_id": jid, "rank": self.rank, "line": line}
+                items.append(self.item(t, prefix + text, data))
+        events = self.events.get(jid)
+        if events is not None:
+            run_dir = events.path.parent
+            for line in events.read():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a damaged line costs only itself
+                if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+                    continue
+                if event["event"] in _HURRY:
+                    hurry()
+                self.final_event[jid] = event["event"] in _FINAL_EVENTS
+                when = event.get("time")
+                t = min(float(when), now) if isinstance(when, int | float) else now
+                text = describe_event(event, run_dir)
+                if text is not None:
+                    data = {"type": "event", "job_id": jid, **event}
+                    items.append(self.item(t, f"{_hms(t)} {prefix}>> {text}", data))
+        return items
+
+
+def _state_item(f: Following, info: JobInfo, why: str, final: bool = False) -> Item:
+    now = time.time()
+    data = {
+        "type": "state",
+        "time": round(now, 3),
+        "job_id": info.job_id,
+        "state": info.state,
+        "exit_code": info.exit_code,
+        "reason": why,
+    }
+    why_text = f" ({why})" if why else ""
+    return f.item(now, f"{_hms(now)} job {info.job_id}: {info.state}{why_text}", data, final)
+
+
+def follow(
+    record: RunRecord,
+    client: ClientFactory,
+    *,
+    rank: int = 0,
+    out: IO[str] | None = None,
+    poll_s: float = 1.0,
+    only: str | None = None,
+    show_states: bool = True,
+    as_json: bool = False,
+    min_poll_s: float = MIN_POLL_S,
+    max_poll_s: float = MAX_POLL_S,
+) -> int:
+    """Stream the run until it ends: state changes, readable events and rank ``rank``'s log
+    (``show_states=False``, ``logs -f``: the raw log only). Returns 0 iff every task COMPLETED.
+
+    ``poll_s``: how often the files are read; Slurm is asked on :class:`Poller`'s schedule.
+    """
+    from jobs.monitor import _finished, outcome, reason, states_many
+
+    stream = out or sys.stdout
+    client = functools.cache(client)  # one client for the whole follow (its set-up costs)
+    f = Following(record, rank, [only] if only else record.job_ids())
+    poller = Poller(min_s=min_poll_s, max_s=max_poll_s)
+    pretty = show_states and not as_json
+    local = record.executor == "local"
+    last: dict[str, str] = {}
+    finals_seen: dict[str, int] = {}
+    announced: set[str] = set()
+    states: dict[str, JobInfo] = {}
+    unknown_since: float | None = None
+    while True:
+        items: list[Item] = []
+        for jid in f.ids:
+            now_state = states.get(jid)
+            if jid in announced or (
+                now_state is not None and now_state.state == "PENDING" and not f.tails[jid].offset
+            ):
+                continue  # over, or no log yet (a big array's pending tasks cost no stat)
+            items += f.read(jid, flush=False, pretty=pretty, hurry=poller.hurry)
+        if local or poller.due():
+            found = states_many([record], client, ttl_s=min_poll_s, fresh=poller.urgent)
+            states = {k: v for k, v in found.items() if k in f.tails}
+            changed = confirm = False
+            for jid, info in states.items():
+                if jid in announced:
+                    continue
+                moved = last.get(jid) != info.state
+                changed = changed or moved
+                last[jid] = info.state
+                if not _finished(info):
+                    finals_seen[jid] = 0
+                    if moved and show_states:
+                        items.append(_state_item(f, info, reason(info)))
+                    continue
+                # A final state right after a stop may be a requeue passing by: believe it
+                # when the run's history says it is over, or when the next poll agrees.
+                finals_seen[jid] = finals_seen.get(jid, 0) + 1
+                if local or f.final_event.get(jid) or finals_seen[jid] >= 2:
+                    items += f.read(jid, flush=True, pretty=pretty, hurry=lambda: None)
+                    if show_states:
+                        items.append(_state_item(f, info, reason(info), final=True))
+                    announced.add(jid)
+                else:
+                    confirm = True
+            if not local:
+                poller.polled(changed)
+                if confirm:
+                    poller.soon()  # within min_s, whatever the back-off had reached
+            everything_unknown = bool(states) and all(s.state == "UNKNOWN" for s in states.values())
+            unknown_since = (unknown_since or time.monotonic()) if everything_unknown else None
+        for it in sorted(items):  # in time order; a state line after the lines before it
+            stream.write((json.dumps(it.data, default=str) if as_json else it.text) + "\n")
+        stream.flush()
+        if states and announced >= set(states):
+            return outcome(states)
+        if unknown_since is not None and time.monotonic() - unknown_since > UNKNOWN_GIVE_UP_S:
+            msg = f"jobs: Slurm does not know {', '.join(states)} (purged?); giving up"
+            stream.write(json.dumps({"type": "error", "message": msg}) if as_json else msg)
+            stream.write("\n")
+            stream.flush()
+            return 1
+        time.sleep(poll_s)

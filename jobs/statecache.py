@@ -1,0 +1,153 @@
+"""Slurm job states for ``status``/``list``/following: one query for all runs, shared a few seconds.
+
+A shared cluster's controller is rate-limited per user, and ``watch jobs status`` runs this
+every two seconds. So every caller goes through :func:`slurm_states`:
+
+- the states of ALL the ids asked for come from ONE ``SlurmClient.poll_states`` call (one
+  ``squeue``; ``sacct`` only for ids the controller already forgot);
+- the answer is kept in ``$SLURM_TRAIN_STATE_DIR/slurm-states.json`` for ``ttl_s`` seconds, so
+  another shell (or the next ``watch`` round) within that time asks nothing;
+- a job that accounting (sacct) reports final is final for good (the controller forgot it: it
+  cannot come back) and is never asked about again.
+
+The file is a cache: a damaged, foreign or stale one is ignored (and rewritten), never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cluster.models import JobInfo
+from jobs.records import state_dir
+
+if TYPE_CHECKING:
+    from cluster.client import SlurmClient
+
+ClientFactory = Callable[[], "SlurmClient"]
+CACHE = "slurm-states.json"
+TTL_S = 5.0
+# Final states cannot change once the controller has forgotten the job; keep this many.
+FINAL_KEEP = 20000
+_FIELDS = {f.name for f in fields(JobInfo)}
+
+
+def cache_path() -> Path:
+    return state_dir() / CACHE
+
+
+def _info(data: Any) -> JobInfo | None:
+    if not isinstance(data, dict) or not isinstance(data.get("job_id"), str):
+        return None
+    try:
+        info = JobInfo(**{k: v for k, v in data.items() if k in _FIELDS})
+    except TypeError:
+        return None
+    return info if isinstance(info.state, str) else None
+
+
+def _load() -> dict[str, Any]:
+    try:
+        data = json.loads(cache_path().read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _infos(data: Any) -> dict[str, JobInfo]:
+    if not isinstance(data, dict):
+        return {}
+    out = {}
+    for key, value in data.items():
+        info = _info(value)
+        if info is not None and info.job_id == key:
+            out[key] = info
+    return out
+
+
+def _covers(states: dict[str, Any], job_id: str) -> bool:
+    prefix = f"{job_id}_"
+    return any(k == job_id or k.startswith(prefix) for k in states)
+
+
+def _pick(states: dict[str, Any], job_id: str) -> dict[str, Any]:
+    prefix = f"{job_id}_"
+    return {k: v for k, v in states.items() if k == job_id or k.startswith(prefix)}
+
+
+def _save(data: dict[str, Any]) -> None:
+    path = cache_path()
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs queries
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{CACHE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def slurm_states(
+    job_ids: Iterable[str], client: ClientFactory, *, ttl_s: float = TTL_S, fresh: bool = False
+) -> dict[str, JobInfo]:
+    """States of ``job_ids`` (an array's base id returns all its tasks), at most one Slurm query.
+
+    ``fresh``: ask now even if the cache is younger than ``ttl_s`` (a follower that saw the
+    run's files change); the answer still refreshes the cache for everyone else.
+    """
+    ids = list(dict.fromkeys(str(j) for j in job_ids if j))
+    if not ids:
+        return {}
+    data = _load()
+    final = _infos(data.get("final"))
+    now = time.time()
+    recent = _recent(data.get("recent"), now, ttl_s)
+    out: dict[str, JobInfo] = {}
+    ask = []
+    for job_id in ids:
+        if _covers(final, job_id):
+            out.update(_pick(final, job_id))
+        elif not fresh and _covers(recent, job_id):
+            out.update({k: v for k, (_, v) in _pick(recent, job_id).items()})
+        else:
+            ask.append(job_id)
+    if not ask:
+        return out
+    found = client().poll_states(ask)
+    out.update(found)
+    asked = time.time()
+    for job_id in ask:  # what was asked again replaces what was known of it
+        for key in list(recent):
+            if key == job_id or key.startswith(f"{job_id}_"):
+                del recent[key]
+    recent.update({k: (asked, v) for k, v in found.items()})
+    for key, info in found.items():
+        if info.source == "sacct" and info.terminal and info.partition:
+            final[key] = info
+    if len(final) > FINAL_KEEP:
+        final = dict(list(final.items())[-FINAL_KEEP:])
+    _save(
+        {
+            "recent": {k: [t, asdict(v)] for k, (t, v) in recent.items()},
+            "final": {k: asdict(v) for k, v in final.items()},
+        }
+    )
+    return out
+
+
+def _recent(data: Any, now: float, ttl_s: float) -> dict[str, tuple[float, JobInfo]]:
+    """Entries asked about at most ``ttl_s`` ago (``[time, info]`` per id)."""
+    if not isinstance(data, dict):
+        return {}
+    out = {}
+    for key, value in data.items():
+        if not (isinstance(value, list) and len(value) == 2):
+            continue
+        stamp, info = value[0], _info(value[1])
+        fresh = isinstance(stamp, int | float) and 0 <= now - stamp <= ttl_s
+        if fresh and info is not None and info.job_id == key:
+            out[key] = (float(stamp), info)
+    return out

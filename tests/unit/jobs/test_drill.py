@@ -1,0 +1,195 @@
+"""jobs.drill without Slurm: what it refuses, what it does, what it reads from the run records.
+
+A small stand-in for the Slurm client plays the cluster and the run (it writes the events and
+metrics train would write); the real drills run in tests/integration/test_byo_drill.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.models import Partition
+from jobs.cli import main
+from jobs.drill import Drill, DrillReport, run_drill
+from jobs.errors import UsageError
+from jobs.records import RunRecord, TaskRecord
+
+
+def _record(run_dir: Path, **kw: Any) -> RunRecord:
+    fields: dict[str, Any] = {
+        "run_id": "r-1",
+        "name": "r",
+        "run_dir": str(run_dir),
+        "executor": "slurm",
+        "job_id": "42",
+        "tasks": [TaskRecord(0, str(run_dir))],
+    }
+    fields.update(kw)
+    return RunRecord(**fields)
+
+
+def _append(path: Path, **rec: Any) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps({"time": time.time(), **rec}) + "\n")
+
+
+class FakeCluster:
+    """A job that trains, gets interrupted by the drill's action, is requeued and resumes."""
+
+    def __init__(self, run_dir: Path, kind: str) -> None:
+        self.run_dir, self.kind = run_dir, kind
+        self.state, self.restarts = "RUNNING", 0
+        self.calls: list[tuple[Any, ...]] = []
+        self.events = run_dir / "events.jsonl"
+        self.metrics = run_dir / "metrics.jsonl"
+        _append(self.events, event="start", step=0, restart_count=0)
+        for step in (10, 20, 30):
+            _append(self.metrics, kind="train", step=step)
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        return {
+            "JobState": self.state,
+            "Restarts": str(self.restarts),
+            "NodeList": "n[1-2]",
+            "Partition": "debug",
+            "StartTime": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "TimeLimit": "00:20:00",
+        }
+
+    def partitions(self) -> list[Partition]:
+        nodes = ("n1", "n2")
+        return [
+            Partition("debug", True, None, nodes, "UP", "REQUEUE", 1, 4),
+            Partition("urgent", False, None, nodes, "UP", "OFF", 2, 4),
+        ]
+
+    def _stop(self, event: str, step: int = 34) -> None:
+        _append(self.metrics, kind="train", step=step)
+        _append(self.events, event="signal", step=step, restart_count=0, received_at=time.time())
+        _append(self.events, event=event, step=step, restart_count=0)
+        _append(self.events, event="checkpoint", step=step, restart_count=0)
+
+    def submit(self, script: Path, args: list[str]) -> str:
+        self.calls.append(("submit", tuple(args)))
+        self._stop("preempted")
+        self.state, self.restarts = "PENDING", 1
+        return "99"
+
+    def set_time_limit(self, job_id: str, limit: str) -> None:
+        self.calls.append(("time_limit", limit))
+        if limit != "00:20:00":
+            self._stop("timeout")
+            self.state, self.restarts = "PENDING", 1
+
+    def cancel(self, ids: list[str], signal: str | None = None, **kw: Any) -> None:
+        self.calls.append(("cancel", signal))
+        if signal == "ABRT":
+            _append(self.metrics, kind="train", step=37)
+            self.state = "FAILED"
+        else:
+            self._stop("cancelled")
+            self.state = "CANCELLED"
+
+    def requeue(self, job_id: str) -> None:
+        self.calls.append(("requeue",))
+        self.state, self.restarts = "PENDING", self.restarts + 1
+
+    def release(self, job_id: str) -> None:
+        self.calls.append(("release",))
+        self.state = "RUNNING"
+        step = 30 if self.kind == "fail" else 34  # a hard kill resumes from the last save
+        _append(self.events, event="resume", step=step, restart_count=self.restarts)
+        _append(self.metrics, kind="train", step=step + 1)
+
+
+@pytest.mark.parametrize("kind", ["preempt", "timeout", "fail"])
+def test_drill_comes_back_and_counts_what_was_lost(tmp_path: Path, kind: str) -> None:
+    fake = FakeCluster(tmp_path, kind)
+    report = Drill(_record(tmp_path), fake, kind, poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert report.outcome.startswith("back: resumed at step")
+    if kind == "fail":
+        assert (report.last_completed_step, report.resumed_from_step, report.steps_lost) == (
+            37,
+            30,
+            7,
+        )
+        assert report.stop_event is None and report.notes
+        assert ("cancel", "ABRT") in fake.calls and ("requeue",) in fake.calls
+    else:
+        assert (report.last_completed_step, report.resumed_from_step, report.steps_lost) == (
+            34,
+            34,
+            0,
+        )
+        assert report.stop_event == ("preempted" if kind == "preempt" else "timeout")
+        assert report.checkpoint_step == 34 and report.signal_to_checkpoint_s is not None
+    assert report.restart_to_first_step_s is not None
+    if kind == "preempt":
+        (submit,) = [c for c in fake.calls if c[0] == "submit"]
+        assert "--partition=urgent" in submit[1] and "--nodelist=n1" in submit[1]
+    if kind == "timeout":  # lowered, then put back before the restart
+        limits = [c[1] for c in fake.calls if c[0] == "time_limit"]
+        assert limits[-1] == "00:20:00" and len(limits) == 2
+
+
+def test_cancel_drill_stays_cancelled(tmp_path: Path) -> None:
+    fake = FakeCluster(tmp_path, "cancel")
+    report = Drill(_record(tmp_path), fake, "cancel", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert report.outcome == "cancelled, not requeued"
+    assert report.steps_lost == 0 and report.resumed_from_step is None
+    assert ("release",) not in fake.calls
+
+
+def test_drill_gives_up_with_one_line(tmp_path: Path) -> None:
+    fake = FakeCluster(tmp_path, "preempt")
+    fake.submit = lambda script, args: "99"  # type: ignore[method-assign]  # nothing happens
+    with pytest.raises(Exception, match="gave up after 0 s waiting for the job to be requeued"):
+        run_drill(_record(tmp_path), fake, "preempt", timeout_s=0.2)  # type: ignore[arg-type]
+
+
+def test_drill_refuses_what_it_cannot_drill(tmp_path: Path) -> None:
+    fake = FakeCluster(tmp_path, "preempt")
+    with pytest.raises(UsageError, match="local run"):
+        Drill(_record(tmp_path, executor="local"), fake, "preempt")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="job array"):
+        Drill(_record(tmp_path, array_size=4), fake, "preempt")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="choose one of"):
+        Drill(_record(tmp_path), fake, "explode")  # type: ignore[arg-type]
+    fake.state = "COMPLETED"
+    with pytest.raises(Exception, match="already ended"):
+        Drill(_record(tmp_path), fake, "preempt", poll_s=0.01).run()  # type: ignore[arg-type]
+
+
+def test_report_text_and_json() -> None:
+    r = DrillReport(
+        "r-1", "42", "preempt", outcome="back", steps_lost=0, signal_to_checkpoint_s=2.5
+    )
+    text = "\n".join(r.lines())
+    assert "steps lost              0" in text and "2.5 s" in text and "n/a" in text
+    assert json.loads(json.dumps(r.to_dict()))["steps_lost"] == 0
+
+
+def test_cli_drill_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["drill", "x", "--kind", "bogus"], io.StringIO()) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_dry_run_says_which_python_a_command_runs(tmp_path: Path) -> None:
+    import sys
+
+    spec = tmp_path / "byo.yaml"
+    spec.write_text(
+        "name: byo\nresources: {partition: debug, nodes: 1}\n"
+        "entrypoint: {command: [python, train.py, --lr, '0.1']}\n"
+    )
+    out = io.StringIO()
+    assert main(["submit", str(spec), "--dry-run", "--runs-dir", str(tmp_path / "runs")], out) == 0
+    text = out.getvalue()
+    assert f"# entrypoint.command runs as: {sys.executable} train.py --lr 0.1" in text
+    assert "interpreter of the environment jobs runs in" in text

@@ -1,0 +1,80 @@
+"""``python -m jobs plot``: a valid PNG for a run, a running job and a sweep (issue 16)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from jobs.cli import main
+from jobs.plot import read_series
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_run(run: Path, *, interrupted: bool = True, damaged: bool = False) -> None:
+    run.mkdir(parents=True)
+    t = 1_790_000_000.0
+    metrics, events = [], [{"time": t, "event": "start", "step": 0}]
+    steps = list(range(1, 14)) + (list(range(11, 31)) if interrupted else list(range(14, 31)))
+    for i, step in enumerate(steps):
+        metrics.append({"time": t + i, "kind": "train", "step": step, "loss": 2.0 / step})
+        if step % 5 == 0:
+            acc = step / 40
+            metrics.append({"time": t + i, "kind": "eval", "step": step, "test_accuracy": acc})
+    if interrupted:
+        events += [
+            {"time": t + 13, "event": "preempted", "step": 13},
+            {"time": t + 20, "event": "resume", "step": 10},
+        ]
+    lines = [json.dumps(m) for m in metrics]
+    if damaged:
+        lines.insert(3, '{"kind": "train", "step": \xff')
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="latin-1")
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def _check_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG and len(data) > 10_000
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size[0] >= 800 and img.size[1] >= 600
+
+
+def test_plot_of_an_interrupted_run(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "r1"
+    _write_run(run, damaged=True)
+    s = read_series(run, "r1")
+    assert s.stops == [("preempted", 13)] and s.resumes == [10] and s.redone == [(10, 13)]
+    out = io.StringIO()
+    assert main(["plot", str(run), "-o", str(tmp_path / "r1.png")], out=out) == 0
+    _check_png(tmp_path / "r1.png")
+    assert main(["plot", str(run)], out=io.StringIO()) == 0  # default: RUN_DIR/plot.png
+    _check_png(run / "plot.png")
+
+
+def test_plot_of_a_sweep_has_one_curve_per_task(tmp_path: Path) -> None:
+    run = tmp_path / "sweep"
+    for i in range(3):
+        _write_run(run / "tasks" / str(i), interrupted=i == 1)
+    assert main(["plot", str(run), "-o", str(tmp_path / "s.png")], out=io.StringIO()) == 0
+    _check_png(tmp_path / "s.png")
+
+
+def test_plot_of_a_run_without_metrics_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["plot", str(tmp_path / "empty")], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "no metrics yet" in err and len(err.strip().splitlines()) == 1
+
+
+def test_other_commands_do_not_import_matplotlib() -> None:
+    code = "import sys, jobs.cli; jobs.cli.build_parser(); sys.exit('matplotlib' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
