@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def _isolated_environ() -> Iterator[None]:
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+
+
+_STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_signals() -> Iterator[None]:
+    """Code run in-process (jobs.launch, train.cli, guards) installs stop-signal handlers or
+    ignores stop signals, as it must inside a job; no test may leak that into the next one."""
+    saved = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    yield
+    for s, handler in saved.items():
+        if signal.getsignal(s) is not handler and handler is not None:
+            signal.signal(s, handler)
 
 
 @pytest.fixture(scope="session")

@@ -35,13 +35,23 @@ TRAIN = {
 
 
 def _submit(
-    client: object, tmp_path: Path, sbatch_args: list[str], train: dict, extra: str = ""
+    client: object,
+    tmp_path: Path,
+    sbatch_args: list[str],
+    train: dict,
+    extra: str = "",
+    *,
+    real_gpu_site: bool = False,
 ) -> tuple[str, Path]:
+    """``real_gpu_site``: hide the dev cluster's SLURM_TRAIN_DUMMY_GPUS (set by its TaskProlog)
+    from the task, so its gres GPUs look like a real site's with a CPU-only torch."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "it", "resources": {"nodes": 1}, "train": train}))
     run_dir = tmp_path / "run"
     script = tmp_path / "job.sbatch"
     cmd = [sys.executable, "-m", "train", "--config", str(spec), "--run-dir", str(run_dir)]
+    if real_gpu_site:
+        cmd = ["env", "-u", "SLURM_TRAIN_DUMMY_GPUS", *cmd]
     script.write_text(
         "#!/bin/bash\nset -euo pipefail\n"
         f"cd {shlex.quote(str(REPO))}\n"
@@ -96,7 +106,7 @@ def test_two_nodes_one_task_each(slurm_client: object, tmp_path: Path) -> None:
 def test_one_node_two_tasks_with_dummy_gpus(slurm_client: object, tmp_path: Path) -> None:
     train = {**TRAIN, "allow_cpu_fallback": True}
     args = ["--nodes=1", "--ntasks-per-node=2", "--gres=gpu:2"]
-    job_id, run_dir = _submit(slurm_client, tmp_path, args, train)
+    job_id, run_dir = _submit(slurm_client, tmp_path, args, train, real_gpu_site=True)
     info = _wait(slurm_client, job_id)
     out = _log(tmp_path, job_id)
     assert info.state == "COMPLETED", out  # type: ignore[attr-defined]
@@ -108,7 +118,7 @@ def test_dummy_gpus_without_fallback_is_one_error_line(
     slurm_client: object, tmp_path: Path
 ) -> None:
     args = ["--nodes=1", "--ntasks-per-node=1", "--gres=gpu:1"]
-    job_id, _ = _submit(slurm_client, tmp_path, args, TRAIN)
+    job_id, _ = _submit(slurm_client, tmp_path, args, TRAIN, real_gpu_site=True)
     info = _wait(slurm_client, job_id)
     out = _log(tmp_path, job_id)
     assert info.state == "FAILED" and info.exit_code == 2, out  # type: ignore[attr-defined]

@@ -1,0 +1,150 @@
+"""Helpers for the bring-your-own-code integration tests (tests/integration/test_byo_*.py).
+
+Everything goes through the real clients: ``python -m jobs`` as a subprocess, the local Slurm
+cluster through :class:`cluster.client.SlurmClient`. Every job a test submits is cancelled at the
+end (made non-requeueable first, so no supervisor brings it back).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster.hostlist import expand_hostlist
+from train.history import RunHistory, read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ByoRun:
+    """One submitted spec: its job id, run directory and what it wrote."""
+
+    def __init__(self, env: dict[str, str], client: Any, tmp: Path) -> None:
+        self.env = env
+        self.client = client
+        self.tmp = tmp
+        self.job_id = ""
+        self.run_dir = Path()
+        self.others: list[str] = []
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def jobs(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jobs", *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def submit(self, spec: dict[str, Any], *extra: str) -> None:
+        path = self.tmp / "spec.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        proc = self.jobs("submit", str(path), "--json", *extra)
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        self.job_id, self.run_dir = str(data["job_id"]), Path(data["run_dir"])
+
+    def status(self) -> dict[str, Any]:
+        proc = self.jobs("status", self.job_id, "--json")
+        assert proc.returncode == 0, proc.stderr
+        task: dict[str, Any] = json.loads(proc.stdout)["tasks"][0]
+        return task
+
+    # -- what the run wrote ----------------------------------------------------------------------
+    def progress(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.run_dir / "progress.jsonl")
+
+    def events(self) -> list[dict[str, Any]]:
+        return RunHistory(self.run_dir).events()
+
+    def steps_done(self) -> int:
+        return max((int(p["step"]) for p in self.progress() if "step" in p), default=0)
+
+    def log(self, tail: int = 4000) -> str:
+        """The per-rank logs (the last ``tail`` characters of each; 0: all of them)."""
+        out = []
+        for path in sorted((self.run_dir / "slurm").glob("*_log.out")):
+            text = path.read_text(errors="replace")
+            out.append(f"== {path.name}\n{text[-tail:] if tail else text}")
+        return "\n".join(out)
+
+    def wait(self, what: str, predicate: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}; events {self.events()}\n{self.log()}"
+                )
+            time.sleep(1.0)
+
+    def state(self) -> str:
+        info = self.client.job_states([self.job_id]).get(self.job_id)
+        return info.state if info is not None else "UNKNOWN"
+
+    # -- interruptions ---------------------------------------------------------------------------
+    def preempt(self) -> str:
+        """A real preemption: a job in partition `urgent` that needs all of one of our nodes."""
+        info = self.client.show_job(self.job_id)
+        node = expand_hostlist(info["NodeList"])[0]
+        script = self.tmp / "urgent.sbatch"
+        script.write_text("#!/bin/bash\nsleep 1\n")
+        urgent = str(
+            self.client.submit(
+                script,
+                [
+                    "--partition=urgent",
+                    f"--nodelist={node}",
+                    "--exclusive",
+                    "--time=1",
+                    "--job-name=byo-urgent",
+                    "--output=/dev/null",
+                ],
+            )
+        )
+        self.others.append(urgent)
+        return urgent
+
+    def release_when_requeued(self, timeout: float = 180) -> None:
+        """A requeued job waits ~2 minutes (BeginTime): let it start now."""
+
+        def pending() -> bool:
+            info = self.client.show_job(self.job_id)
+            return info.get("JobState") == "PENDING" and int(info.get("Restarts", "0")) > 0
+
+        self.wait("the job to be requeued", pending, timeout)
+        self.client.release(self.job_id)
+
+    def wait_final(self, timeout: float = 400) -> str:
+        final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+        self.wait("a final state", lambda: self.state() in final, timeout)
+        time.sleep(2)  # sacct may lag a requeue for a moment: confirm
+        self.wait("a final state", lambda: self.state() in final, 30)
+        return self.state()
+
+    def cleanup(self) -> None:
+        ids = [j for j in (self.job_id, *self.others) if j]
+        if ids:
+            self.client.cancel(ids, no_requeue=True)
+
+
+def open_run(slurm_env: dict[str, str], slurm_client: Any, tmp: Path) -> Iterator[ByoRun]:
+    """The body of each byo test module's ``run`` fixture: a private state and runs folder, and
+    every job the test submitted cancelled at the end."""
+    env = dict(slurm_env)
+    env["SLURM_TRAIN_STATE_DIR"] = str(tmp / "state")
+    env["SLURM_TRAIN_RUNS_DIR"] = str(tmp / "runs")
+    r = ByoRun(env, slurm_client, tmp)
+    try:
+        yield r
+    finally:
+        r.cleanup()

@@ -1,0 +1,170 @@
+"""Hang watchdog and node quarantine on the real local cluster (issue 15).
+
+A 2-node DDP job (the CIFAR example, 1 task per node) trains; once both ranks have made steps,
+rank 1 is frozen from outside with ``kill -STOP`` (nothing in the trainer knows). The watchdog
+must notice within its timeout, dump the live rank's stacks, record a ``hang`` event naming rank
+1 and its node, requeue the job, keep it off that node (the spare n3 stands in) and the resumed
+run must end COMPLETED. With ``requeue.max_hangs=0`` the same hang stops the job for good with a
+reason that names the budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.client import SlurmClient
+from train.history import RunHistory
+from train.watchdog import read_beats
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 10
+
+
+def _submit(env: dict[str, str], *sets: str, name: str = "hang-it") -> tuple[str, Path]:
+    cmd = [sys.executable, "-m", "jobs", "submit", "examples/cifar.yaml", "--set", f"name={name}",
+           "--set", "train.epochs=6", "--set", "train.checkpoint.interval_steps=10",
+           "--set", "train.deterministic=true",
+           "--set", f"requeue.hang_timeout_s={TIMEOUT_S}"]  # fmt: skip
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = re.search(r"run dir (\S+)", proc.stderr)
+    assert run_dir is not None, proc.stderr
+    return proc.stdout.strip().splitlines()[-1], Path(run_dir.group(1))
+
+
+def _wait(pred: Any, timeout: float, what: str, context: Any = lambda: "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{context()}")
+
+
+def _attempt(run_dir: Path, job: str) -> Path | None:
+    """The newest attempt's progress directory (another test's urgent job may have preempted
+    ours: then it is JOB-1, JOB-2, ...)."""
+    attempts = sorted(
+        (run_dir / ".progress").glob(f"{job}-*"), key=lambda p: int(p.name.rsplit("-", 1)[1])
+    )
+    return attempts[-1] if attempts else None
+
+
+def _stepping(run_dir: Path, job: str) -> Path | None:
+    progress = _attempt(run_dir, job)
+    if progress is None:
+        return None
+    beats = read_beats(progress, 2)
+    ok = len(beats) == 2 and min(b.step for b in beats.values()) >= 12
+    return progress if ok else None
+
+
+def _freeze_rank_1(run_dir: Path, job: str) -> tuple[int, str, float, int]:
+    """SIGSTOP rank 1 once both ranks made a few steps; returns (pid, node, when, restart)."""
+    progress = _wait(lambda: _stepping(run_dir, job), 240, "both ranks to make steps")
+    meta = json.loads((progress / "rank-1.json").read_text())
+    os.kill(meta["pid"], signal.SIGSTOP)
+    return meta["pid"], meta["node"], time.time(), int(progress.name.rsplit("-", 1)[1])
+
+
+def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    return [e for e in RunHistory(run_dir).events() if e["event"] == name]
+
+
+@pytest.fixture
+def env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {
+        **slurm_env,
+        "SLURM_TRAIN_RUNS_DIR": str(tmp_path / "runs"),
+        "SLURM_TRAIN_STATE_DIR": str(tmp_path / "state"),
+    }
+
+
+def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
+    env: dict[str, str], slurm_client: SlurmClient
+) -> None:
+    job, run_dir = _submit(env)
+    # the same run, uninterrupted, beside it: the resumed run must end with its parameters
+    ref_job, ref_dir = _submit(env, name="hang-ref")
+    pid = 0
+    try:
+        pid, node, frozen_at, restart = _freeze_rank_1(run_dir, job)
+        hang = _wait(lambda: _events(run_dir, "hang"), 120, "the hang event")[0]
+        assert hang["ranks"] == [1] and hang["nodes"] == [node]
+        assert hang["no_stacks"] == [1] and hang["timeout_s"] == TIMEOUT_S
+        latency = hang["time"] - frozen_at
+        assert TIMEOUT_S <= latency < TIMEOUT_S + 15, latency
+        stacks = (Path(hang["stacks_dir"]) / "rank-0.stacks").read_text()
+        assert "train/" in stacks and "File" in stacks, stacks  # rank 0's frames, blocked
+        quarantine = _wait(
+            lambda: _events(run_dir, "quarantine"),
+            60,
+            "the quarantine event",
+            lambda: f"; events: {RunHistory(run_dir).events()}",
+        )[0]
+        assert quarantine["nodes"] == [node] and node in quarantine["excluded"], quarantine
+        assert slurm_client.show_job(job)["ExcNodeList"] == node
+        _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
+        slurm_client.release(job)
+        info = slurm_client.wait_for(job, timeout=300)
+        ref = slurm_client.wait_for(ref_job, timeout=300)
+    finally:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # never leave a stopped process behind
+        for j in (job, ref_job):
+            if slurm_client.show_job(j).get("JobState") not in {"COMPLETED", "FAILED"}:
+                slurm_client.cancel([j], no_requeue=True)
+    assert info.state == "COMPLETED", (info, RunHistory(run_dir).events())
+    assert ref.state == "COMPLETED", ref
+    second = run_dir / ".progress" / f"{job}-{restart + 1}"
+    nodes = {json.loads((second / f"rank-{r}.json").read_text())["node"] for r in (0, 1)}
+    assert node not in nodes and len(nodes) == 2, nodes
+    # (other tests' urgent jobs may add preemptions before the hang; none after it on the
+    # excluded node's partition is needed for this order)
+    names = [e["event"] for e in RunHistory(run_dir).events()]
+    at = names.index("hang")
+    assert names[at : at + 4] == ["hang", "requeue", "quarantine", "resume"], names
+    assert names[-1] == "complete" and names.count("hang") == 1, names
+    assert "failure" not in names, names
+    # exact resume: bitwise the parameters of the uninterrupted run (manifest digest)
+    digests = [
+        json.loads((d / "checkpoints" / "step-192" / "manifest.json").read_text())["digest"]
+        for d in (run_dir, ref_dir)
+    ]
+    assert digests[0] == digests[1]
+
+
+def test_hang_over_budget_stops_with_the_reason(
+    env: dict[str, str], slurm_client: SlurmClient
+) -> None:
+    job, run_dir = _submit(env, "requeue.max_hangs=0")
+    try:
+        _freeze_rank_1(run_dir, job)
+        info = slurm_client.wait_for(job, timeout=180)
+    finally:
+        if slurm_client.show_job(job).get("JobState") not in {"COMPLETED", "FAILED"}:
+            slurm_client.cancel([job], no_requeue=True)
+    assert info.state != "COMPLETED"
+    exhausted = _events(run_dir, "budget_exhausted")
+    assert len(exhausted) == 1, RunHistory(run_dir).events()
+    assert "hang 1x, over the budget requeue.max_hangs=0" in exhausted[0]["reason"]
+    assert not _events(run_dir, "requeue") and not _events(run_dir, "failure")
