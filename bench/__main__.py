@@ -28,7 +28,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "train": ("bench.bench_train", "Training throughput (CPU)"),
     "ckpt": ("bench.bench_ckpt", "Checkpoints"),
     "preempt": ("bench.bench_preempt", "Preemption (local Slurm cluster)"),
+    "follow": ("bench.bench_follow", "Polling (local Slurm cluster)"),
     "gpu": ("bench.bench_gpu", "GPU path (CIFAR-10)"),
+    "refuse": ("bench.bench_refuse", "Bad input (issue 12)"),
+    "watchdog": ("bench.bench_watchdog", "Hang watchdog (issue 15)"),
 }
 DEFAULT_CONF = "/var/tmp/slurm-train-cluster/etc/slurm.conf"
 
