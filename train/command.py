@@ -57,15 +57,22 @@ from train.procs import (
     stop_group,
     wait_exit,
 )
+from train.quarantine import exclude
 from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
 from train.signals import pop_early_signals
-from train.stops import classify_stop, preemption_grace_s
+from train.stops import classify_stop, node_failure, preemption_grace_s
+from train.watchdog import Watchdog, start_watchdog
 
 __all__ = ["StopPlan", "child_environ", "plan_stop", "resolve_argv", "run_command"]
 
 log = logging.getLogger(__name__)
 
-_EVENT_OF_KIND = {"preemption": "preempted", "timeout": "timeout", "cancel": "cancelled"}
+_EVENT_OF_KIND = {
+    "preemption": "preempted",
+    "timeout": "timeout",
+    "cancel": "cancelled",
+    "node_fail": "node_fail",
+}
 # How soon a stop is acted on: every rank forwards the command's signal within this of Slurm's,
 # so a handler that runs collectives (Lightning's) meets the other ranks' handlers, not their
 # all-reduce. A sleep between two waitpid(WNOHANG) calls: 50 cheap calls a second.
@@ -103,6 +110,8 @@ class CommandRun:
         self.history = RunHistory(run_dir) if env.is_main else None
         self.stops: list[tuple[int, float]] = []
         self._previous: dict[int, Any] = {}
+        self._lost: dict[str, str] = {}  # nodes Slurm failed under the job (NODE_FAIL)
+        self.watchdog: Watchdog | None = None
         # a train.signals.PreemptionGuard that held the stop signals while the run was set up
         self.early = early
 
@@ -164,9 +173,15 @@ class CommandRun:
                 ) from exc
             assert proc.stderr is not None
             tail = StderrTail(proc.stderr)
+            self.watchdog = start_watchdog(
+                self.config.requeue, self.env, self.run_dir, command_pid=proc.pid
+            )
             try:
                 return self._supervise(proc, tail)
             finally:
+                if self.watchdog is not None:
+                    self.watchdog.close()
+                    self.watchdog = None
                 if proc.poll() is None:
                     signal_group(proc.pid, signal.SIGKILL)
                     wait_exit(proc, 10)
@@ -175,11 +190,19 @@ class CommandRun:
             self._uninstall()
 
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
+        written, beats, next_look = tail.bytes + _stdout_size(), 0, 0.0
         while True:
             code = proc.poll()
             if self.stops:
                 return self._after_stop(proc, tail)
             if code is None:
+                now = time.monotonic()
+                if self.watchdog is not None and now >= next_look:
+                    # progress of a command: it wrote to its stdout or stderr
+                    next_look, now_written = now + 0.5, tail.bytes + _stdout_size()
+                    if now_written != written:
+                        written, beats = now_written, beats + 1
+                        self.watchdog.beat(beats)
                 time.sleep(_POLL_S)
                 continue
             if code != 0:
@@ -224,6 +247,10 @@ class CommandRun:
     def _classify(self, trigger: int) -> str:
         if not self.env.job_id:
             return "preemption" if trigger != signal.SIGTERM else "cancel"
+        lost = node_failure(self.env.job_id, self.env.restart_count, self.env.hosts, self._client())
+        if lost is not None:  # Slurm failed a node under the job and requeued it itself
+            self._lost = lost
+            return "node_fail"
         kind = classify_stop(
             self.env.job_id,
             self.config.requeue.signal_delay_s,
@@ -246,8 +273,11 @@ class CommandRun:
         if self.history is not None:
             kind = self._classify(trigger)
             event = _EVENT_OF_KIND.get(kind, "preempted")
-            self._append(event, kind=kind, signal=signal_name(trigger))
-            if event != "cancelled":
+            if event == "node_fail":
+                self._append(event, nodes=sorted(self._lost), states=self._lost)
+            else:
+                self._append(event, kind=kind, signal=signal_name(trigger))
+            if event not in ("cancelled", "node_fail"):
                 over_budget = self.history.check_budget(self.config.requeue)
                 if over_budget is not None:
                     self._append("budget_exhausted", reason=over_budget)
@@ -255,8 +285,8 @@ class CommandRun:
             if kind == "preemption" and self.env.job_id:
                 self._fit_grace(preemption_grace_s(str(self.env.job_id), self._client()))
         if not at_once and proc is not None and proc.poll() is None:
-            if event == "cancelled" or over_budget is not None:
-                plan = StopPlan(None, (), False, True, "no requeue: stopping the command")
+            if event in ("cancelled", "node_fail") or over_budget is not None:
+                plan = StopPlan(None, (), False, True, "no requeue by us: stopping the command")
                 log.warning("stop (%s): %s", signal_name(trigger), plan.note)
                 forwarded = self._act(plan, proc)
             else:
@@ -264,6 +294,10 @@ class CommandRun:
         requeued_by = self._wait_child(proc, at + self.grace_s, watch=forwarded)
         self._mark_stopped()
         if self.history is None or event == "cancelled":
+            return 0
+        if event == "node_fail":
+            exclude(self.run_dir, str(self.env.job_id), self._lost, "node failure",
+                    restart_count=self.env.restart_count, client=self._client())  # fmt: skip
             return 0
         if over_budget is not None:
             return BUDGET_EXHAUSTED_EXIT_CODE
@@ -411,6 +445,14 @@ class CommandRun:
             return REQUEUE_EXIT_CODE
         self._append("requeue", via="scontrol")
         log.warning("job %s requeued", self.env.job_id)
+        return 0
+
+
+def _stdout_size() -> int:
+    """Bytes in our stdout (the command's too) when it is a file, as Slurm's task logs are."""
+    try:
+        return os.fstat(1).st_size
+    except OSError:
         return 0
 
 

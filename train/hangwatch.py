@@ -21,8 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.history import RunHistory
-from train.watchdog import DUMP_SIGNAL, Beat, auto_timeout, proc_state, read_beats, stuck_ranks
+from train.watchdog import (
+    COMMAND_FLOOR_S,
+    DUMP_SIGNAL,
+    Beat,
+    auto_timeout,
+    proc_state,
+    read_beats,
+    stuck_ranks,
+)
 
 __all__ = ["main"]
 
@@ -41,6 +48,7 @@ class _Args:
     budgets: dict[str, int]
     job_id: str | None
     restart_count: int
+    command_pid: int | None = None  # the rank supervises this entrypoint.command
 
 
 def _watch(a: _Args) -> int:
@@ -65,7 +73,15 @@ def _watch(a: _Args) -> int:
                 # nodes' clocks cannot fake or hide a hang
                 last_change[r] = now
             last_seen[r] = b
-        if len(beats) == a.world_size:  # armed once every rank made a first step
+        if a.command_pid is not None and beats:
+            # a command: armed once any rank's command wrote something; a hang is NO rank's
+            # command writing anything for the timeout (often only rank 0 prints)
+            timeout = a.timeout or auto_timeout(None, longest_gap, COMMAND_FLOOR_S)
+            if now - max(last_change.values()) > timeout:
+                _handle_hang(a, beats, timeout, now)
+                return 1
+            poll = a.poll or min(5.0, max(0.2, timeout / 10))
+        elif len(beats) == a.world_size:  # armed once every rank made a first step
             steps = sum(b.step - first[r].step for r, b in beats.items())
             span = sum(b.time - first[r].time for r, b in beats.items())
             mean = span / steps if steps > 0 else None
@@ -88,11 +104,17 @@ def _handle_hang(a: _Args, beats: dict[int, Beat], timeout: float, now: float) -
     hangs = a.run_dir / "hangs" / a.attempt
     hangs.mkdir(parents=True, exist_ok=True)
     meta = _read_json(a.run_dir / ".progress" / a.attempt / f"rank-{a.rank}.json")
-    state = proc_state(a.pid)
+    command = a.command_pid if a.command_pid is not None and _ours(a.command_pid, a.pid) else None
+    state = proc_state(command if command is not None else a.pid)
     written = a.run_dir / ".progress" / a.attempt / f"rank-{a.rank}.stacks"
     stacks = hangs / f"rank-{a.rank}.stacks"
     dumped = False
-    if state != "T":
+    if command is not None:
+        # not our Python: what the kernel says of each of the command's processes
+        dumped = _describe_processes(command, stacks)
+        with contextlib.suppress(OSError):
+            os.killpg(command, signal.SIGSTOP)  # its own session: pgid == its pid
+    elif state != "T":
         with contextlib.suppress(OSError):
             os.kill(a.pid, DUMP_SIGNAL)
         deadline = time.monotonic() + 3
@@ -138,9 +160,51 @@ def _handle_hang(a: _Args, beats: dict[int, Beat], timeout: float, now: float) -
         while time.monotonic() < deadline and not (hangs / "decided").exists():
             time.sleep(0.2)
     # End the step: the job is requeued (or its budget is spent); nothing of this attempt may
-    # go on. A stopped rank dies of SIGKILL too.
+    # go on. A stopped rank dies of SIGKILL too; so does the command it supervises.
+    if command is not None and _ours(command, a.pid):
+        with contextlib.suppress(OSError):
+            os.killpg(command, signal.SIGKILL)
     with contextlib.suppress(OSError):
         os.kill(a.pid, signal.SIGKILL)
+
+
+def _ours(pid: int, parent: int) -> bool:
+    """Whether ``pid`` is (still) a child of ``parent``: proof before a signal to its group."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[-1].split()
+    return len(fields) > 1 and fields[1] == str(parent)
+
+
+def _describe_processes(root: int, out: Path) -> bool:
+    """Write state, wait channel, command line and (root only) kernel stack of ``root`` and its
+    descendants to ``out``; True when something was written."""
+    from train.procs import process_tree  # torch-free
+
+    lines: list[str] = []
+    for pid in sorted(process_tree(root)):
+        proc = Path(f"/proc/{pid}")
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        wchan = _read(proc / "wchan") or "-"
+        lines.append(f"pid {pid} state {proc_state(pid)} wchan {wchan}: {cmdline.strip()}")
+        stack = _read(proc / "stack")
+        lines.extend(f"    {frame}" for frame in stack.splitlines() if frame.strip())
+    if not lines:
+        return False
+    out.write_text("\n".join(lines) + "\n")
+    return True
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
@@ -152,12 +216,16 @@ def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
     seen = [_read_json(hangs / f"rank-{r}.json") for r in range(a.world_size)]
     known = [s for s in seen if isinstance(s.get("rank"), int)]
     stopped = [s for s in known if s.get("stopped")]
-    if not stopped and known:
+    if a.command_pid is not None and not stopped:
+        pass  # a command's output says nothing of which rank stopped first: no node named
+    elif not stopped and known:
         low = min(s["step"] for s in known if isinstance(s.get("step"), int))
         stopped = [s for s in known if s.get("step") == low]
     ranks = sorted(s["rank"] for s in stopped)
     nodes = sorted({str(s.get("node")) for s in stopped})
     step = min((s["step"] for s in known if isinstance(s.get("step"), int)), default=None)
+    if a.command_pid is not None:
+        step = None  # a command's beats count its writes, not training steps
     details = {
         "ranks": ranks,
         "nodes": nodes,
@@ -181,46 +249,13 @@ def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
         details=details,
     )
     if code == 0 and a.job_id and nodes:
-        _quarantine(a, nodes, step)
+        from train.quarantine import exclude
+
+        exclude(
+            a.run_dir, a.job_id, nodes, f"hang at step {step}",
+            step=step, restart_count=a.restart_count,
+        )  # fmt: skip
     (hangs / "decided").write_text(json.dumps({"exit_code": code, **details}))
-
-
-def _quarantine(a: _Args, nodes: list[str], step: int | None) -> None:
-    """Keep the requeued job off the nodes of the stuck ranks while the partition still has
-    enough other usable nodes for it; record a ``quarantine`` event either way."""
-    from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
-
-    history = RunHistory(a.run_dir)
-    base = {"step": step, "restart_count": a.restart_count, "job_id": a.job_id}
-    reason = f"hang at step {step}"
-    try:
-        client = SlurmClient(timeout=30)
-        job = client.show_job(str(a.job_id))
-        need = int((job.get("NumNodes") or "1").split("-")[0])
-        partition = client.partition(job.get("Partition", ""))
-        members = set(partition.nodes) if partition is not None else set()
-        excluded = set(nodes)
-        have = job.get("ExcNodeList", "")
-        if have and have != "(null)":
-            from cluster.hostlist import expand_hostlist
-
-            excluded |= set(expand_hostlist(have))
-        others = [n.name for n in client.nodes() if n.usable and n.name in members - excluded]
-        if len(others) < need:
-            why = (
-                f"not excluding {','.join(nodes)}: the job needs {need} node(s) and partition "
-                f"{job.get('Partition')} would have {len(others)} usable one(s) left"
-            )
-            log.warning("%s", why)
-            history.append("quarantine", **base, nodes=[], reason=reason, skipped=why)
-            return
-        merged = client.exclude_nodes(str(a.job_id), nodes)
-    except Exception as exc:  # quarantine is best effort: the requeue already happened
-        log.warning("could not exclude %s: %s", nodes, exc)
-        history.append("quarantine", **base, nodes=[], reason=reason, skipped=str(exc)[:200])
-        return
-    log.warning("%s excluded after %s", ",".join(nodes), reason)
-    history.append("quarantine", **base, nodes=nodes, excluded=merged, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -271,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", type=json.loads, default={})
     p.add_argument("--job-id", default="")
     p.add_argument("--restart-count", type=int, default=0)
+    p.add_argument("--command-pid", type=int)
     ns = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s [watchdog {ns.rank}] %(message)s", datefmt="%X"
@@ -278,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     args = _Args(
         ns.run_dir, ns.attempt, ns.rank, ns.world_size, ns.pid, ns.timeout, ns.poll,
-        ns.budgets, ns.job_id or None, ns.restart_count,
+        ns.budgets, ns.job_id or None, ns.restart_count, ns.command_pid,
     )  # fmt: skip
     return _watch(args)
 

@@ -38,6 +38,7 @@ EVENTS = (
     "cancelled",
     "hang",
     "quarantine",
+    "node_fail",
 )
 
 
@@ -165,6 +166,7 @@ class RunHistory:
             "timeouts": counts["timeout"],
             "failures": counts["failure"],
             "hangs": counts["hang"],
+            "node_failures": counts["node_fail"],
             "requeues": counts["requeue"],
             "resumes": len(resumes),
             "resumed_at_step": resumes[-1].get("step") if resumes else None,
@@ -198,6 +200,7 @@ class RunHistory:
             ("timeouts", "timeout"),
             ("failures", "failed"),
             ("hangs", "hung"),
+            ("node_failures", "node failure"),
         ):
             if d[key]:
                 parts.append(f"{label} {d[key]}x")

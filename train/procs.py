@@ -278,6 +278,7 @@ class StderrTail:
         self._sink = sink if sink is not None else sys.stderr.buffer
         self._lines: collections.deque[str] = collections.deque(maxlen=keep)
         self._partial = b""
+        self.bytes = 0  # read so far: the command's progress (train.command watches it)
         self._thread = threading.Thread(target=self._pump, name="command-stderr", daemon=True)
         self._thread.start()
 
@@ -290,6 +291,7 @@ class StderrTail:
                 break
             if not chunk:
                 break
+            self.bytes += len(chunk)
             try:
                 self._sink.write(chunk)
                 self._sink.flush()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from cluster.errors import BadInputError
 from train import stops
 from train.history import BudgetConfig, RunHistory
+from train.quarantine import device_fault, exclude
 from train.watchdog import hang_claimed
 
 __all__ = [
@@ -113,6 +114,29 @@ def _local_stop(run_dir: Any) -> str:
         return ""
 
 
+def _node_failed(
+    history: RunHistory,
+    env: _Env,
+    run_dir: Any,
+    lost: dict[str, str],
+    step: int | None,
+    client: Any,
+    error: str | None,
+) -> int:
+    """Slurm failed nodes under the job and requeued it itself (NODE_FAIL): record that, not a
+    preemption or a failure of the training code (no budget spent), and keep the job off them."""
+    nodes = sorted(lost)
+    base = {"step": step, "restart_count": env.restart_count, "job_id": env.job_id}
+    extra = {"error": error[:300]} if error else {}
+    history.append("node_fail", **base, nodes=nodes, states=lost, **extra)
+    log.error(
+        "node failure: Slurm failed %s under job %s and requeued it", ",".join(nodes), env.job_id
+    )
+    exclude(run_dir, str(env.job_id), nodes, f"node failure at step {step}", step=step,
+            restart_count=env.restart_count, client=client)  # fmt: skip
+    return 0
+
+
 def request_requeue(
     env: _Env,
     run_dir: Any,
@@ -154,6 +178,15 @@ def request_requeue(
     history = RunHistory(run_dir)
     job_id = env.job_id
     k = kind or "signal"
+    if job_id and k in ("signal", "cancel", "failure"):
+        if client is None:
+            from cluster.client import SlurmClient  # lazy import, see module docstring
+
+            client = SlurmClient(timeout=30)
+        hosts = tuple(getattr(env, "hosts", ()) or ())
+        lost = stops.node_failure(job_id, env.restart_count, hosts, client)
+        if lost is not None:
+            return _node_failed(history, env, run_dir, lost, step, client, error)
     if k in ("signal", "cancel") and job_id:
         # the guard does not know this run's restart count: ask again with it (a SIGTERM after
         # the grace time of a preemption Slurm already requeued is not a cancel)
@@ -192,6 +225,10 @@ def request_requeue(
             return REQUEUE_EXIT_CODE
         history.append("requeue", **base, via="scontrol")
         log.warning("job %s requeued after %s at step %s", job_id, event, step)
+        node = getattr(env, "node_name", None)
+        if failed and node and device_fault(error, (details or {}).get("stderr_tail")):
+            exclude(run_dir, job_id, [node], f"device fault at step {step}", step=step,
+                    restart_count=env.restart_count, client=client)  # fmt: skip
         return 1 if failed else 0
     if failed:
         return 1

@@ -39,7 +39,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure"]
+StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure", "node_fail"]
 
 # Stop signals that arrived before a PreemptionGuard was installed: (signal, time).
 _EARLY: list[tuple[signal.Signals, float]] = []

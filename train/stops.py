@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from train.signals import StopKind
 
-__all__ = ["StopKind", "classify_from_job_info", "classify_stop"]
+__all__ = [
+    "StopKind",
+    "classify_from_job_info",
+    "classify_stop",
+    "node_failure",
+    "preemption_grace_s",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +122,20 @@ def preemption_grace_s(job_id: str, client: Any) -> int | None:
         log.debug("cannot read the partition's GraceTime (%s)", exc)
         return None
     return part.grace_time_s if part is not None else None
+
+
+def node_failure(
+    job_id: str, restart_count: int, hosts: Sequence[str], client: Any
+) -> dict[str, str] | None:
+    """The nodes of this attempt that Slurm failed under job ``job_id`` (node -> state), when
+    this stop is a NODE_FAIL (see :func:`train.quarantine.failed_nodes`); None otherwise."""
+    if not hosts:
+        return None
+    try:
+        info = client.show_job(job_id)
+    except Exception as exc:
+        log.debug("cannot ask Slurm about job %s (%s)", job_id, exc)
+        return None
+    from train.quarantine import failed_nodes
+
+    return failed_nodes(info, restart_count, hosts, client)

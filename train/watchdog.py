@@ -3,8 +3,9 @@
 Progress (torch-free, one ``os.pwrite`` of 16 bytes per optimizer step): every rank writes its
 step and wall time into ``RUN_DIR/.progress/ATTEMPT/rank-R`` (:class:`Heartbeat`), ATTEMPT being
 ``JOB-RESTART``. What counts as progress is a completed optimizer step (``RunSession.progress``:
-the built-in trainer and ``entrypoint.function`` code calling ``ctx.progress(step)``); an
-``entrypoint.command`` child is not watched.
+the built-in trainer and ``entrypoint.function`` code calling ``ctx.progress(step)``). An
+``entrypoint.command``'s supervisor beats when the command writes to its stdout or stderr, and
+its watcher works per job instead of per rank (see :func:`start_watchdog`).
 
 Watcher: each rank starts one small process (``python -m train.hangwatch``, no torch) in its own
 session, so a ``kill -STOP`` of the rank (or of its process group) does not freeze it. Once every
@@ -30,7 +31,7 @@ has advanced for the hang timeout (``requeue.hang_timeout_s``, or by default
    other usable nodes for it, and records a ``quarantine`` event (the nodes, or why not).
 
 Not covered: a rank stuck before its first step (the watcher arms once every rank has made
-one; torch's own rendezvous and collective time-outs apply there), and ``entrypoint.command``.
+one; torch's own rendezvous and collective time-outs apply there).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from typing import IO, Any
 
 __all__ = [
     "BUDGET_FIELDS",
+    "COMMAND_FLOOR_S",
     "DUMP_SIGNAL",
     "HANG_FLOOR_S",
     "Beat",
@@ -72,6 +74,8 @@ log = logging.getLogger(__name__)
 DUMP_SIGNAL = signal.SIGRTMIN + 3
 #: The default timeout never goes below this (evaluations and checkpoints pause the steps).
 HANG_FLOOR_S = 60.0
+#: The same for an ``entrypoint.command``, whose progress is its output (sparser than steps).
+COMMAND_FLOOR_S = 1800.0
 _BEAT = struct.Struct("<qd")  # step, wall time
 #: The fields of ``requeue:`` the watcher needs (passed to it as JSON).
 BUDGET_FIELDS = ("max_preemptions", "max_timeouts", "max_failures", "max_hangs", "signal_delay_s")
@@ -131,9 +135,11 @@ def read_beats(directory: Path, world_size: int) -> dict[int, Beat]:
     return beats
 
 
-def auto_timeout(mean_step_s: float | None, longest_gap_s: float) -> float:
-    """The default hang timeout from the measured step time, never below :data:`HANG_FLOOR_S`."""
-    return max(HANG_FLOOR_S, 20.0 * (mean_step_s or 0.0), 3.0 * longest_gap_s)
+def auto_timeout(
+    mean_step_s: float | None, longest_gap_s: float, floor: float = HANG_FLOOR_S
+) -> float:
+    """The default hang timeout from the measured step time, never below ``floor``."""
+    return max(floor, 20.0 * (mean_step_s or 0.0), 3.0 * longest_gap_s)
 
 
 def stuck_ranks(beats: dict[int, Beat], now: float, timeout: float) -> list[int]:
@@ -172,6 +178,7 @@ class Watchdog:
         budgets: dict[str, int],
         poll_s: float | None = None,
         node: str | None = None,
+        command_pid: int | None = None,
     ) -> None:
         attempt = attempt_name(job_id, restart_count)
         self.progress_dir = run_dir / ".progress" / attempt
@@ -191,6 +198,8 @@ class Watchdog:
             "--budgets", json.dumps(budgets), "--job-id", job_id or "",
             "--restart-count", str(restart_count),
         ]  # fmt: skip
+        if command_pid is not None:  # see watch_command
+            cmd += ["--command-pid", str(command_pid)]
         if timeout_s:
             cmd += ["--timeout", str(timeout_s)]
         if poll_s:
@@ -222,8 +231,17 @@ class Watchdog:
         self.heartbeat.close()
 
 
-def start_watchdog(requeue: Any, env: Any, run_dir: Path) -> Watchdog | None:
-    """The watchdog for this rank, or None when ``requeue.hang_watchdog`` is off."""
+def start_watchdog(
+    requeue: Any, env: Any, run_dir: Path, *, command_pid: int | None = None
+) -> Watchdog | None:
+    """The watchdog for this rank, or None when ``requeue.hang_watchdog`` is off.
+
+    ``command_pid``: this rank supervises ``entrypoint.command`` (that child, in its own
+    session): its progress is its output, the job hangs when NO rank's command wrote anything
+    for the timeout (``requeue.hang_timeout_s``, default :data:`COMMAND_FLOOR_S`: a program's
+    output is sparser than steps, and often rank 0's only), and at a hang the watcher records
+    the command's processes (state, kernel wait channel, kernel stack where readable) instead
+    of Python stacks and ends the command's process group with the rank."""
     if not getattr(requeue, "hang_watchdog", True):
         return None
     return Watchdog(
@@ -235,4 +253,5 @@ def start_watchdog(requeue: Any, env: Any, run_dir: Path) -> Watchdog | None:
         node=env.node_name,
         timeout_s=getattr(requeue, "hang_timeout_s", None),
         budgets={k: int(getattr(requeue, k)) for k in BUDGET_FIELDS if hasattr(requeue, k)},
+        command_pid=command_pid,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from train.history import RunHistory
 from train.procs import parse_sigmask, topmost
 from train.requeue import REQUEUE_EXIT_CODE
 
+REPO = Path(__file__).resolve().parents[3]
 USR1, USR2, TERM = int(signal.SIGUSR1), int(signal.SIGUSR2), int(signal.SIGTERM)
 
 # A command that writes its pid, records every signal it gets, and acts on USR1 (save + exit 0)
@@ -476,3 +478,58 @@ def test_a_finished_task_ignores_late_stop_signals(tmp_path: Path) -> None:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+# A command that writes a few lines (its progress), then stops writing: stuck in a wait.
+QUIET_AFTER_A_WHILE = r"""
+import sys, time
+for i in range(3):
+    print(f"step {i}", flush=True)
+    time.sleep(0.3)
+def wait_forever_in_a_collective():
+    time.sleep(3600)
+wait_forever_in_a_collective()
+"""
+
+
+def test_a_command_that_stops_writing_is_a_hang(tmp_path: Path) -> None:
+    """A command's progress is its output: silent for requeue.hang_timeout_s, it is a hang
+    (what the kernel says of its processes recorded), its group and the rank are ended, and the
+    run requeued within max_hangs. The supervisor runs as `python -m train` (the watcher
+    SIGKILLs it)."""
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET_AFTER_A_WHILE)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "entrypoint:\n"
+        f"  command: [python, {script}]\n"
+        "requeue:\n  hang_timeout_s: 2\n  max_hangs: 2\n"
+    )
+    run_dir = tmp_path / "run"
+    out = tmp_path / "stdout.log"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
+    with out.open("wb") as stdout:  # a file, as Slurm's task logs are: its growth is progress
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "train", "--config", str(spec), "--run-dir", str(run_dir)],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=tmp_path,
+        )
+        try:
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    assert "step 2" in out.read_text()
+    events = RunHistory(run_dir).events()
+    (hang,) = [e for e in events if e["event"] == "hang"]
+    assert hang["timeout_s"] == 2 and hang["step"] is None
+    assert hang["ranks"] == [] and hang["nodes"] == []  # output names no rank: nothing quarantined
+    report = (Path(hang["stacks_dir"]) / "rank-0.stacks").read_text()
+    assert "quiet.py" in report and "state" in report, report
+    assert [e["event"] for e in events][-1] == "requeue"  # outside Slurm: exit 75 asked
+    # the command (its own session) was ended with its supervisor: nothing left behind
+    leftovers = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", leftovers.stdout

@@ -1,0 +1,119 @@
+"""Bad nodes: which node an interruption is due to, and keeping the job off it (torch-free).
+
+An interruption is attributed to a node when
+
+- Slurm failed the node under the job (``NODE_FAIL``: slurmd stopped answering, or an admin set
+  it DOWN): Slurm kills the job and requeues it itself, and the surviving ranks get SIGTERM.
+  :func:`failed_nodes` tells this apart from a preemption or a cancel: the job was already
+  requeued without a ``PreemptTime``, and some of the attempt's nodes are no longer usable;
+- a rank hung on it (:mod:`train.hangwatch`);
+- a failure's text names a device fault (:func:`device_fault`: ECC errors, a GPU that fell off
+  the bus, NVIDIA Xid, NCCL's system errors), not a bug in the training code.
+
+:func:`exclude` then keeps the requeued (pending) job off those nodes through ``ExcNodeList``,
+merged with what it already excludes, while the job's partition keeps enough other usable nodes
+for it; either way it records a ``quarantine`` event (``nodes`` excluded, or ``skipped`` and why),
+which ``jobs status`` shows as ``n2 excluded after hang at step 57``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from train.history import RunHistory
+
+__all__ = ["device_fault", "exclude", "failed_nodes"]
+
+log = logging.getLogger(__name__)
+
+# Errors that say the hardware, not the program, failed (CUDA, NVIDIA driver, NCCL).
+_DEVICE_FAULT = re.compile(
+    r"uncorrectable ECC error|ECC error encountered|"
+    r"GPU has fallen off the bus|GPU is lost|Xid[ (:]|"
+    r"CUDA error: (?:unspecified launch failure|an illegal instruction was encountered|"
+    r"unknown error|uncorrectable)|"
+    r"cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|"
+    r"NCCL error.*(?:unhandled system error|remote process exited or there was a network error)|"
+    r"NVLink error|"
+    r"Input/output error.*(?:/dev/nvidia|nvidia)",
+    re.IGNORECASE,
+)
+
+
+def device_fault(*texts: object) -> bool:
+    """Whether any of ``texts`` (an error line, a stderr tail) names a device fault."""
+    return any(isinstance(t, str) and _DEVICE_FAULT.search(t) for t in texts)
+
+
+def failed_nodes(
+    info: dict[str, str], restart_count: int, hosts: Sequence[str], client: Any
+) -> dict[str, str] | None:
+    """The nodes of this attempt (``hosts``) that Slurm failed under it, with Slurm's reason,
+    when ``info`` (``scontrol show job``) says Slurm already requeued the job without preempting
+    it; None when this is not a node failure (or Slurm cannot say)."""
+    restarts = str(info.get("Restarts", ""))
+    preempted = str(info.get("PreemptTime", "None")).strip() not in ("", "None", "Unknown")
+    if not hosts or preempted or not restarts.isdigit() or int(restarts) <= restart_count:
+        return None
+    try:
+        nodes = {n.name: n for n in client.nodes()}
+    except Exception as exc:  # controller busy or gone: not provable
+        log.debug("cannot read the node states (%s)", exc)
+        return None
+    bad = {h: nodes[h].state for h in hosts if h in nodes and not nodes[h].usable}
+    return bad or None
+
+
+def exclude(
+    run_dir: str | Path,
+    job_id: str,
+    nodes: Iterable[str],
+    reason: str,
+    *,
+    step: int | None = None,
+    restart_count: int = 0,
+    client: Any = None,
+) -> list[str]:
+    """Keep pending job ``job_id`` off ``nodes`` (see the module docstring); returns the nodes
+    excluded (empty when skipped). Best effort: the requeue has happened already."""
+    nodes = sorted(set(nodes))
+    history = RunHistory(run_dir)
+    base = {"step": step, "restart_count": restart_count, "job_id": job_id}
+    if not nodes:
+        return []
+    try:
+        if client is None:
+            from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+
+            client = SlurmClient(timeout=30)
+        job = client.show_job(str(job_id))
+        need = int((job.get("NumNodes") or "1").split("-")[0])
+        partition = client.partition(job.get("Partition", "").split(",")[0])
+        members = set(partition.nodes) if partition is not None else set()
+        excluded = set(nodes)
+        have = job.get("ExcNodeList", "")
+        if have and have != "(null)":
+            from cluster.hostlist import expand_hostlist
+
+            excluded |= set(expand_hostlist(have))
+        others = [n.name for n in client.nodes() if n.usable and n.name in members - excluded]
+        if len(others) < need:
+            why = (
+                f"not excluding {','.join(nodes)}: the job needs {need} node(s) and partition "
+                f"{job.get('Partition')} would have {len(others)} usable one(s) left"
+            )
+            log.warning("%s", why)
+            history.append("quarantine", **base, nodes=[], reason=reason, skipped=why)
+            return []
+        merged = client.exclude_nodes(str(job_id), nodes)
+    except Exception as exc:
+        log.warning("could not exclude %s: %s", ",".join(nodes), exc)
+        history.append("quarantine", **base, nodes=[], reason=reason, skipped=str(exc)[:200])
+        return []
+    log.warning("%s excluded after %s", ",".join(nodes), reason)
+    history.append("quarantine", **base, nodes=nodes, excluded=merged, reason=reason)
+    return nodes
