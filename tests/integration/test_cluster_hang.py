@@ -4,8 +4,8 @@ A 2-node DDP job (the CIFAR example, 1 task per node) trains; once both ranks ha
 rank 1 is frozen from outside with ``kill -STOP`` (nothing in the trainer knows). The watchdog
 must notice within its timeout, dump the live rank's stacks, record a ``hang`` event naming rank
 1 and its node, requeue the job, keep it off that node (the spare n3 stands in) and the resumed
-run must end COMPLETED. With ``requeue.max_hangs=0`` the same hang stops the job for good with a
-reason that names the budget.
+run must end COMPLETED. With ``requeue.max_hangs=1`` the first hang is requeued and the second
+stops the job for good with a reason that names the budget.
 """
 
 from __future__ import annotations
@@ -153,18 +153,34 @@ def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
     assert digests[0] == digests[1]
 
 
-def test_hang_over_budget_stops_with_the_reason(
+def test_hang_budget_of_one_stops_the_second_hang_with_the_reason(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:
-    job, run_dir = _submit(env, "requeue.max_hangs=0")
+    job, run_dir = _submit(env, "requeue.max_hangs=1")
+    pids: list[int] = []
     try:
-        _freeze_rank_1(run_dir, job)
+        pids.append(_freeze_rank_1(run_dir, job)[0])  # hang 1: within the budget, requeued
+        _wait(lambda: _events(run_dir, "requeue"), 120, "the first hang's requeue")
+        _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
+        slurm_client.release(job)
+        _wait(lambda: _events(run_dir, "resume"), 240, "the resumed run")
+        pids.append(_freeze_rank_1(run_dir, job)[0])  # hang 2: over the budget
         info = slurm_client.wait_for(job, timeout=180)
     finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         if slurm_client.show_job(job).get("JobState") not in {"COMPLETED", "FAILED"}:
             slurm_client.cancel([job], no_requeue=True)
     assert info.state != "COMPLETED"
-    exhausted = _events(run_dir, "budget_exhausted")
-    assert len(exhausted) == 1, RunHistory(run_dir).events()
-    assert "hang 1x, over the budget requeue.max_hangs=0" in exhausted[0]["reason"]
-    assert not _events(run_dir, "requeue") and not _events(run_dir, "failure")
+    names = [e["event"] for e in RunHistory(run_dir).events()]
+    assert names.count("hang") == 2 and names.count("requeue") == 1, names
+    assert names[-2:] == ["hang", "budget_exhausted"], names
+    assert "failure" not in names, names
+    (exhausted,) = _events(run_dir, "budget_exhausted")
+    assert "hang 2x, over the budget requeue.max_hangs=1" in exhausted["reason"], exhausted
+    status = subprocess.run(
+        [sys.executable, "-m", "jobs", "status", job], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "max_hangs=1" in status.stdout, status.stdout + status.stderr

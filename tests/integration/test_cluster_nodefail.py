@@ -1,0 +1,148 @@
+"""A node dies under a running 2-node DDP job (NODE_FAIL) on the real local cluster (issue 15).
+
+The node of rank 1 "dies": its slurmd is killed, Slurm is told it is down (what slurmctld does
+by itself once slurmd has not answered for SlurmdTimeout, 300 s here) and every process of the
+job on it is killed. Slurm fails the job (NODE_FAIL) and requeues it itself; the job must record
+a ``node_fail`` event (not a preemption, not a failure of the training code: no budget spent),
+keep itself off the dead node (``ExcNodeList``), start again on the two other nodes, and end
+COMPLETED with exactly the parameters of the same run left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_cluster_hang import _events, _stepping, _submit, _wait
+
+from cluster.client import SlurmClient
+from train.history import RunHistory
+
+pytestmark = pytest.mark.integration
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _job_processes_on(job: str, node: str) -> set[int]:
+    """The processes of ``job`` on ``node`` (their environment says so; all nodes of the local
+    cluster share this host), with the slurmstepd they run under."""
+    pids: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        env = _environ(int(entry.name))
+        if env.get("SLURM_JOB_ID") == job and env.get("SLURMD_NODENAME") == node:
+            pids.add(int(entry.name))
+            parent = _ppid(int(entry.name))
+            if _cmdline(parent).startswith("slurmstepd"):
+                pids.add(parent)
+    return pids
+
+
+def _kill_node(cluster: Any, client: SlurmClient, job: str, node: str) -> None:
+    slurmd = int((Path(cluster.layout.root) / "run" / f"slurmd-{node}.pid").read_text())
+    assert "slurmd" in _cmdline(slurmd) and f"-N {node}" in _cmdline(slurmd), _cmdline(slurmd)
+    victims = _job_processes_on(job, node)
+    assert victims, f"no process of job {job} on {node}"
+    os.kill(slurmd, signal.SIGKILL)
+    client.run(["scontrol", "update", f"nodename={node}", "state=down",
+                "reason=test: node died (slurmd killed)"])  # fmt: skip
+    for pid in victims | _job_processes_on(job, node):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {
+        **slurm_env,
+        "SLURM_TRAIN_RUNS_DIR": str(tmp_path / "runs"),
+        "SLURM_TRAIN_STATE_DIR": str(tmp_path / "state"),
+    }
+
+
+def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
+    env: dict[str, str], slurm_client: SlurmClient, slurm_cluster: Any
+) -> None:
+    job, run_dir = _submit(env, name="nodefail-it")
+    ref_job, ref_dir = _submit(env, name="nodefail-ref")
+    dead = ""
+    try:
+        progress = _wait(lambda: _stepping(run_dir, job), 240, "both ranks to make steps")
+        restart = int(progress.name.rsplit("-", 1)[1])
+        dead = json.loads((progress / "rank-1.json").read_text())["node"]
+        first = json.loads((progress / "rank-0.json").read_text())["node"]
+        assert dead != first
+        _kill_node(slurm_cluster, slurm_client, job, dead)
+        failed = _wait(
+            lambda: _events(run_dir, "node_fail"),
+            90,
+            "the node_fail event",
+            lambda: f"; events: {RunHistory(run_dir).events()}",
+        )[0]
+        assert failed["nodes"] == [dead] and "DOWN" in failed["states"][dead], failed
+        quarantine = _wait(lambda: _events(run_dir, "quarantine"), 30, "the quarantine event")[0]
+        assert quarantine["nodes"] == [dead], quarantine
+        assert quarantine["reason"].startswith("node failure"), quarantine
+        assert dead in slurm_client.show_job(job)["ExcNodeList"]
+        # Slurm holds a job it requeued after a node failure for 120 s (Reason=BeginTime)
+        _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
+        slurm_client.release(job)
+        info = slurm_client.wait_for(job, timeout=300)
+        ref = slurm_client.wait_for(ref_job, timeout=300)
+    finally:
+        for j in (job, ref_job):
+            if slurm_client.show_job(j).get("JobState") not in {"COMPLETED", "FAILED"}:
+                slurm_client.cancel([j], no_requeue=True)
+        if dead:  # the node comes back: slurmd started again, the node resumed
+            slurm_cluster.up()
+    assert info.state == "COMPLETED", (info, RunHistory(run_dir).events())
+    assert ref.state == "COMPLETED", ref
+    second = run_dir / ".progress" / f"{job}-{restart + 1}"
+    nodes = {json.loads((second / f"rank-{r}.json").read_text())["node"] for r in (0, 1)}
+    assert dead not in nodes and len(nodes) == 2, nodes
+    names = [e["event"] for e in RunHistory(run_dir).events()]
+    # no preemption, failure or hang made of it, and no budget spent
+    assert not {"preempted", "failure", "hang", "budget_exhausted"} & set(names), names
+    assert names.count("node_fail") == 1 and names[-1] == "complete", names
+    status = subprocess.run(
+        [sys.executable, "-m", "jobs", "status", job], env=env, capture_output=True, text=True,
+        timeout=60, check=False, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert f"{dead} excluded after node failure" in status.stdout, status.stdout + status.stderr
+    digests = [
+        json.loads((d / "checkpoints" / "step-192" / "manifest.json").read_text())["digest"]
+        for d in (run_dir, ref_dir)
+    ]
+    assert digests[0] == digests[1]
