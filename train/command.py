@@ -60,7 +60,7 @@ from train.procs import (
 from train.quarantine import exclude
 from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
 from train.signals import pop_early_signals
-from train.stops import classify_stop, node_failure, preemption_grace_s
+from train.stops import AskedOnce, classify_stop, node_failure, preemption_grace_s
 from train.watchdog import Watchdog, start_watchdog
 
 __all__ = ["StopPlan", "child_environ", "plan_stop", "resolve_argv", "run_command"]
@@ -112,6 +112,7 @@ class CommandRun:
         self._previous: dict[int, Any] = {}
         self._lost: dict[str, str] = {}  # nodes Slurm failed under the job (NODE_FAIL)
         self.watchdog: Watchdog | None = None
+        self._asked: Any = None  # the client of the stop being classified (AskedOnce)
         # a train.signals.PreemptionGuard that held the stop signals while the run was set up
         self.early = early
 
@@ -247,14 +248,15 @@ class CommandRun:
     def _classify(self, trigger: int) -> str:
         if not self.env.job_id:
             return "preemption" if trigger != signal.SIGTERM else "cancel"
-        lost = node_failure(self.env.job_id, self.env.restart_count, self.env.hosts, self._client())
+        client = self._asked = AskedOnce(self._client())  # one show_job for this stop
+        lost = node_failure(self.env.job_id, self.env.restart_count, self.env.hosts, client)
         if lost is not None:  # Slurm failed a node under the job and requeued it itself
             self._lost = lost
             return "node_fail"
         kind = classify_stop(
             self.env.job_id,
             self.config.requeue.signal_delay_s,
-            client=self.client,
+            client=client,
             restart_count=self.env.restart_count,
         )
         return kind if kind != "signal" else "preemption"
@@ -283,7 +285,7 @@ class CommandRun:
                     self._append("budget_exhausted", reason=over_budget)
                     log.error("not requeuing: %s", over_budget)
             if kind == "preemption" and self.env.job_id:
-                self._fit_grace(preemption_grace_s(str(self.env.job_id), self._client()))
+                self._fit_grace(preemption_grace_s(str(self.env.job_id), self._asked))
         if not at_once and proc is not None and proc.poll() is None:
             if event in ("cancelled", "node_fail") or over_budget is not None:
                 plan = StopPlan(None, (), False, True, "no requeue by us: stopping the command")

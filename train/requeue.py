@@ -183,6 +183,7 @@ def request_requeue(
             from cluster.client import SlurmClient  # lazy import, see module docstring
 
             client = SlurmClient(timeout=30)
+        client = stops.AskedOnce(client)  # the node check and the classification: one show_job
         hosts = tuple(getattr(env, "hosts", ()) or ())
         lost = stops.node_failure(job_id, env.restart_count, hosts, client)
         if lost is not None:

@@ -139,3 +139,20 @@ def node_failure(
     from train.quarantine import failed_nodes
 
     return failed_nodes(info, restart_count, hosts, client)
+
+
+class AskedOnce:
+    """``client`` whose ``show_job`` answers once per job (the rest passes through): one stop
+    is classified, checked for a node failure and fitted to GraceTime from ONE scontrol call."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._jobs: dict[str, dict[str, str]] = {}
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        if job_id not in self._jobs:
+            self._jobs[job_id] = self._client.show_job(job_id)
+        return self._jobs[job_id]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
