@@ -297,8 +297,12 @@ def _settled(result: Mapping[str, JobInfo], job_id: str) -> bool:
     prefix = f"{job_id}_"
     found = [info for key, info in result.items() if key == job_id or key.startswith(prefix)]
     # A record without a partition is slurmdbd's placeholder, made when step records arrive
-    # before the job's own (name "allocation", wrong node list): not settled either.
-    return bool(found) and all(info.terminal and info.partition for info in found)
+    # before the job's own (name "allocation", wrong node list): not settled either. Nor is
+    # NODE_FAIL: Slurm requeues a job that allows it (sacct shows the failed attempt's record
+    # until the next one starts): the controller says whether it is pending again.
+    return bool(found) and all(
+        info.terminal and info.partition and info.state != "NODE_FAIL" for info in found
+    )
 
 
 def _found(result: Mapping[str, JobInfo], job_id: str) -> bool:

@@ -62,6 +62,18 @@ def test_controller_overrides_stale_or_missing_accounting(tmp_path: Path) -> Non
     assert _calls(tmp_path)[1].endswith("-j 3,4,5")
 
 
+def test_a_node_failed_attempt_is_settled_by_the_controller(tmp_path: Path) -> None:
+    """sacct keeps showing the NODE_FAIL of a job Slurm requeued (seen on the local cluster
+    right after the requeue): the controller says it is pending again; a NODE_FAIL the
+    controller no longer knows is final."""
+    _stub(tmp_path, "sacct", "8|a|NODE_FAIL|0:0|00:00:04|n[1-2]|debug|None\n"
+                             "9|b|NODE_FAIL|0:0|00:00:04|n[1-2]|debug|None\n")  # fmt: skip
+    _stub(tmp_path, "squeue", "8|a|PENDING|BeginTime||debug|0:00|0|\n")
+    states = _client(tmp_path).job_states(["8", "9"])
+    assert (states["8"].state, states["8"].source) == ("PENDING", "squeue")
+    assert states["9"].state == "NODE_FAIL" and states["9"].terminal
+
+
 def test_squeue_fallback_when_accounting_is_off(tmp_path: Path) -> None:
     _stub(tmp_path, "sacct", "", rc=1, stderr="Slurm accounting storage is disabled\n")
     _stub(tmp_path, "squeue", "7|x|FAILED|NonZeroExitCode|n1|debug|0:09|512|\n")
