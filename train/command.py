@@ -56,6 +56,7 @@ from train.procs import (
     signum_of,
     stop_group,
     wait_exit,
+    written_bytes,
 )
 from train.quarantine import exclude
 from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
@@ -77,6 +78,7 @@ _EVENT_OF_KIND = {
 # so a handler that runs collectives (Lightning's) meets the other ranks' handlers, not their
 # all-reduce. A sleep between two waitpid(WNOHANG) calls: 50 cheap calls a second.
 _POLL_S = 0.02
+_LOOK_S = 1.0  # how often a watched command's writes are summed (a /proc scan)
 _REQUEUE_MARGIN_S = 5  # seconds kept for our requeue before Slurm's preemption kill
 
 
@@ -191,7 +193,7 @@ class CommandRun:
             self._uninstall()
 
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
-        written, beats, next_look = tail.bytes + _stdout_size(), 0, 0.0
+        written, beats, next_look = tail.bytes + _stdout_size() + written_bytes(proc.pid), 0, 0.0
         while True:
             code = proc.poll()
             if self.stops:
@@ -199,8 +201,10 @@ class CommandRun:
             if code is None:
                 now = time.monotonic()
                 if self.watchdog is not None and now >= next_look:
-                    # progress of a command: it wrote to its stdout or stderr
-                    next_look, now_written = now + 0.5, tail.bytes + _stdout_size()
+                    # progress of a command: its processes wrote something (output, files,
+                    # gloo's sockets), see README "Hangs of your own command"
+                    next_look = now + _LOOK_S
+                    now_written = tail.bytes + _stdout_size() + written_bytes(proc.pid)
                     if now_written != written:
                         written, beats = now_written, beats + 1
                         self.watchdog.beat(beats)

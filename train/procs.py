@@ -99,6 +99,24 @@ def process_tree(root: int, proc: Path = PROC) -> dict[int, int]:
     return tree
 
 
+def written_bytes(root: int, proc: Path = PROC) -> int:
+    """Bytes the processes of ``root``'s tree have written so far (``wchar`` of
+    ``/proc/PID/io``: files, pipes, and sockets written with write/writev, as gloo does); 0
+    where /proc does not say. A command's progress: it only grows while something is done."""
+    total = 0
+    for pid in process_tree(root, proc):
+        try:
+            text = (proc / str(pid) / "io").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("wchar:"):
+                value = line.split(":", 1)[1].strip()
+                total += int(value) if value.isdigit() else 0
+                break
+    return total
+
+
 def topmost(tree: Mapping[int, int], members: Iterable[int]) -> list[int]:
     """The members none of whose ancestors (within ``tree``) is a member: a launcher that
     catches a signal (torchrun) passes it on to its workers, so they must not get it twice."""

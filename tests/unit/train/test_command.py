@@ -533,3 +533,49 @@ def test_a_command_that_stops_writing_is_a_hang(tmp_path: Path) -> None:
     # the command (its own session) was ended with its supervisor: nothing left behind
     leftovers = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
     assert leftovers.stdout.strip() == "", leftovers.stdout
+
+
+# One line on stdout (the watch is armed), then silent there but writing its own file: that is
+# progress too (without counting it, this would be a hang 2 s after the first line).
+WRITES_A_FILE = r"""
+import os, sys, time
+print("starting", flush=True)
+with open(sys.argv[1], "w") as f:
+    for i in range(25):
+        f.write(f"step {i}\n")
+        f.flush()
+        time.sleep(0.2)
+"""
+
+
+def test_a_command_writing_only_files_is_making_progress(tmp_path: Path) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITES_A_FILE)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "entrypoint:\n"
+        f"  command: [python, {script}, {tmp_path / 'own.log'}]\n"
+        "requeue:\n  hang_timeout_s: 2\n"
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
+    with (tmp_path / "stdout.log").open("wb") as stdout:  # a file, as Slurm's task logs are
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "train",
+                "--config",
+                str(spec),
+                "--run-dir",
+                str(tmp_path / "run"),
+            ],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+    assert "starting" in (tmp_path / "stdout.log").read_text()
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]  # 5 s, never 2 s without a write
+    assert _events(tmp_path / "run") == ["start", "complete"]
