@@ -29,6 +29,8 @@ from train.history import RunHistory
 
 pytestmark = pytest.mark.integration
 
+EPOCHS = 4  # 32 steps each
+
 
 def _environ(pid: int) -> dict[str, str]:
     try:
@@ -95,9 +97,8 @@ def env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
     env: dict[str, str], slurm_client: SlurmClient, slurm_cluster: Any
 ) -> None:
-    job, run_dir = _submit(env, name="nodefail-it")
-    ref_job, ref_dir = _submit(env, name="nodefail-ref")
-    dead = ""
+    job, run_dir = _submit(env, f"train.epochs={EPOCHS}", name="nodefail-it")
+    ref_job, dead = "", ""
     try:
         progress = _wait(lambda: _stepping(run_dir, job), 240, "both ranks to make steps")
         restart = int(progress.name.rsplit("-", 1)[1])
@@ -116,13 +117,16 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
         assert quarantine["nodes"] == [dead], quarantine
         assert quarantine["reason"].startswith("node failure"), quarantine
         assert dead in slurm_client.show_job(job)["ExcNodeList"]
+        # the same run left alone, on the nodes still up (submitted now: a run on the dead
+        # node would have failed with it)
+        ref_job, ref_dir = _submit(env, f"train.epochs={EPOCHS}", name="nodefail-ref")
         # Slurm holds a job it requeued after a node failure for 120 s (Reason=BeginTime)
         _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
         slurm_client.release(job)
         info = slurm_client.wait_for(job, timeout=300)
         ref = slurm_client.wait_for(ref_job, timeout=300)
     finally:
-        for j in (job, ref_job):
+        for j in filter(None, (job, ref_job)):
             if slurm_client.show_job(j).get("JobState") not in {"COMPLETED", "FAILED"}:
                 slurm_client.cancel([j], no_requeue=True)
         if dead:  # the node comes back: slurmd started again, the node resumed
@@ -142,7 +146,9 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
     )  # fmt: skip
     assert f"{dead} excluded after node failure" in status.stdout, status.stdout + status.stderr
     digests = [
-        json.loads((d / "checkpoints" / "step-192" / "manifest.json").read_text())["digest"]
+        json.loads((d / "checkpoints" / f"step-{32 * EPOCHS}" / "manifest.json").read_text())[
+            "digest"
+        ]
         for d in (run_dir, ref_dir)
     ]
     assert digests[0] == digests[1]
