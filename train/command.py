@@ -62,7 +62,7 @@ from train.quarantine import exclude
 from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
 from train.signals import pop_early_signals
 from train.stops import AskedOnce, classify_stop, node_failure, preemption_grace_s
-from train.watchdog import Watchdog, start_watchdog
+from train.watchdog import Watchdog, hang_claimed, start_watchdog
 
 __all__ = ["StopPlan", "child_environ", "plan_stop", "resolve_argv", "run_command"]
 
@@ -267,6 +267,13 @@ class CommandRun:
 
     def _after_stop(self, proc: subprocess.Popen[bytes] | None, tail: StderrTail | None) -> int:
         trigger, at = self.stops[0]
+        if hang_claimed(self.run_dir, self.env.job_id, self.env.restart_count):
+            # the hang watcher recorded this attempt's end and requeued the job (Slurm's TERM
+            # after that requeue is not a preemption): only stop the command
+            log.warning("stop after a hang of this attempt: already recorded and requeued")
+            if proc is not None:
+                stop_group(proc)
+            return 0
         alive = proc is not None and proc.poll() is None
         # Every rank hands the command its signal the moment Slurm's arrives, before rank 0
         # asks Slurm why (a second or more on a busy controller): a program whose handler runs

@@ -252,7 +252,7 @@ def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
         from train.quarantine import exclude
 
         exclude(
-            a.run_dir, a.job_id, nodes, f"hang at step {step}",
+            a.run_dir, a.job_id, nodes, "hang" if step is None else f"hang at step {step}",
             step=step, restart_count=a.restart_count,
         )  # fmt: skip
     (hangs / "decided").write_text(json.dumps({"exit_code": code, **details}))

@@ -225,7 +225,9 @@ def request_requeue(
             history.append("requeue", **base, via="exit_code", error=str(exc)[:200])
             return REQUEUE_EXIT_CODE
         history.append("requeue", **base, via="scontrol")
-        log.warning("job %s requeued after %s at step %s", job_id, event, step)
+        log.warning(
+            "job %s requeued after %s%s", job_id, event, "" if step is None else f" at step {step}"
+        )
         node = getattr(env, "node_name", None)
         if failed and node and device_fault(error, (details or {}).get("stderr_tail")):
             exclude(run_dir, job_id, [node], f"device fault at step {step}", step=step,

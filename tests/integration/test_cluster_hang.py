@@ -162,6 +162,7 @@ def test_hang_budget_of_one_stops_the_second_hang_with_the_reason(
         pids.append(_freeze_rank_1(run_dir, job)[0])  # hang 1: within the budget, requeued
         _wait(lambda: _events(run_dir, "requeue"), 120, "the first hang's requeue")
         _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
+        time.sleep(3)  # see byo_helpers.ByoRun.release_when_requeued
         slurm_client.release(job)
         _wait(lambda: _events(run_dir, "resume"), 240, "the resumed run")
         pids.append(_freeze_rank_1(run_dir, job)[0])  # hang 2: over the budget
