@@ -4,8 +4,9 @@ Progress (torch-free, one ``os.pwrite`` of 16 bytes per optimizer step): every r
 step and wall time into ``RUN_DIR/.progress/ATTEMPT/rank-R`` (:class:`Heartbeat`), ATTEMPT being
 ``JOB-RESTART``. What counts as progress is a completed optimizer step (``RunSession.progress``:
 the built-in trainer and ``entrypoint.function`` code calling ``ctx.progress(step)``). An
-``entrypoint.command``'s supervisor beats when the command writes to its stdout or stderr, and
-its watcher works per job instead of per rank (see :func:`start_watchdog`).
+``entrypoint.command``'s supervisor beats when the command's processes write anything (its
+output, files, gloo's sockets), and its watcher works per job instead of per rank (see
+:func:`start_watchdog`).
 
 Watcher: each rank starts one small process (``python -m train.hangwatch``, no torch) in its own
 session, so a ``kill -STOP`` of the rank (or of its process group) does not freeze it. Once every
@@ -237,9 +238,9 @@ def start_watchdog(
     """The watchdog for this rank, or None when ``requeue.hang_watchdog`` is off.
 
     ``command_pid``: this rank supervises ``entrypoint.command`` (that child, in its own
-    session): its progress is its output, the job hangs when NO rank's command wrote anything
-    for the timeout (``requeue.hang_timeout_s``, default :data:`COMMAND_FLOOR_S`: a program's
-    output is sparser than steps, and often rank 0's only), and at a hang the watcher records
+    session): its progress is what it writes, the job hangs when NO rank's command wrote
+    anything for the timeout (``requeue.hang_timeout_s``, default :data:`COMMAND_FLOOR_S`: a
+    program's writes are sparser than steps), and at a hang the watcher records
     the command's processes (state, kernel wait channel, kernel stack where readable) instead
     of Python stacks and ends the command's process group with the rank."""
     if not getattr(requeue, "hang_watchdog", True):
