@@ -1,0 +1,287 @@
+"""What a command's supervisor does at a stop (the other half of :mod:`train.command`).
+
+Slurm's signal (or a TERM) arrived: every rank hands the command the signal it saves on at once,
+rank 0 asks Slurm why (a preemption, a time limit, a cancel, a node failure), records it within
+its budget, waits for the command within the grace (capped by the partition's GraceTime at a
+preemption), and requeues the job unless the command (Lightning) or Slurm already did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from train.config import RunConfig
+from train.env import DistEnv
+from train.history import RunHistory
+from train.procs import (
+    StderrTail,
+    StopPlan,
+    caught_signals,
+    plan_stop,
+    process_tree,
+    signal_group,
+    signal_name,
+    stop_group,
+    wait_exit,
+)
+from train.quarantine import exclude
+from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
+from train.stops import AskedOnce, classify_stop, node_failure, preemption_grace_s
+from train.watchdog import hang_claimed
+
+__all__ = ["StopHandling"]
+
+log = logging.getLogger("train.command")
+
+_EVENT_OF_KIND = {
+    "preemption": "preempted",
+    "timeout": "timeout",
+    "cancel": "cancelled",
+    "node_fail": "node_fail",
+}
+_REQUEUE_MARGIN_S = 5  # seconds kept for our requeue before Slurm's preemption kill
+
+
+class StopHandling:
+    """The stop half of :class:`train.command.CommandRun` (which sets these attributes)."""
+
+    config: RunConfig
+    env: DistEnv
+    run_dir: Path
+    history: RunHistory | None
+    stops: list[tuple[int, float]]
+    grace_s: float
+    job_signal: int
+    stop_signal: str
+    client: Any
+    proc_root: Path
+    _lost: dict[str, str]
+    _asked: Any
+
+    def _append(self, event: str, **fields: Any) -> None:
+        if self.history is not None:
+            base = {
+                "step": None,
+                "restart_count": self.env.restart_count,
+                "job_id": self.env.job_id,
+            }
+            self.history.append(event, **base, **fields)
+
+    # -- stops --------------------------------------------------------------------------------
+    def _classify(self, trigger: int) -> str:
+        if not self.env.job_id:
+            return "preemption" if trigger != signal.SIGTERM else "cancel"
+        client = self._asked = AskedOnce(self._client())  # one show_job for this stop
+        lost = node_failure(self.env.job_id, self.env.restart_count, self.env.hosts, client)
+        if lost is not None:  # Slurm failed a node under the job and requeued it itself
+            self._lost = lost
+            return "node_fail"
+        kind = classify_stop(
+            self.env.job_id,
+            self.config.requeue.signal_delay_s,
+            client=client,
+            restart_count=self.env.restart_count,
+        )
+        return kind if kind != "signal" else "preemption"
+
+    def _after_stop(self, proc: subprocess.Popen[bytes] | None, tail: StderrTail | None) -> int:
+        trigger, at = self.stops[0]
+        if hang_claimed(self.run_dir, self.env.job_id, self.env.restart_count):
+            # the hang watcher recorded this attempt's end and requeued the job (Slurm's TERM
+            # after that requeue is not a preemption): only stop the command
+            log.warning("stop after a hang of this attempt: already recorded and requeued")
+            if proc is not None:
+                stop_group(proc)
+            return 0
+        alive = proc is not None and proc.poll() is None
+        # Every rank hands the command its signal the moment Slurm's arrives, before rank 0
+        # asks Slurm why (a second or more on a busy controller): a program whose handler runs
+        # collectives (Lightning saves with a barrier) must get it at the same time everywhere.
+        # Rank 0 asks first only when the answer can change what the command gets: a TERM
+        # (maybe a cancel) or a stop that may exhaust a budget.
+        at_once = alive and trigger != signal.SIGTERM and self._room_for_any_stop()
+        forwarded = self._forward(trigger, proc) if at_once and proc is not None else False
+        event, over_budget = "preempted", None
+        if self.history is not None:
+            kind = self._classify(trigger)
+            event = _EVENT_OF_KIND.get(kind, "preempted")
+            if event == "node_fail":
+                self._append(event, nodes=sorted(self._lost), states=self._lost)
+            else:
+                self._append(event, kind=kind, signal=signal_name(trigger))
+            if event not in ("cancelled", "node_fail"):
+                over_budget = self.history.check_budget(self.config.requeue)
+                if over_budget is not None:
+                    self._append("budget_exhausted", reason=over_budget)
+                    log.error("not requeuing: %s", over_budget)
+            if kind == "preemption" and self.env.job_id:
+                self._fit_grace(preemption_grace_s(str(self.env.job_id), self._asked))
+        if not at_once and proc is not None and proc.poll() is None:
+            if event in ("cancelled", "node_fail") or over_budget is not None:
+                plan = StopPlan(None, (), False, True, "no requeue by us: stopping the command")
+                log.warning("stop (%s): %s", signal_name(trigger), plan.note)
+                forwarded = self._act(plan, proc)
+            else:
+                forwarded = self._forward(trigger, proc)
+        requeued_by = self._wait_child(proc, at + self.grace_s, watch=forwarded)
+        self._mark_stopped()
+        if self.history is None or event == "cancelled":
+            return 0
+        if event == "node_fail":
+            exclude(self.run_dir, str(self.env.job_id), self._lost, "node failure",
+                    restart_count=self.env.restart_count, client=self._client())  # fmt: skip
+            return 0
+        if over_budget is not None:
+            return BUDGET_EXHAUSTED_EXIT_CODE
+        if requeued_by is not None:  # seen while the command ran, and recorded then
+            return 0
+        requeued_by = self._requeued_by_others(forwarded)
+        if requeued_by is not None:
+            self._append("requeue", via=requeued_by)
+            return 0
+        self._wait_ranks(at + self.grace_s)
+        return self._requeue()
+
+    def _room_for_any_stop(self) -> bool:
+        """Whether one more preemption AND one more time limit both stay within budget."""
+        if self.history is None:
+            return True
+        counts, budget = self.history.counts(), self.config.requeue
+        return (
+            counts["preempted"] < budget.max_preemptions and counts["timeout"] < budget.max_timeouts
+        )
+
+    def _fit_grace(self, slurm_grace_s: int | None) -> None:
+        """A preempted job is killed GraceTime seconds after the signal: stop the command (and
+        requeue) before that, so what happens is ours, not Slurm's kill."""
+        if slurm_grace_s and slurm_grace_s - _REQUEUE_MARGIN_S < self.grace_s:
+            self.grace_s = max(1.0, slurm_grace_s - _REQUEUE_MARGIN_S)
+            log.info(
+                "the partition's GraceTime is %d s: %.0f s to save", slurm_grace_s, self.grace_s
+            )
+
+    def _forward(self, trigger: int, proc: subprocess.Popen[bytes]) -> bool:
+        plan = self._plan(trigger, proc.pid)
+        log.warning("stop (%s): %s", signal_name(trigger), plan.note)
+        return self._act(plan, proc)
+
+    def _plan(self, trigger: int, pid: int) -> StopPlan:
+        tree = process_tree(pid, self.proc_root)
+        return plan_stop(
+            trigger,
+            self.job_signal,
+            self.stop_signal,
+            pid,
+            under_slurm=bool(self.env.job_id),
+            tree=tree,
+            caught=lambda p: caught_signals(p, self.proc_root),
+        )
+
+    def _act(self, plan: StopPlan, proc: subprocess.Popen[bytes]) -> bool:
+        """Carry out ``plan``; True when the command got a signal to save on."""
+        if plan.terminate:
+            signal_group(proc.pid, signal.SIGTERM)
+            return False
+        if plan.signal is None or not plan.targets:
+            return plan.by_slurm
+        # Only processes of the command's own tree, looked up again now: proof they are ours.
+        ours = process_tree(proc.pid, self.proc_root)
+        for pid in plan.targets:
+            if pid in ours and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, plan.signal)
+        return True
+
+    def _wait_child(
+        self, proc: subprocess.Popen[bytes] | None, deadline: float, *, watch: bool
+    ) -> str | None:
+        """Wait for the command to exit (stop it at ``deadline``); rank 0 watches whether the job
+        was requeued meanwhile (by the command, e.g. Lightning): recorded at once, ``"command"``."""
+        if proc is None:
+            return None
+        next_check = 0.0
+        while wait_exit(proc, 0.5) is None:
+            now = time.time()
+            if watch and self.history is not None and self.env.job_id and now >= next_check:
+                next_check = now + 2.0
+                if self._slurm_restarts() > self.env.restart_count:
+                    log.warning("the command requeued the job itself: not requeuing it again")
+                    # recorded now: Slurm ends this step any moment after such a requeue
+                    self._append("requeue", via="command")
+                    wait_exit(proc, max(0.0, deadline - time.time()))
+                    stop_group(proc)
+                    return "command"
+            if now >= deadline:
+                log.warning(
+                    "the command did not exit %.0f s after the stop: stopping it", self.grace_s
+                )
+                stop_group(proc)
+                return None
+        return None
+
+    def _slurm_restarts(self) -> int:
+        try:
+            info = self._client().show_job(str(self.env.job_id))
+        except Exception as exc:  # controller busy, job gone: treat as not requeued
+            log.debug("scontrol show job failed: %s", exc)
+            return -1
+        restarts = str(info.get("Restarts", ""))
+        return int(restarts) if restarts.isdigit() else -1
+
+    def _requeued_by_others(self, forwarded: bool) -> str | None:
+        if not self.env.job_id or self._slurm_restarts() <= self.env.restart_count:
+            return None
+        return "command" if forwarded else "slurm"
+
+    def _client(self) -> Any:
+        if self.client is None:
+            from cluster.client import SlurmClient  # lazy: train does not need cluster
+
+            self.client = SlurmClient(timeout=30)
+        return self.client
+
+    # -- ranks ----------------------------------------------------------------------------------
+    def _marker_dir(self) -> Path:
+        return self.run_dir / ".stops" / f"{self.env.job_id}-{self.env.restart_count}"
+
+    def _mark_stopped(self) -> None:
+        if self.env.world_size > 1:
+            try:
+                self._marker_dir().mkdir(parents=True, exist_ok=True)
+                (self._marker_dir() / str(self.env.rank)).touch()
+            except OSError as exc:
+                log.warning("cannot mark rank %d stopped (%s)", self.env.rank, exc)
+
+    def _wait_ranks(self, deadline: float) -> None:
+        """Rank 0 requeues after every rank's command has exited (or the grace time is over)."""
+        if self.env.world_size <= 1:
+            return
+        while time.time() < deadline:
+            try:
+                done = len(list(self._marker_dir().iterdir()))
+            except OSError:
+                done = 0
+            if done >= self.env.world_size:
+                return
+            time.sleep(0.5)
+
+    def _requeue(self) -> int:
+        if not self.env.job_id:
+            self._append("requeue", via="exit_code")
+            return REQUEUE_EXIT_CODE
+        try:
+            self._client().requeue(str(self.env.job_id))
+        except Exception as exc:
+            log.warning("scontrol requeue failed (%s); exiting %d", exc, REQUEUE_EXIT_CODE)
+            self._append("requeue", via="exit_code", error=str(exc)[:200])
+            return REQUEUE_EXIT_CODE
+        self._append("requeue", via="scontrol")
+        log.warning("job %s requeued", self.env.job_id)
+        return 0
