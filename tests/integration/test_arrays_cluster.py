@@ -25,14 +25,6 @@ POINTS = 1500
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    e = dict(slurm_env)
-    e["SLURM_TRAIN_STATE_DIR"] = str(tmp_path / "state")
-    e["SLURM_TRAIN_RUNS_DIR"] = str(tmp_path / "runs")
-    return e
-
-
 def jobs(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jobs", *args],

@@ -89,15 +89,6 @@ def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return [e for e in RunHistory(run_dir).events() if e["event"] == name]
 
 
-@pytest.fixture
-def env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    return {
-        **slurm_env,
-        "SLURM_TRAIN_RUNS_DIR": str(tmp_path / "runs"),
-        "SLURM_TRAIN_STATE_DIR": str(tmp_path / "state"),
-    }
-
-
 def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:

@@ -85,15 +85,6 @@ def _kill_node(cluster: Any, client: SlurmClient, job: str, node: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    return {
-        **slurm_env,
-        "SLURM_TRAIN_RUNS_DIR": str(tmp_path / "runs"),
-        "SLURM_TRAIN_STATE_DIR": str(tmp_path / "state"),
-    }
-
-
 def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
     env: dict[str, str], slurm_client: SlurmClient, slurm_cluster: Any
 ) -> None:
