@@ -53,6 +53,7 @@ _HURRY = {
     "timeout",
     "failure",
     "hang",
+    "node_fail",
     "requeue",
     "complete",
     "budget_exhausted",
@@ -182,6 +183,9 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
         ranks = ",".join(map(str, event.get("ranks") or [])) or "?"
         stuck = ",".join(map(str, event.get("nodes") or [])) or "?"
         return f"hang{at}: rank(s) {ranks} on {stuck} made no progress{ckpt}"
+    if name == "node_fail":
+        lost = ",".join(map(str, event.get("nodes") or [])) or "?"
+        return f"node failure{at}: Slurm failed {lost} and requeued the job{ckpt}"
     if name == "quarantine":
         kept_off = event.get("nodes")
         if isinstance(kept_off, list) and kept_off:

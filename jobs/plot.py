@@ -2,8 +2,8 @@
 
 Four panels: training loss and test accuracy against the step (top) and against wall time
 (bottom). Every interruption recorded in ``events.jsonl`` (preempted, timeout, failure, hang,
-cancelled) is a dashed vertical line at the step where it stopped; each resume is a dot-dash
-line at the step it resumed from, and the steps between the two (done, lost with the
+node_fail, cancelled) is a dashed vertical line at the step where it stopped; each resume is a
+dot-dash line at the step it resumed from, and the steps between the two (done, lost with the
 interruption, and done again) are shaded. Works on a running job (whatever the files hold so
 far) and on sweeps (``RUN/tasks/N``: one curve per task). Reads ``metrics.jsonl`` and
 ``events.jsonl`` with the tolerant reader (a damaged line is skipped). matplotlib is imported
@@ -21,12 +21,13 @@ from train.history import read_jsonl
 
 __all__ = ["TaskSeries", "plot_run", "read_series"]
 
-STOPS = ("preempted", "timeout", "failure", "hang", "cancelled")
+STOPS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")
 _COLORS = {
     "preempted": "tab:orange",
     "timeout": "tab:purple",
     "failure": "tab:red",
     "hang": "tab:brown",
+    "node_fail": "tab:pink",
     "cancelled": "tab:gray",
 }
 
