@@ -292,16 +292,20 @@ class SlurmClient:
             time.sleep(poll)
 
 
+_MAYBE_REQUEUED = frozenset({"NODE_FAIL", "PREEMPTED"})
+
+
 def _settled(result: Mapping[str, JobInfo], job_id: str) -> bool:
     """Whether sacct reported ``job_id`` (or all its array tasks) in a terminal state."""
     prefix = f"{job_id}_"
     found = [info for key, info in result.items() if key == job_id or key.startswith(prefix)]
     # A record without a partition is slurmdbd's placeholder, made when step records arrive
-    # before the job's own (name "allocation", wrong node list): not settled either. Nor is
-    # NODE_FAIL: Slurm requeues a job that allows it (sacct shows the failed attempt's record
-    # until the next one starts): the controller says whether it is pending again.
+    # before the job's own (name "allocation", wrong node list): not settled either. Nor are
+    # NODE_FAIL and PREEMPTED: Slurm requeues a job that allows it, and sacct shows the old
+    # attempt's record for a while (seen: PREEMPTED for 3 s, NODE_FAIL until the next start):
+    # the controller says whether it is pending again.
     return bool(found) and all(
-        info.terminal and info.partition and info.state != "NODE_FAIL" for info in found
+        info.terminal and info.partition and info.state not in _MAYBE_REQUEUED for info in found
     )
 
 

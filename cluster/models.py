@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Slurm's base job states (sacct/squeue print them; sacct may add " by <uid>" to CANCELLED).
+# PREEMPTED is final: a preempted job Slurm requeues goes straight back to PENDING in squeue (it
+# stays PREEMPTED only when it may not be requeued); sacct shows the requeued job's old attempt
+# as PREEMPTED (or NODE_FAIL) for a moment, so the client asks squeue about those two.
 TERMINAL_STATES = frozenset(
     {
         "COMPLETED",
+        "PREEMPTED",
         "FAILED",
         "CANCELLED",
         "TIMEOUT",
@@ -30,7 +34,6 @@ ACTIVE_STATES = frozenset(
         "SUSPENDED",
         "COMPLETING",
         "CONFIGURING",
-        "PREEMPTED",
         "SIGNALING",
         "STAGE_OUT",
         "STOPPED",

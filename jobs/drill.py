@@ -36,6 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from cluster.models import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory, read_jsonl
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 KINDS = ("preempt", "timeout", "cancel", "fail")
 _STOP_EVENTS = {"preempted", "timeout", "cancelled", "failure"}
-_TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+_TERMINAL = TERMINAL_STATES  # the controller's word (scontrol show job): final
 
 
 class DrillError(JobsError):

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from cluster.hostlist import expand_hostlist
+from cluster.models import TERMINAL_STATES
 from train.history import RunHistory, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +130,7 @@ class ByoRun:
         self.client.release(self.job_id)
 
     def wait_final(self, timeout: float = 400) -> str:
-        final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+        final = TERMINAL_STATES
         self.wait("a final state", lambda: self.state() in final, timeout)
         time.sleep(2)  # sacct may lag a requeue for a moment: confirm
         self.wait("a final state", lambda: self.state() in final, 30)

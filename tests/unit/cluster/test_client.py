@@ -74,6 +74,23 @@ def test_a_node_failed_attempt_is_settled_by_the_controller(tmp_path: Path) -> N
     assert states["9"].state == "NODE_FAIL" and states["9"].terminal
 
 
+def test_preempted_is_final_unless_the_controller_has_the_job_pending_again(
+    tmp_path: Path,
+) -> None:
+    """Seen on the local cluster: a requeueable job, preempted, is PENDING in squeue at once
+    while sacct says PREEMPTED for ~3 s; a job that may not be requeued stays PREEMPTED in
+    both, for good (a follow of it used to never end)."""
+    _stub(tmp_path, "sacct", "5|a|PREEMPTED|0:0|00:00:39|n3|debug|None\n"
+                             "6|b|PREEMPTED|0:0|00:00:39|n3|debug|None\n")  # fmt: skip
+    _stub(tmp_path, "squeue", "5|a|PENDING|BeginTime||debug|0:00|0|\n"
+                              "6|b|PREEMPTED|None|n3|debug|0:39|0|\n")  # fmt: skip
+    states = _client(tmp_path).job_states(["5", "6"])
+    assert (states["5"].state, states["5"].terminal) == ("PENDING", False)
+    assert (states["6"].state, states["6"].terminal) == ("PREEMPTED", True)
+    polled = _client(tmp_path).poll_states(["5", "6"])
+    assert not polled["5"].terminal and polled["6"].terminal
+
+
 def test_squeue_fallback_when_accounting_is_off(tmp_path: Path) -> None:
     _stub(tmp_path, "sacct", "", rc=1, stderr="Slurm accounting storage is disabled\n")
     _stub(tmp_path, "squeue", "7|x|FAILED|NonZeroExitCode|n1|debug|0:09|512|\n")
