@@ -206,6 +206,16 @@ class SlurmClient:
             raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
         return parse.parse_squeue(proc.stdout)
 
+    def attempts(self, job_id: str) -> list[JobInfo]:
+        """Every run of one job, oldest first (``sacct -D``: a requeued job's earlier attempts,
+        each with the state it ended in and its nodes)."""
+        fields = ",".join(parse.SACCT_FIELDS)
+        out = self.run(["sacct", "-D", "-X", "-n", "-P", "-o", fields, "-j", job_id]).stdout
+        runs: list[JobInfo] = []
+        for line in out.splitlines():
+            runs.extend(parse.parse_sacct(line).values())
+        return runs
+
     def queue(self, user: str | None = None) -> dict[str, JobInfo]:
         """Jobs the controller knows now (``squeue``), optionally for one user."""
         cmd = ["squeue", "-h", "-O", parse.SQUEUE_FORMAT]

@@ -26,7 +26,7 @@ from typing import Any
 
 from train.history import RunHistory
 
-__all__ = ["device_fault", "exclude", "failed_nodes"]
+__all__ = ["device_fault", "exclude", "explain_previous_attempt", "failed_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +117,63 @@ def exclude(
     log.warning("%s excluded after %s", ",".join(nodes), reason)
     history.append("quarantine", **base, nodes=nodes, excluded=merged, reason=reason)
     return nodes
+
+
+# what a rank records when an attempt ends (any of them: the attempt is explained)
+_ENDS = frozenset(
+    {"preempted", "timeout", "failure", "hang", "node_fail", "cancelled", "requeue",
+     "budget_exhausted", "complete"}
+)  # fmt: skip
+
+
+def explain_previous_attempt(
+    run_dir: str | Path, job_id: str | None, restart_count: int, client: Any = None
+) -> dict[str, Any] | None:
+    """At the start of attempt ``restart_count`` (rank 0): when the previous attempt recorded
+    no end (its rank 0 died with its node, and the ranks that survived record nothing), ask
+    Slurm (``sacct -D``) how it ended; a ``NODE_FAIL`` is recorded then, late, as a
+    ``node_fail`` event with that attempt's nodes that are still unusable (``late: true``; the
+    running job cannot be kept off them any more, but Slurm does not place work on a DOWN
+    node). Returns the event, or None."""
+    if not job_id or restart_count < 1:
+        return None
+    history = RunHistory(run_dir)
+    previous = restart_count - 1
+    events = history.events()
+    if any(e.get("restart_count") == previous and e.get("event") in _ENDS for e in events):
+        return None
+    try:
+        if client is None:
+            from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+
+            client = SlurmClient(timeout=30)
+        ended = [a for a in client.attempts(str(job_id)) if a.terminal or a.state == "REQUEUED"]
+        if not ended:
+            return None
+        before = ended[-1]
+        if before.state != "NODE_FAIL":
+            log.warning(
+                "attempt %d of job %s ended without a record (Slurm: %s)",
+                previous, job_id, before.state,
+            )  # fmt: skip
+            return None
+        from cluster.hostlist import expand_hostlist
+
+        hosts = expand_hostlist(before.nodelist) if before.nodelist else []
+        states = {n.name: n.state for n in client.nodes() if n.name in hosts and not n.usable}
+    except Exception as exc:  # Slurm cannot say: nothing to add
+        log.debug("cannot ask Slurm how attempt %d ended (%s)", previous, exc)
+        return None
+    log.error(
+        "attempt %d of job %s ended in a node failure (%s)", previous, job_id, before.nodelist
+    )
+    return history.append(
+        "node_fail",
+        step=None,
+        restart_count=previous,
+        job_id=job_id,
+        nodes=sorted(states),
+        states=states,
+        attempt_nodes=hosts,
+        late=True,
+    )

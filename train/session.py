@@ -36,6 +36,7 @@ from train.device import DeviceInfo, resolve_device
 from train.env import DistEnv
 from train.errors import ConfigError
 from train.history import RunHistory
+from train.quarantine import explain_previous_attempt
 from train.requeue import describe_failure, request_requeue
 from train.resume import ResumePlan, plan_resume, record_config
 from train.runtime import Runtime, configure_torch, setup_runtime
@@ -220,6 +221,8 @@ class RunSession:
         """Record ``start`` or ``resume``; a resume with an allowed config change names the
         changed fields (``config_changed``) and says ``exact: false``."""
         fields.setdefault("startup", summary())  # seconds per start-up phase
+        if self.history is not None and self.env.restart_count > 0:
+            explain_previous_attempt(self.run_dir, self.env.job_id, self.env.restart_count)
         if self.resume_from is None:
             self.event("start", step, **fields)
             return

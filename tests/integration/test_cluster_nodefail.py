@@ -5,7 +5,9 @@ by itself once slurmd has not answered for SlurmdTimeout, 300 s here) and every 
 job on it is killed. Slurm fails the job (NODE_FAIL) and requeues it itself; the job must record
 a ``node_fail`` event (not a preemption, not a failure of the training code: no budget spent),
 keep itself off the dead node (``ExcNodeList``), start again on the two other nodes, and end
-COMPLETED with exactly the parameters of the same run left alone.
+COMPLETED with exactly the parameters of the same run left alone. When the node that dies is
+rank 0's (with the batch script) under a command, nothing is recorded by the survivors: the
+next attempt must ask Slurm and record the node failure then.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from byo_helpers import REPO, ByoRun, open_run
 from test_cluster_hang import _events, _stepping, _submit, _wait
 
 from cluster.client import SlurmClient
@@ -143,3 +147,42 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
         for d in (run_dir, ref_dir)
     ]
     assert digests[0] == digests[1]
+
+
+@pytest.fixture
+def run(slurm_env: dict[str, str], slurm_client: SlurmClient, tmp_path: Path) -> Iterator[ByoRun]:
+    yield from open_run(slurm_env, slurm_client, tmp_path)
+
+
+def test_a_node_failure_that_took_rank_0_is_recorded_at_the_next_start(
+    run: ByoRun, slurm_client: SlurmClient, slurm_cluster: Any
+) -> None:
+    """A torchrun-style command whose rank 0 node dies (with the batch script): the ranks that
+    survive record nothing (they are not rank 0), so the next attempt asks Slurm how the
+    silent one ended and records the node failure then (``late``)."""
+    argv = ["python", str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", "150",
+            "--step-time", "0.1", "--save-every", "10"]  # fmt: skip
+    dead = ""
+    try:
+        run.submit(
+            {
+                "name": "nodefail-cmd-it",
+                "resources": {"partition": "debug", "nodes": 2, "time": "00:10:00"},
+                "entrypoint": {"command": argv},
+            }
+        )
+        run.wait("step 25", lambda: run.steps_done() >= 25, 300)
+        attempt = run.run_dir / ".progress" / f"{run.job_id}-0"
+        dead = json.loads((attempt / "rank-0.json").read_text())["node"]
+        _kill_node(slurm_cluster, slurm_client, run.job_id, dead)
+        run.release_when_requeued()
+        final = run.wait_final()
+    finally:
+        if dead:
+            slurm_cluster.up()
+    assert final == "COMPLETED", run.log()
+    names = [e["event"] for e in run.events()]
+    assert names == ["start", "node_fail", "start", "complete"], names
+    (late,) = [e for e in run.events() if e["event"] == "node_fail"]
+    assert late["late"] is True and late["restart_count"] == 0 and late["nodes"] == [dead], late
+    assert run.steps_done() == 150

@@ -91,6 +91,14 @@ def test_preempted_is_final_unless_the_controller_has_the_job_pending_again(
     assert not polled["5"].terminal and polled["6"].terminal
 
 
+def test_attempts_lists_every_run_of_a_requeued_job(tmp_path: Path) -> None:
+    _stub(tmp_path, "sacct", "8|a|NODE_FAIL|0:0|00:00:04|n[1-2]|debug|None\n"
+                             "8|a|RUNNING|0:0|00:00:09|n[1,3]|debug|None\n")  # fmt: skip
+    runs = _client(tmp_path).attempts("8")
+    assert [(r.state, r.nodelist) for r in runs] == [("NODE_FAIL", "n[1-2]"), ("RUNNING", "n[1,3]")]
+    assert _calls(tmp_path)[0].startswith("sacct -D -X -n -P -o ")
+
+
 def test_squeue_fallback_when_accounting_is_off(tmp_path: Path) -> None:
     _stub(tmp_path, "sacct", "", rc=1, stderr="Slurm accounting storage is disabled\n")
     _stub(tmp_path, "squeue", "7|x|FAILED|NonZeroExitCode|n1|debug|0:09|512|\n")

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from cluster.models import Node, Partition
+from cluster.models import JobInfo, Node, Partition
 from train.config import RequeueConfig
 from train.env import DistEnv
 from train.history import RunHistory
-from train.quarantine import device_fault, exclude, failed_nodes
+from train.quarantine import device_fault, exclude, explain_previous_attempt, failed_nodes
 from train.requeue import request_requeue
 
 
@@ -175,3 +175,47 @@ def test_never_excludes_so_many_nodes_that_the_job_cannot_run(tmp_path: Path) ->
     (event,) = _events(tmp_path)
     assert event["event"] == "quarantine" and event["nodes"] == []
     assert "needs 2 node(s)" in event["skipped"] and slurm.excluded == []
+
+
+class Accounting(Slurm):
+    """``sacct -D``: the attempts of job 7, oldest first."""
+
+    def __init__(self, *states: str, down: tuple[str, ...] = ("n1",)) -> None:
+        super().__init__(down=down)
+        self.states = states
+        self.asked = 0
+
+    def attempts(self, job_id: str) -> list[JobInfo]:
+        self.asked += 1
+        return [JobInfo(job_id, s, None, None, "", "n[1-2]", 4, "debug") for s in self.states]
+
+
+def test_a_silent_attempt_that_slurm_node_failed_is_recorded_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 died with its node: nothing was recorded. The next attempt asks sacct."""
+    RunHistory(tmp_path).append("start", step=0, restart_count=0, job_id="7")
+    slurm = Accounting("NODE_FAIL", "RUNNING")
+    event = explain_previous_attempt(tmp_path, "7", 1, client=slurm)
+    assert event is not None
+    assert (event["event"], event["restart_count"], event["nodes"]) == ("node_fail", 0, ["n1"])
+    assert event["late"] is True and event["attempt_nodes"] == ["n1", "n2"]
+    assert RunHistory(tmp_path).to_dict()["node_failures"] == 1
+
+
+def test_an_explained_attempt_costs_no_slurm_query(tmp_path: Path) -> None:
+    history = RunHistory(tmp_path)
+    history.append("preempted", step=5, restart_count=0, job_id="7")
+    slurm = Accounting("NODE_FAIL", "RUNNING")
+    assert explain_previous_attempt(tmp_path, "7", 1, client=slurm) is None
+    assert slurm.asked == 0
+    # the first attempt, and runs outside Slurm, have nothing to explain
+    assert explain_previous_attempt(tmp_path, "7", 0, client=slurm) is None
+    assert explain_previous_attempt(tmp_path, None, 3, client=slurm) is None
+    assert slurm.asked == 0
+
+
+def test_a_silent_attempt_that_was_not_a_node_failure_is_left_alone(tmp_path: Path) -> None:
+    slurm = Accounting("REQUEUED", "RUNNING")  # requeued from outside (an admin)
+    assert explain_previous_attempt(tmp_path, "7", 1, client=slurm) is None
+    assert RunHistory(tmp_path).events() == []
