@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 # all-reduce. A sleep between two waitpid(WNOHANG) calls: 50 cheap calls a second.
 _POLL_S = 0.02
 _LOOK_S = 1.0  # how often a watched command's writes are summed (a /proc scan)
+# how long a failed rank other than 0 waits for rank 0 to record the run complete
+_COMPLETE_WAIT_S = 15.0
 
 
 class CommandRun(StopHandling):
@@ -211,11 +213,35 @@ class CommandRun(StopHandling):
                 self._append("complete", exit_code=0)
             return 0
 
+    def _completed_by_rank0(self) -> bool:
+        """A rank other than 0 whose command failed: did rank 0's command complete the run
+        (its ``complete`` event for this attempt, within :data:`_COMPLETE_WAIT_S`)? A failure
+        another rank already claimed ends the wait at once."""
+        if self.env.is_main or self.env.world_size <= 1:
+            return False
+        claimed = self.run_dir / ".failures" / f"{self.env.job_id}-{self.env.restart_count}"
+        history = RunHistory(self.run_dir)
+        deadline = time.monotonic() + _COMPLETE_WAIT_S
+        while True:
+            if any(
+                e.get("event") == "complete" and e.get("restart_count") == self.env.restart_count
+                for e in history.events()
+            ):
+                return True
+            if claimed.exists() or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
     def _failed(self, code: int, tail: StderrTail) -> int:
         lines = tail.lines()
         how = f"killed by {signal_name(-code)}" if code < 0 else f"exited {code}"
         last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
         error = f"command {how}" + (f": {last}" if last else "")
+        if self._completed_by_rank0():
+            # seen: Lightning's rank 1 aborting at exit ("terminate called without an active
+            # exception") after rank 0 finished the run: requeued, the whole run trained again
+            log.warning("%s after rank 0 completed the run: not a failure, not requeued", error)
+            return 0
         log.error("%s (argv: %s)", error, " ".join(self.argv))
         details: dict[str, Any] = {"stderr_tail": lines}
         details["signal" if code < 0 else "exit_code"] = signal_name(-code) if code < 0 else code

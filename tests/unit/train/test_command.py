@@ -579,3 +579,38 @@ def test_a_command_writing_only_files_is_making_progress(tmp_path: Path) -> None
     assert "starting" in (tmp_path / "stdout.log").read_text()
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]  # 5 s, never 2 s without a write
     assert _events(tmp_path / "run") == ["start", "complete"]
+
+
+def test_a_rank_whose_command_dies_after_rank_0_completed_the_run_is_no_failure(
+    tmp_path: Path,
+) -> None:
+    """Seen on the real cluster: Lightning's rank 1 aborts at exit ("terminate called without
+    an active exception", SIGABRT) just after rank 0 recorded the run complete. Requeued, the
+    whole run trained again."""
+    config = _config(["python", "-c", "import os, time; time.sleep(0.5); os.abort()"])
+    env = DistEnv(rank=1, world_size=2, job_id="7", restart_count=1)
+
+    def rank0_completes() -> None:
+        time.sleep(1.5)
+        RunHistory(tmp_path).append("complete", step=None, restart_count=1, job_id="7")
+
+    t = threading.Thread(target=rank0_completes)
+    t.start()
+    assert CommandRun(config, env, tmp_path, None).run() == 0
+    t.join()
+    assert _events(tmp_path) == ["complete"]  # no failure, no requeue
+    assert not (tmp_path / ".failures").exists()
+
+
+def test_a_rank_whose_command_dies_while_rank_0_trains_is_a_failure(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr("train.command._COMPLETE_WAIT_S", 1.0)
+    config = _config(["python", "-c", "import os; os.abort()"])
+    env = DistEnv(rank=1, world_size=2, job_id="7", restart_count=1)
+    RunHistory(tmp_path).append(
+        "complete", step=None, restart_count=0, job_id="7"
+    )  # an older attempt
+    code = CommandRun(config, env, tmp_path, None).run()
+    assert code != 0
+    assert "failure" in _events(tmp_path)  # recorded by this rank, the first to fail
