@@ -179,23 +179,20 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
         return f"{what}{at}{ckpt}"
     if name == "failure":
         return f"failed{at}: {event.get('error', 'unknown error')}"
+    nodes = ",".join(map(str, event.get("nodes") or [])) or "?"
     if name == "hang":
         ranks = ",".join(map(str, event.get("ranks") or [])) or "?"
-        stuck = ",".join(map(str, event.get("nodes") or [])) or "?"
-        return f"hang{at}: rank(s) {ranks} on {stuck} made no progress{ckpt}"
+        return f"hang{at}: rank(s) {ranks} on {nodes} made no progress{ckpt}"
     if name == "node_fail":
-        lost = ",".join(map(str, event.get("nodes") or [])) or "?"
-        return f"node failure{at}: Slurm failed {lost} and requeued the job{ckpt}"
+        return f"node failure{at}: Slurm failed {nodes} and requeued the job{ckpt}"
     if name == "quarantine":
         kept_off = event.get("nodes")
         if isinstance(kept_off, list) and kept_off:
             return f"{','.join(map(str, kept_off))} excluded after {event.get('reason', 'a fault')}"
         return f"no node excluded: {event.get('skipped', 'not needed')}"
     if name == "requeue":
-        via = event.get("via")
-        return "requeued" + (
-            " (exit code 75: the launcher restarts it)" if via == "exit_code" else ""
-        )
+        by_launcher = event.get("via") == "exit_code"
+        return "requeued" + (" (exit code 75: the launcher restarts it)" if by_launcher else "")
     if name == "budget_exhausted":
         return f"not requeued: {event.get('reason', 'budget spent')}"
     if name == "cancelled":

@@ -55,7 +55,12 @@ from train.procs import (
     wait_exit,
     written_bytes,
 )
-from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
+from train.requeue import (
+    BUDGET_EXHAUSTED_EXIT_CODE,
+    REQUEUE_EXIT_CODE,
+    failure_claimed,
+    request_requeue,
+)
 from train.signals import pop_early_signals
 from train.watchdog import Watchdog, start_watchdog
 
@@ -219,7 +224,6 @@ class CommandRun(StopHandling):
         another rank already claimed ends the wait at once."""
         if self.env.is_main or self.env.world_size <= 1:
             return False
-        claimed = self.run_dir / ".failures" / f"{self.env.job_id}-{self.env.restart_count}"
         history = RunHistory(self.run_dir)
         deadline = time.monotonic() + _COMPLETE_WAIT_S
         while True:
@@ -228,7 +232,9 @@ class CommandRun(StopHandling):
                 for e in history.events()
             ):
                 return True
-            if claimed.exists() or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or failure_claimed(
+                self.run_dir, self.env.job_id, self.env.restart_count
+            ):
                 return False
             time.sleep(0.5)
 

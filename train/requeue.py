@@ -26,6 +26,7 @@ __all__ = [
     "REQUEUE_EXIT_CODE",
     "claim_failure",
     "describe_failure",
+    "failure_claimed",
     "request_requeue",
 ]
 
@@ -80,10 +81,19 @@ def describe_failure(exc: BaseException, where: str) -> str:
     return what
 
 
+def _failure_marker(run_dir: Any, job_id: str | None, restart_count: int) -> Path:
+    return Path(run_dir) / ".failures" / f"{job_id}-{restart_count}"
+
+
+def failure_claimed(run_dir: Any, job_id: str | None, restart_count: int) -> bool:
+    """Whether some rank already claimed the failure of attempt (job, restart)."""
+    return _failure_marker(run_dir, job_id, restart_count).exists()
+
+
 def claim_failure(run_dir: Any, job_id: str, restart_count: int, is_main: bool) -> bool:
     """True for the first rank of attempt (job, restart) to claim its failure (an exclusive
     create of ``RUN_DIR/.failures/JOB-RESTART`` on the shared run directory)."""
-    marker = Path(run_dir) / ".failures" / f"{job_id}-{restart_count}"
+    marker = _failure_marker(run_dir, job_id, restart_count)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
