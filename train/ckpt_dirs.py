@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from train import ckpt_io as _io
+from train.ckpt_hash import ALGORITHMS, FORMAT_VERSION
 from train.errors import CheckpointError
 
 __all__ = [
@@ -182,10 +183,11 @@ def _marker_entry(marker: object, step: int) -> dict[str, Any] | None:
     """The file entry of a rank's marker for ``step``; None for a stale or damaged marker."""
     if not isinstance(marker, dict) or marker.get("step") != step:
         return None
-    size, sha = marker.get("size"), marker.get("sha256")
-    if not isinstance(size, int) or isinstance(size, bool) or not isinstance(sha, str):
+    algo = ALGORITHMS[FORMAT_VERSION]
+    size, digest = marker.get("size"), marker.get(algo)
+    if not isinstance(size, int) or isinstance(size, bool) or not isinstance(digest, str):
         return None
-    return {"size": size, "sha256": sha}
+    return {"size": size, algo: digest}
 
 
 def collect_markers(

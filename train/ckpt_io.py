@@ -1,43 +1,38 @@
-"""File-level pieces of checkpoints: fsynced writes hashed as they are written, manifests, checks.
+"""File-level pieces of checkpoints: names, manifests, checks, small atomic JSON writes.
 
 A checkpoint directory is valid only when it is a real directory (not a symbolic link), its
 ``manifest.json`` is well-formed (:func:`check_manifest`: every field of the right type, file
 names plain names inside the directory), every file it lists is a regular file with the
-recorded size and sha256, and the digest of the model state in ``shared.pt`` matches
+recorded size and digest, and the digest of the model state in ``shared.pt`` matches
 (:func:`verify_checkpoint`). Everything is read with ``torch.load(weights_only=True)``. A
 manifest that fails any check makes the checkpoint invalid exactly like a half-written one:
 callers skip it and use the previous valid checkpoint; nothing here raises anything but
 :class:`~train.errors.CheckpointError` for bad content.
 
-Why sha256, computed while writing: the digest must catch any corruption (and a file swapped on
-purpose), so a cryptographic hash, and it must not cost a second pass over the bytes. Of
-hashlib's hashes, sha256 is the fastest on CPUs with SHA extensions (x86 SHA-NI, ARMv8 SHA2;
-measured here: sha256 ~1.1 GB/s, sha1 0.8, md5 0.45, blake2b 0.4); xxhash is faster but not a
-dependency, and ``zlib.crc32`` (2 GB/s) has 32 bits and no resistance to deliberate change
-(torch.save's own per-record CRC32 is switched off for our files: the sha256 covers them).
-:func:`write_torch` hands every chunk ``torch.save`` produces to a hashing thread while the same
-chunk is written (hashlib releases the GIL), so the digest is ready when the bytes are on disk.
-Used by :mod:`train.checkpoint`.
+Files are written by :mod:`train.ckpt_write` (at the disk's speed, hashed inline); this module
+reads and checks them. Used by :mod:`train.checkpoint`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import stat
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import torch
-from torch.utils.serialization import config as _serialization_config
 
-from train.ckpt_state import state_digest
+from train.ckpt_hash import (
+    ALGORITHMS,
+    FORMAT_VERSION,
+    HEX_LENGTH,
+    hash_file,
+    state_digest,
+)
 from train.errors import CheckpointError
 
 __all__ = [
@@ -51,15 +46,12 @@ __all__ = [
     "marker_file",
     "rank_file",
     "read_manifest",
-    "sha256_file",
     "torch_load",
     "verify",
     "verify_checkpoint",
     "write_json_atomic",
-    "write_torch",
 ]
 
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.pt"
 # Test hook: seconds to sleep between the files of a save, so a test can SIGKILL a process in
@@ -68,36 +60,7 @@ TEST_DELAY_ENV = "TRAIN_CKPT_TEST_DELAY_S"
 STEP_RE = re.compile(r"^step-(\d+)$")
 # what a file listed in a manifest may be called: a plain name inside the checkpoint directory
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-# chunks at least this big are hashed on the hashing thread while they are written
-_PARALLEL_MIN = 1 << 16
-
-
-# torch.save's zip writer computes a CRC32 of every record by default (a third pass over the
-# bytes, ~30% of the save here); the sha256 computed while writing covers the same bytes, so
-# our saves switch it off. The setting is process-global: it is off while any of our saves
-# runs and restored after the last (another torch.save running at that moment may skip it).
-class _NoZipCrc:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved = True
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                self._saved = _serialization_config.save.compute_crc32
-                _serialization_config.save.compute_crc32 = False
-            self._users += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0:
-                _serialization_config.save.compute_crc32 = self._saved
-
-
-_NO_ZIP_CRC = _NoZipCrc()
+_HEX_RE = re.compile(r"^[0-9a-f]+$")
 
 
 def rank_file(rank: int) -> str:
@@ -131,91 +94,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class _HashingWriter:
-    """A write-only file object for ``torch.save``: each chunk goes to the file and the hash.
-
-    ``torch.save`` passes memoryviews of its own buffers. With ``pipelined`` (every tensor of
-    the object is in CPU memory, so a storage's view stays valid for the whole save) a big
-    chunk is queued on ``pool`` (one worker: chunks are hashed in order) and writing goes on
-    at once; the hash catches up while the file is fsynced. Otherwise a big chunk is hashed
-    while it is written and ``write`` returns when both are done (a GPU storage's host copy is
-    freed after the call). Small chunks (headers) are copied before they are queued.
-    """
-
-    def __init__(self, f: IO[bytes], pool: ThreadPoolExecutor | None, pipelined: bool) -> None:
-        self.f = f
-        self.pool = pool
-        self.pipelined = pipelined and pool is not None
-        self.hash = hashlib.sha256()
-        self.size = 0
-        self.last: Future[None] | None = None
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        n = view.nbytes
-        if self.pool is None:
-            self.hash.update(view)
-            self.f.write(view)
-        elif self.pipelined or n < _PARALLEL_MIN:
-            chunk = view if n >= _PARALLEL_MIN else bytes(view)
-            self.last = self.pool.submit(self.hash.update, chunk)
-            self.f.write(view)
-        else:
-            pending = self.pool.submit(self.hash.update, view)
-            try:
-                self.f.write(view)
-            finally:
-                pending.result()
-        self.size += n
-        return n
-
-    def flush(self) -> None:
-        self.f.flush()
-
-    def digest(self) -> str:
-        if self.last is not None:
-            self.last.result()  # one worker, in order: every chunk is hashed
-        return self.hash.hexdigest()
-
-
-def _all_on_cpu(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return obj.device.type == "cpu"
-    if isinstance(obj, dict):
-        return all(_all_on_cpu(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return all(_all_on_cpu(v) for v in obj)
-    return True
-
-
-def write_torch(obj: Any, path: Path, pool: ThreadPoolExecutor | None = None) -> dict[str, Any]:
-    """torch.save + fsync, hashing the bytes as they are written (no second pass).
-
-    Returns the file's size and sha256 for the manifest. ``pool``: a ONE-worker executor to
-    hash on beside the writing (None: hash in this thread, for small files). Refuses to write
-    through a symbolic link.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    with os.fdopen(os.open(path, flags, 0o644), "wb") as f:
-        w = _HashingWriter(f, pool, pipelined=_all_on_cpu(obj))
-        try:
-            with _NO_ZIP_CRC:
-                torch.save(obj, cast(IO[bytes], w))  # only write() and flush() are used
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            sha = w.digest()  # never leave a queued hash behind the views it reads
-    return {"size": w.size, "sha256": sha}
 
 
 def write_json_atomic(obj: Any, path: Path, *, durable: bool = True) -> None:
@@ -254,8 +132,15 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
     def bad(why: str) -> CheckpointError:
         return CheckpointError(f"{where}: damaged {MANIFEST}: {why}")
 
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{where}: {MANIFEST} is not a format-{FORMAT_VERSION} manifest")
+    fmt = manifest.get("format") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict) or not _is_int(fmt) or fmt not in ALGORITHMS:
+        known = " or ".join(str(f) for f in sorted(ALGORITHMS))
+        raise CheckpointError(f"{where}: {MANIFEST} is not a format-{known} manifest")
+    algo = ALGORITHMS[fmt]
+
+    def is_hex(v: object) -> bool:
+        return isinstance(v, str) and len(v) == HEX_LENGTH[algo] and bool(_HEX_RE.match(v))
+
     for key in ("step", "epoch", "epoch_step", "world_size", "digest", "files"):
         if key not in manifest:
             raise CheckpointError(f"{where}: {MANIFEST} lacks {key!r}")
@@ -264,8 +149,8 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
             raise bad(f"{key} is {manifest[key]!r}, not a whole number >= 0")
     if not _is_int(manifest["world_size"], 1):
         raise bad(f"world_size is {manifest['world_size']!r}, not a whole number >= 1")
-    if not isinstance(manifest["digest"], str) or not _SHA_RE.match(manifest["digest"]):
-        raise bad("digest is not a sha256 hex string")
+    if not is_hex(manifest["digest"]):
+        raise bad(f"digest is not a {algo} hex string")
     metric = manifest.get("metric")
     if metric is not None and (isinstance(metric, bool) or not isinstance(metric, int | float)):
         raise bad(f"metric is {metric!r}, not a number or null")
@@ -280,8 +165,8 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
             raise bad(f"lists {name!r}, not a plain file name inside the checkpoint")
         if not (isinstance(info, dict) and _is_int(info.get("size"))):
             raise bad(f"{name}: no size")
-        if not (isinstance(info.get("sha256"), str) and _SHA_RE.match(info["sha256"])):
-            raise bad(f"{name}: no sha256")
+        if not is_hex(info.get(algo)):
+            raise bad(f"{name}: no {algo}")
     return manifest
 
 
@@ -305,7 +190,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return check_manifest(manifest, path)
 
 
-def _check_file(path: Path, name: str, info: dict[str, Any]) -> None:
+def _check_file(path: Path, name: str, info: dict[str, Any], algo: str) -> None:
     f = path / name
     try:
         st = f.lstat()
@@ -319,8 +204,8 @@ def _check_file(path: Path, name: str, info: dict[str, Any]) -> None:
         raise CheckpointError(
             f"{path}: {name} has {st.st_size} bytes, manifest says {info['size']} (truncated?)"
         )
-    if sha256_file(f) != info["sha256"]:
-        raise CheckpointError(f"{path}: {name} does not match its sha256 (corrupted)")
+    if hash_file(f, algo) != info[algo]:
+        raise CheckpointError(f"{path}: {name} does not match its {algo} (corrupted)")
 
 
 def verify(path: Path, only: set[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -332,15 +217,16 @@ def verify(path: Path, only: set[str] | None = None) -> tuple[dict[str, Any], di
         raise CheckpointError(f"{path}: manifest says step {manifest['step']}")
     if SHARED_FILE not in manifest["files"]:
         raise CheckpointError(f"{path}: {MANIFEST} does not list {SHARED_FILE}")
+    algo = ALGORITHMS[manifest["format"]]
     for name, info in manifest["files"].items():
         if only is None or name in only or name == SHARED_FILE:
-            _check_file(path, name, info)
+            _check_file(path, name, info, algo)
     try:
         shared = torch_load(path / SHARED_FILE)
     except Exception as exc:
         raise CheckpointError(f"{path}: {SHARED_FILE} cannot be loaded: {exc}") from exc
     model = shared.get("model") if isinstance(shared, dict) else None
-    if not isinstance(model, dict) or state_digest(model) != manifest["digest"]:
+    if not isinstance(model, dict) or state_digest(model, algo) != manifest["digest"]:
         raise CheckpointError(f"{path}: model digest does not match the manifest")
     return manifest, shared
 
@@ -349,7 +235,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check a checkpoint completely; return its manifest or raise CheckpointError saying why.
 
     Checks: a real directory, manifest present and well-formed, step matches the directory
-    name, every listed file a regular file with the recorded size and sha256, and the model
+    name, every listed file a regular file with the recorded size and digest, and the model
     digest of ``shared.pt``.
     """
     return verify(Path(path))[0]

@@ -9,7 +9,6 @@ These names are re-exported by :mod:`train.checkpoint`.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import threading
 import weakref
@@ -22,6 +21,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
+from train.ckpt_hash import state_digest
 from train.errors import CheckpointError
 
 try:  # numpy is a dependency, but keep the RNG helpers usable without it
@@ -85,26 +85,6 @@ def load_model_state(model: nn.Module, state_dict: Mapping[str, Any], strict: bo
         raise CheckpointError(
             f"checkpoint model state does not fit this model (different model or width?): {exc}"
         ) from exc
-
-
-def state_digest(state_dict: Mapping[str, Any]) -> str:
-    """SHA-256 over every tensor of a (prefix-free) state dict, keys in sorted order.
-
-    Each entry contributes its name, dtype, shape and raw bytes, so equal digests mean
-    bitwise-equal parameters and buffers.
-    """
-    h = hashlib.sha256()
-    for key in sorted(state_dict):
-        value = state_dict[key]
-        if not isinstance(value, torch.Tensor):
-            continue
-        t = value.detach().to("cpu").contiguous()
-        h.update(key.encode())
-        h.update(f"|{t.dtype}|{tuple(t.shape)}|".encode())
-        # view as bytes: works for every dtype (bf16 has no numpy equivalent); no copy
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
 
 
 def model_digest(model: nn.Module | Mapping[str, Any]) -> str:

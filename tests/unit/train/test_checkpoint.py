@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import xxhash
 from torch import nn
 
 import train.ckpt_io
@@ -74,7 +75,11 @@ def test_save_load_roundtrip(setup: Any, async_save: bool) -> None:
     assert manifest["world_size"] == 1 and manifest["spec_hash"] == "abc"
     assert manifest["digest"] == model_digest(model)
     assert set(manifest["files"]) == {"shared.pt", "rank-0.pt"}
-    assert all(len(f["sha256"]) == 64 and f["size"] > 0 for f in manifest["files"].values())
+    assert manifest["format"] == 2
+    assert all(len(f["xxh3_128"]) == 32 and f["size"] > 0 for f in manifest["files"].values())
+    for name, f in manifest["files"].items():
+        assert f["size"] == (path / name).stat().st_size
+        assert f["xxh3_128"] == xxhash.xxh3_128((path / name).read_bytes()).hexdigest()
     # every file loads with weights_only=True (no pickled Python objects)
     for f in ("shared.pt", "rank-0.pt"):
         torch.load(path / f, weights_only=True)
@@ -153,7 +158,7 @@ def test_async_error_surfaces_on_wait(setup: Any, monkeypatch: Any) -> None:
     def boom(*a: Any, **k: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("train.ckpt_io.write_torch", boom)
+    monkeypatch.setattr("train.ckpt_write.write_torch", boom)
     _save(cm, model, opt, 1)
     with pytest.raises(CheckpointError, match="disk full"):
         cm.wait()
@@ -235,7 +240,7 @@ def test_invalid_existing_step_dir_is_replaced(setup: Any) -> None:
 
 def _corrupt_bad_digest(p: Path) -> None:
     m = json.loads((p / "manifest.json").read_text())
-    m["digest"] = "0" * 64
+    m["digest"] = "0" * 32
     (p / "manifest.json").write_text(json.dumps(m))
 
 
@@ -269,11 +274,9 @@ def _corrupt_tampered_weights(p: Path) -> None:
     shared["model"][first] = shared["model"][first] + 1
     torch.save(shared, p / "shared.pt")
     m = json.loads((p / "manifest.json").read_text())
-    import hashlib
-
     m["files"]["shared.pt"] = {
         "size": (p / "shared.pt").stat().st_size,
-        "sha256": hashlib.sha256((p / "shared.pt").read_bytes()).hexdigest(),
+        "xxh3_128": xxhash.xxh3_128((p / "shared.pt").read_bytes()).hexdigest(),
     }
     (p / "manifest.json").write_text(json.dumps(m))
 
@@ -283,7 +286,7 @@ def _corrupt_tampered_weights(p: Path) -> None:
     [
         (_corrupt_bad_digest, "digest does not match"),
         (_corrupt_truncate, "truncated"),
-        (_corrupt_flip_byte, "sha256"),
+        (_corrupt_flip_byte, "xxh3_128"),
         (_corrupt_no_manifest, "no manifest.json"),
         (_corrupt_bad_json, "unreadable manifest.json"),
         (_corrupt_missing_file, "rank-0.pt is missing"),
