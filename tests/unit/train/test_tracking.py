@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,10 @@ def test_wandb_offline_run_keeps_one_id_across_a_requeue(
     assert second.resumed_from is not None
     assert (run / "wandb-id").read_text().strip() == run_id
     offline = sorted(p.name for p in (run / "wandb").glob("offline-run-*"))
-    assert len(offline) == 2 and all(name.endswith(f"-{run_id}") for name in offline), offline
+    # wandb names the directory offline-run-TIME-ID, and adds -1 when both runs started in the
+    # same second
+    same_id = re.compile(rf"^offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?$")
+    assert len(offline) == 2 and all(same_id.match(name) for name in offline), offline
 
 
 def test_trainer_interrupted_and_resumed_writes_every_step_once(tmp_path: Path) -> None:
