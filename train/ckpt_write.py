@@ -31,9 +31,9 @@ __all__ = ["write_torch"]
 
 
 # torch.save's zip writer computes a CRC32 of every record by default (a second pass over the
-# bytes); the digest computed while writing covers the same bytes, so
-# our saves switch it off. The setting is process-global: it is off while any of our saves
-# runs and restored after the last (another torch.save running at that moment may skip it).
+# bytes); the digest computed while writing covers the same bytes, so our saves switch it off.
+# The setting is process-global: it is off while any of our saves runs and restored after the
+# last (another torch.save running at that moment may skip it).
 class _NoZipCrc:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -78,8 +78,9 @@ _sync_file_range = _load_sync_file_range()
 class _DiskWriter:
     """A write-only file object for ``torch.save`` over a raw descriptor (see the module doc).
 
-    Every chunk is hashed and written before ``write`` returns (``torch.save`` may free a GPU
-    storage's host copy right after), small ones gathered into one buffer first. Every
+    Every chunk is hashed, then written (or, when small, copied into one buffer that is written
+    when it fills) before ``write`` returns: ``torch.save`` may free a GPU storage's host copy
+    right after. Every
     ``writeback_every`` bytes the written range is handed to the disk with ``sync_file_range``;
     a file system that refuses it just stops being asked.
     """
@@ -145,7 +146,8 @@ def write_torch(obj: Any, path: Path) -> dict[str, Any]:
     algorithm's name). Refuses to write through a symbolic link.
     """
     algo = ALGORITHMS[FORMAT_VERSION]
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags, 0o644)
     try:
         w = _DiskWriter(fd, algo)
