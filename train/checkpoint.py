@@ -11,7 +11,7 @@ Layout of one checkpoint (a directory made valid by its last atomic step)::
 
 How a save becomes valid (no collective anywhere, so it can finish in a background thread):
 every rank writes its file into ``.step-N.tmp/`` (hashed while written, see
-:mod:`train.ckpt_io`), fsyncs it and drops a ``rank-R.done`` marker (JSON with the file's size
+:mod:`train.ckpt_write`), fsyncs it and drops a ``rank-R.done`` marker (JSON with the file's size
 and digest). Rank 0 waits for all markers, writes the manifest, fsyncs, renames ``.step-N.tmp``
 to ``step-N`` and fsyncs ``ROOT``. A directory without a valid manifest (missing, damaged,
 foreign: see :func:`train.ckpt_io.check_manifest`), with a file that does not match it, whose
