@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import UsageError
-from train.history import read_jsonl
+from train.history import STOP_EVENTS, read_jsonl
 
 __all__ = ["TaskSeries", "plot_run", "read_series"]
 
-STOPS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")
+STOPS = STOP_EVENTS
 _COLORS = {
     "preempted": "tab:orange",
     "timeout": "tab:purple",

@@ -60,7 +60,7 @@ TEST_DELAY_ENV = "TRAIN_CKPT_TEST_DELAY_S"
 STEP_RE = re.compile(r"^step-(\d+)$")
 # what a file listed in a manifest may be called: a plain name inside the checkpoint directory
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_HEX_RE = re.compile(r"^[0-9a-f]+$")
+_HEX_RE = re.compile(r"[0-9a-f]+")
 
 
 def rank_file(rank: int) -> str:
@@ -139,7 +139,7 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
     algo = ALGORITHMS[fmt]
 
     def is_hex(v: object) -> bool:
-        return isinstance(v, str) and len(v) == HEX_LENGTH[algo] and bool(_HEX_RE.match(v))
+        return isinstance(v, str) and len(v) == HEX_LENGTH[algo] and bool(_HEX_RE.fullmatch(v))
 
     for key in ("step", "epoch", "epoch_step", "world_size", "digest", "files"):
         if key not in manifest:

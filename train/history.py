@@ -21,7 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["EVENTS", "BudgetConfig", "RunHistory", "read_jsonl", "read_jsonl_checked"]
+__all__ = [
+    "EVENTS",
+    "STOP_EVENTS",
+    "BudgetConfig",
+    "RunHistory",
+    "read_jsonl",
+    "read_jsonl_checked",
+]
 
 EVENTS = (
     "start",
@@ -40,6 +47,8 @@ EVENTS = (
     "quarantine",
     "node_fail",
 )
+# the events that interrupt an attempt (what `jobs plot` marks, what explains an attempt's end)
+STOP_EVENTS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.history import RunHistory
+from train.history import STOP_EVENTS, RunHistory
 
 __all__ = ["device_fault", "exclude", "explain_previous_attempt", "failed_nodes"]
 
@@ -120,10 +120,7 @@ def exclude(
 
 
 # what a rank records when an attempt ends (any of them: the attempt is explained)
-_ENDS = frozenset(
-    {"preempted", "timeout", "failure", "hang", "node_fail", "cancelled", "requeue",
-     "budget_exhausted", "complete"}
-)  # fmt: skip
+_ENDS = frozenset({*STOP_EVENTS, "requeue", "budget_exhausted", "complete"})
 
 
 def explain_previous_attempt(

@@ -23,6 +23,7 @@ import torch
 import xxhash
 from torch import nn
 
+import train.ckpt_io as ckpt_io
 import train.ckpt_write as ckpt_write
 from train.checkpoint import (
     CheckpointManager,
@@ -189,3 +190,12 @@ def test_damage_in_a_format_1_checkpoint_is_caught(tmp_path: Path) -> None:
     (tmp_path / "step-1" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(CheckpointError, match="not a sha256 hex string"):
         verify_checkpoint(tmp_path / "step-1")
+
+
+def test_a_digest_with_a_trailing_newline_is_damage(tmp_path: Path) -> None:
+    path = _save(CheckpointManager(tmp_path, rank=0, world_size=1), _model(), 1)
+    m = json.loads((path / "manifest.json").read_text())
+    ckpt_io.check_manifest(m)
+    m["digest"] = m["digest"][:31] + "\n"
+    with pytest.raises(CheckpointError, match="not a xxh3_128 hex string"):
+        ckpt_io.check_manifest(m)
