@@ -29,6 +29,10 @@ DEFAULT_TIMEOUT_S = 30.0
 _MAX_IDS_PER_CALL = 5000
 
 
+# seconds :meth:`SlurmClient.release` waits before it lets a requeued job start (see there)
+RELEASE_SETTLE_S = 2.0
+
+
 class SlurmClient:
     """Talks to one Slurm cluster.
 
@@ -274,8 +278,17 @@ class SlurmClient:
         """
         self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
 
-    def release(self, job_id: str) -> None:
-        """Let a requeued job start now instead of after its BeginTime delay."""
+    def release(self, job_id: str, settle_s: float = RELEASE_SETTLE_S) -> None:
+        """Let a requeued job start now instead of after its BeginTime delay.
+
+        Waits ``settle_s`` first: a job started again within the second of its requeue, on a
+        node it just left, is killed by slurmctld ("Killing non-startable batch JobId=N: Job
+        credential revoked") and ends FAILED: seen on the local cluster with a release right
+        after a requeue (`jobs drill` and the tests do exactly that). Slurm's own BeginTime hold
+        is what normally keeps this from happening.
+        """
+        if settle_s > 0:
+            time.sleep(settle_s)
         self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
     def wait_for(

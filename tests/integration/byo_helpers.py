@@ -123,11 +123,7 @@ class ByoRun:
             return info.get("JobState") == "PENDING" and int(info.get("Restarts", "0")) > 0
 
         self.wait("the job to be requeued", pending, timeout)
-        # Not at once: started again within a moment of its requeue on a node it just left,
-        # slurmctld kills it ("Killing non-startable batch JobId=N: Job credential revoked",
-        # the job FAILED); that is what Slurm's BeginTime hold is for.
-        time.sleep(3)
-        self.client.release(self.job_id)
+        self.client.release(self.job_id)  # waits for the requeue to settle (Slurm's race)
 
     def wait_final(self, timeout: float = 400) -> str:
         final = TERMINAL_STATES

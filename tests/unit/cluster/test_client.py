@@ -135,3 +135,18 @@ def test_missing_command(tmp_path: Path) -> None:
     with pytest.raises(SlurmNotFoundError, match="scancel: not found"):
         client.cancel(["1"])
     assert not client.installed() and not client.ping()
+
+
+def test_release_waits_for_the_requeue_to_settle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release at once after a requeue gets the job killed by slurmctld ("Job credential
+    revoked"): the release waits first, then asks for StartTime=now."""
+    slept: list[float] = []
+    monkeypatch.setattr("cluster.client.time.sleep", slept.append)
+    _stub(tmp_path, "scontrol", "")
+    _client(tmp_path).release("7")
+    assert slept == [2.0]
+    assert _calls(tmp_path) == ["scontrol update JobId=7 StartTime=now"]
+    _client(tmp_path).release("8", settle_s=0)
+    assert slept == [2.0]
