@@ -1,4 +1,4 @@
-"""CLI speed benchmark (not a timed test): ``python bench/bench_cli.py [--runs N] [--no-cluster]``.
+"""CLI speed benchmark (not a timed test): ``python -m bench.bench_cli [--runs N] [--no-cluster]``.
 
 1. ``python -m jobs submit --dry-run examples/cifar.yaml`` against the floor
    ``python -c "import submitit, pydantic, yaml"``, measured in the same run, interleaved,
@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import time_process
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 RATIO_GOAL = 1.3
@@ -40,9 +42,7 @@ ONE_MODEL = (
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL, timeout=120)
-    return time.perf_counter() - t
+    return time_process(cmd, env=env, cwd=REPO)
 
 
 def bench_dry_run(runs: int, warmup: int, env: dict[str, str]) -> dict[str, object]:

@@ -292,6 +292,43 @@ def run_command(
     return proc
 
 
+def time_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float = 120.0,
+) -> float:
+    """Wall time of one command, start to exit, to the resolution of the clock.
+
+    ``subprocess.run(..., timeout=T)`` without pipes waits by polling ``waitpid`` with sleeps
+    doubling up to 50 ms, so every time it returns lands on that schedule (a 120 ms process
+    reads 164 ms). Here the wait blocks in ``waitpid``; a timer kills the process at ``timeout``.
+    Output goes to /dev/null; a non-zero exit raises RuntimeError.
+    """
+    import threading
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+    )
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        code = proc.wait()
+    finally:
+        killer.cancel()
+    elapsed = time.perf_counter() - t0
+    if code != 0:
+        raise RuntimeError(f"{argv[0]} exited {code}" + (" (timed out)" if code < 0 else ""))
+    return elapsed
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (for a rendezvous on 127.0.0.1)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
