@@ -1,15 +1,16 @@
-"""The ONE mapping from a spec to Slurm options, and the exact sbatch script submitit sends.
+"""The ONE mapping from a spec to Slurm options, and the exact sbatch script that is submitted.
 
 :func:`slurm_options` turns a :class:`~jobs.spec.JobSpec` into sbatch options (Slurm's long
 option names, in Slurm's spelling) and srun options. Everything that asks Slurm for resources
-comes from it: :func:`slurm_parameters` (submitit's ``update_parameters``, used for the real
-submission and for ``--dry-run``, so what is shown is what is submitted) and
-:mod:`jobs.templates` (the ``#SBATCH`` block of ``--template NAME``). GPUs are asked for one
+comes from it: :func:`sbatch_script` (the script the real submission hands to sbatch and
+``--dry-run`` prints, so what is shown is what is submitted; laid out as submitit lays it out,
+for submitit's runtime in the allocation) and :mod:`jobs.templates` (the ``#SBATCH`` block of
+``--template NAME``). GPUs are asked for one
 way only, ``--gres=gpu:N`` (works with select/cons_res and cons_tres alike), and the time limit
 is written as ``[D-]HH:MM:SS`` rounded up to whole minutes (Slurm's granularity).
 
-Quoting: submitit quotes every ``#SBATCH`` value and srun argument (``shlex.quote``); the
-variables and paths we add to the setup block are quoted here. Setup lines from the spec are
+Quoting: every ``#SBATCH`` value and srun argument is quoted (``shlex.quote``, as submitit
+does), and so are the variables and paths we add to the setup block. Setup lines from the spec are
 shell code on purpose (``module load``, ``source .venv/bin/activate``).
 """
 
@@ -19,7 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cluster.timefmt import format_slurm_time
 
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 # even when the project is used from a checkout rather than installed.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SLURM_FOLDER = "slurm"
+#: submitit's name for a rank's log in SLURM_FOLDER (``JobPaths.stdout``; %t: the rank).
+LOG_NAME = "%j_%t_log.out"
+#: submitit's ``array_parallelism`` default, for an array without a sweep's max_parallel.
+SUBMITIT_ARRAY_PARALLELISM = 256
 #: One sbatch option: (long name as Slurm spells it, value; None for a flag such as --exclusive).
 Option = tuple[str, str | None]
 #: The options that size the allocation (what both dry-runs must agree on).
@@ -132,28 +137,10 @@ def srun_args(spec: JobSpec) -> list[str]:
     return args
 
 
-def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
-    """Keyword arguments for ``SlurmExecutor.update_parameters`` (and ``_make_sbatch_string``).
-
-    Every sbatch option travels in ``additional_parameters``, which submitit writes last and
-    so wins over its own defaults (``--time=5``, ``--nodes=1``, its signal).
-    """
-    opts = slurm_options(spec)
-    extra: dict[str, Any] = {k.replace("-", "_"): True if v is None else v for k, v in opts.sbatch}
-    params: dict[str, Any] = {
-        "job_name": extra.pop("job_name"),
-        "signal_delay_s": spec.requeue.signal_delay_s,
-        "setup": setup_lines(spec),
-        "srun_args": list(opts.srun),
-        "stderr_to_stdout": True,
-        "additional_parameters": extra,
-    }
+def timeout_min(spec: JobSpec) -> int:
+    """The time limit in whole minutes as submitit's pickled tasks carry it (its default: 5)."""
     seconds = spec.resources.time_s
-    if seconds is not None:  # submitit's own timeout (minutes) for the pickled tasks
-        params["time"] = -(-seconds // 60)
-    if spec.sweep is not None:
-        params["array_parallelism"] = spec.sweep.max_parallel
-    return params
+    return 5 if seconds is None else -(-seconds // 60)
 
 
 def submit_command(folder: Path, python: str | None = None) -> str:
@@ -185,19 +172,36 @@ def command_note(spec: JobSpec) -> str:
 
 
 def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -> str:
-    """The exact script submitit would pass to sbatch for this spec and run directory."""
-    return script_from_parameters(slurm_parameters(spec), run_dir, array_size)
+    """The exact script sbatch gets for this spec and run directory (``array_size``: a sweep).
 
-
-def script_from_parameters(
-    params: dict[str, Any], run_dir: Path, array_size: int | None = None
-) -> str:
-    """Render with submitit's own function, as ``SlurmExecutor`` does (``map_count`` for arrays)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    folder = submitit_folder(run_dir)
-    kwargs = dict(params)
+    Laid out as submitit's ``_make_sbatch_string`` lays it out (submitit 1.5), because what
+    runs in the allocation is submitit's: sorted ``#SBATCH`` lines with its defaults (its
+    ``--wckey``, per-rank logs ``%j_%t_log.out`` appended to, its ``--array`` spelling), our
+    setup block, then ``srun`` starting ``submitit.core._submit`` on the run's pickles. Every
+    option of :func:`slurm_options` is written after submitit's defaults, so ours win.
+    tests/unit/jobs/test_render.py renders the same specs with submitit's own function and
+    compares; rendering here keeps submitit's import (asyncio, ssl, ...) off ``--dry-run``.
+    """
+    opts = slurm_options(spec)
+    stdout = str(submitit_folder(run_dir) / LOG_NAME)
+    params: dict[str, str | None] = {"wckey": "submitit"}
     if array_size is not None:
-        kwargs["map_count"] = array_size
-    text: str = _make_sbatch_string(command=submit_command(folder), folder=folder, **kwargs)
-    return text
+        parallel = spec.sweep.max_parallel if spec.sweep is not None else SUBMITIT_ARRAY_PARALLELISM
+        params["array"] = array_option(array_size, parallel)
+        stdout = stdout.replace("%j", "%A_%a")
+    params["output"] = stdout.replace("%t", "0")
+    params["open-mode"] = "append"
+    # submitit's spelling of the keys (underscores; its own open-mode) decides the order.
+    params.update((key.replace("-", "_"), value) for key, value in opts.sbatch)
+    srun = shlex.join(["srun", "--unbuffered", "--output", stdout, *opts.srun])
+    lines = ["#!/bin/bash", "", "# Parameters"]
+    lines += [_sbatch_line(key, params[key]) for key in sorted(params)]
+    lines += ["", "# setup", *setup_lines(spec)]
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm"]
+    lines += [f"{srun} {submit_command(submitit_folder(run_dir))}", ""]
+    return "\n".join(lines)
+
+
+def _sbatch_line(key: str, value: str | None) -> str:
+    name = key.replace("_", "-")
+    return f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={shlex.quote(value)}"

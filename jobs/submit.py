@@ -25,7 +25,7 @@ from jobs import records
 from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.records import Plan
-from jobs.render import command_note, sbatch_script, slurm_parameters, submitit_folder
+from jobs.render import command_note, sbatch_script, submitit_folder, timeout_min
 from train.specio import dump_spec
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) ->
 
     from jobs.launch import TrainLaunch
 
-    minutes = int(slurm_parameters(loaded.spec).get("time", 5))  # submitit's own default
+    minutes = timeout_min(loaded.spec)
     signal_name = loaded.spec.requeue.signal
     pending.mkdir(parents=True, exist_ok=True)
     paths = []

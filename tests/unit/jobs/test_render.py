@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from submitit.core.utils import DelayedSubmission
@@ -15,6 +18,9 @@ from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
 from jobs.render import sbatch_script
 from jobs.submit import make_plan, submit_slurm
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "cifar.yaml"
@@ -147,6 +153,77 @@ def test_sweep_submission_is_one_sbatch_call(tmp_path: Path, stub_slurm: Path) -
         seeds.append(task.values["train.seed"])
         assert f"seed: {task.values['train.seed']}" in resolved
     assert seeds == [1, 2, 3, 4]
+
+
+# -- the script is laid out as submitit's own function lays it out ------------------------------
+_SUBMITIT_CASES = [
+    "name: plain\ntrain: {}\n",
+    "name: gpus\nresources: {partition: debug, nodes: 2, gpus_per_node: 4, cpus_per_task: 8,"
+    " mem: 64G, time: '1-02:03:04'}\ntrain: {}\n",
+    "name: odd.name_1\nresources: {gres: 'gpu:a100:2', account: a1, qos: high,"
+    " constraint: 'a100&ib', exclusive: true, time: UNLIMITED}\n"
+    "requeue: {signal: USR1, signal_delay_s: 120}\n"
+    "launch: {mpi: pmix, cpu_bind: cores, kill_on_bad_exit: false,"
+    " srun_args: ['--label', '--export=ALL,X=a b'],"
+    " sbatch_args: {mail-type: 'END,FAIL', mail-user: 'me@x.org', hold: true, wckey: mine,"
+    " nice: 5}}\n"
+    "environment: {variables: {A: 'x y', B: 1, C: true, D: \"$(rm -rf /)\"},"
+    " setup: ['module load cuda', 'source .venv/bin/activate']}\n"
+    "train: {}\n",
+    "name: cmd\nentrypoint: {command: [python, train.py, --lr, '0.1']}\n",
+    "name: sw\ntrain: {}\nsweep: {max_parallel: 3, grid: {train.seed: [1, 2, 3, 4, 5]}}\n",
+    "name: big\ntrain: {}\nsweep: {max_parallel: 500, grid: {train.seed: [1, 2, 3]}}\n",
+]
+
+
+def _submitit_script(spec: JobSpec, run_dir: Path, array_size: int | None) -> str:
+    """The same options rendered by submitit's ``_make_sbatch_string`` (as SlurmExecutor does)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from jobs.render import setup_lines, slurm_options, submit_command, submitit_folder
+
+    opts = slurm_options(spec)
+    extra = {k.replace("-", "_"): True if v is None else v for k, v in opts.sbatch}
+    kwargs: dict[str, Any] = {
+        "job_name": extra.pop("job_name"),
+        "signal_delay_s": spec.requeue.signal_delay_s,
+        "setup": setup_lines(spec),
+        "srun_args": list(opts.srun),
+        "stderr_to_stdout": True,
+        "additional_parameters": extra,
+    }
+    if spec.resources.time_s is not None:
+        kwargs["time"] = -(-spec.resources.time_s // 60)
+    if array_size is not None:
+        assert spec.sweep is not None
+        kwargs["array_parallelism"] = spec.sweep.max_parallel
+        kwargs["map_count"] = array_size
+    folder = submitit_folder(run_dir)
+    text: str = _make_sbatch_string(command=submit_command(folder), folder=folder, **kwargs)
+    return text
+
+
+@pytest.mark.parametrize("text", _SUBMITIT_CASES)
+def test_script_is_byte_for_byte_what_submitit_renders(text: str) -> None:
+    loaded = load_text(text, "spec.yaml", ())
+    size = len(loaded.tasks) if loaded.is_array else None
+    run_dir = Path("/runs/with space/x")
+    ours = sbatch_script(loaded.spec, run_dir, size)
+    assert ours == _submitit_script(loaded.spec, run_dir, size)
+    assert ours.endswith("submitit.core._submit '/runs/with space/x/slurm'\n")
+
+
+def test_dry_run_does_not_import_submitit() -> None:
+    # submitit's import (asyncio, ssl, logging.config, ...) is most of a dry-run's time.
+    code = (
+        "import sys, io\nfrom jobs.cli import main\n"
+        f"assert main(['submit', {str(EXAMPLE)!r}, '--dry-run'], io.StringIO()) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'submitit', 'torch'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
 
 
 # -- one mapping: the submitit script and --template ddp ask Slurm for the same resources -------
