@@ -8,6 +8,7 @@ torch; heavy modules are imported by the command that needs them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -351,6 +352,8 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     stream = out or sys.stdout
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "drill" or getattr(args, "follow", False):
+            gc.enable()  # runs for minutes or days: python -m jobs turned it off for start-up
         return COMMANDS[args.command](args, stream)
     except BadInputError as exc:  # the one bad-input signal, whichever package raised it
         if debug:

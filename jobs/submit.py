@@ -73,10 +73,12 @@ def dry_run(loaded: LoadedSpec, plan: Plan, template: str | None = None) -> str:
 
 def dry_run_note(loaded: LoadedSpec) -> str | None:
     """A line for stderr when the sweep is bigger than one array can be by Slurm's default."""
+    if not loaded.is_array:
+        return None
     from cluster.models import ClusterLimits
 
     default = ClusterLimits().max_array_size
-    if not loaded.is_array or len(loaded.tasks) <= default:
+    if len(loaded.tasks) <= default:
         return None
     return (
         f"jobs: {len(loaded.tasks)} tasks are more than one array holds where MaxArraySize is "

@@ -1,4 +1,6 @@
-"""The command line never imports torch (it would cost ~1 s per command)."""
+"""The command line never imports torch (it would cost ~1 s per command), and a dry-run not even
+submitit (asyncio, ssl, logging.config: a third of a dry-run's time); and how ``python -m jobs``
+runs the collector."""
 
 from __future__ import annotations
 
@@ -48,3 +50,43 @@ def test_cli_does_not_import_torch(args: list[str], tmp_path: Path) -> None:
     assert "jobs.cli" in names
     assert not {n for n in names if n == "torch" or n.startswith("torch.")}
     assert "numpy" not in names
+
+
+def test_dry_run_does_not_import_submitit(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path)
+    names = _imported(["submit", "examples/cifar.yaml", "--dry-run"], env)
+    assert "jobs.render" in names
+    assert not {n for n in names if n == "submitit" or n.startswith("submitit.")}
+
+
+@pytest.mark.parametrize(
+    ("args", "enabled"),
+    [
+        (["submit", "examples/cifar.yaml", "--dry-run"], False),
+        (["submit", "examples/cifar.yaml", "--follow", "--dry-run"], True),
+        (["logs", "some-run", "--follow"], True),
+        (["drill", "some-run", "--kind", "cancel"], True),
+        (["list", "--no-state"], False),
+    ],
+)
+def test_long_commands_run_with_the_collector_on(
+    args: list[str], enabled: bool, tmp_path: Path
+) -> None:
+    # python -m jobs turns the collector off for start-up (jobs/__main__.py); a command that
+    # may run for hours must turn it back on, a short one leaves it off. Every command here
+    # ends quickly (bad input, nothing recorded), after the decision.
+    code = (
+        "import gc, io, sys\n"
+        "gc.disable()\n"
+        "from jobs.cli import main\n"
+        f"main({args!r}, io.StringIO())\n"
+        "print(gc.isenabled())\n"
+    )
+    env = dict(os.environ)
+    env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path)
+    env["SLURM_TRAIN_RUNS_DIR"] = str(tmp_path / "runs")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.strip() == str(enabled), proc.stderr[-2000:]
