@@ -63,6 +63,9 @@ class TrainLaunch:
         # not one (no .checkpoint), and train decides about requeues through its budgets.
         os.environ.setdefault("SLURM_TRAIN_RUN_DIR", self.run_dir)
         self.materialize()
+        from train.startup import pause_collector
+
+        pause_collector()  # until the run starts (train.startup says why)
         from train.cli import main  # torch is imported here, inside the allocation only
 
         code = int(main(self.argv()) or 0)

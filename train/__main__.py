@@ -14,6 +14,9 @@ if __name__ == "__main__":
     # signal Slurm sends in that window is kept for the guard instead of killing the task
     # (which would end the job FAILED instead of requeued). stdlib only, so it costs ~nothing.
     install_early(_STOP_SIGNALS)
+    from train.startup import pause_collector
+
+    pause_collector()  # until the run starts (train.startup says why)
     from train.cli import main
 
     code = main()

@@ -41,7 +41,7 @@ from train.requeue import describe_failure, request_requeue
 from train.resume import ResumePlan, plan_resume, record_config
 from train.runtime import Runtime, configure_torch, setup_runtime
 from train.signals import PreemptionGuard
-from train.startup import mark, summary
+from train.startup import mark, resume_collector, summary
 from train.watchdog import Watchdog, start_watchdog
 
 __all__ = ["RunSession"]
@@ -221,6 +221,7 @@ class RunSession:
         """Record ``start`` or ``resume``; a resume with an allowed config change names the
         changed fields (``config_changed``) and says ``exact: false``."""
         fields.setdefault("startup", summary())  # seconds per start-up phase
+        resume_collector()  # start-up is over (train.startup: why it was off)
         if self.history is not None and self.env.restart_count > 0:
             explain_previous_attempt(self.run_dir, self.env.job_id, self.env.restart_count)
         if self.resume_from is None:

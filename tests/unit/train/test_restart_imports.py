@@ -82,3 +82,34 @@ def test_eager_optimizers_step_bitwise_like_torchs(
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
     assert our_state["param_groups"] == their_state["param_groups"]
     assert isinstance(eager(cls)([torch.zeros(1, requires_grad=True)], **kw), cls)
+
+
+def test_the_collector_is_off_for_start_up_and_on_for_training(tmp_path: Path) -> None:
+    # python -m train and TrainLaunch pause the collector; the run's start freezes what start-up
+    # built and turns it back on, so training and the user's code run with it on.
+    code = f"""
+        import gc
+        from train.startup import pause_collector, resume_collector
+        resume_collector()
+        untouched = gc.isenabled() and gc.get_freeze_count() == 0  # not paused by us: no-op
+        pause_collector()
+        paused = not gc.isenabled()
+        from pathlib import Path
+        from train.config import TrainConfig
+        from train.env import DistEnv
+        from train.trainer import run_training
+        seen = []
+        cfg = TrainConfig.model_validate({{
+            "model": "tinycnn", "width": 4, "data": {{"train_size": 64, "test_size": 16}},
+            "batch_size": 32, "epochs": 1, "num_threads": 1, "strategy": "single",
+        }})
+        import train.trainer as t
+        step = t._Loop.run
+        def run(self, *a, **k):
+            seen.append((gc.isenabled(), gc.get_freeze_count() > 1000))
+            return step(self, *a, **k)
+        t._Loop.run = run
+        run_training(cfg, DistEnv(), Path({str(tmp_path / "run")!r}), max_steps=1)
+        print(untouched, paused, seen)
+    """
+    assert _run(code, tmp_path) == "True True [(True, True)]"
