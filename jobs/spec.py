@@ -20,11 +20,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cluster.timefmt import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
 from train.config import EntrypointConfig, RequeueConfig, TrainConfig
+from train.specbase import StrictModel
 from train.specerrors import FieldIssue
 
 __all__ = [
@@ -50,17 +51,13 @@ _VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
 _SRUN_WORD_RE = re.compile(r"^[A-Za-z0-9_:,.=-]+$", re.ASCII)
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
 def _check_ident(value: str | None, what: str, pattern: re.Pattern[str] = _IDENT_RE) -> str | None:
     if value is not None and not pattern.match(value):
         raise ValueError(f"{value!r} is not a valid {what}")
     return value
 
 
-class Resources(_Model):
+class Resources(StrictModel):
     """What to ask Slurm for (sbatch options)."""
 
     partition: Annotated[
@@ -152,7 +149,7 @@ class Resources(_Model):
         return 0
 
 
-class Launch(_Model):
+class Launch(StrictModel):
     """How srun starts the tasks."""
 
     mpi: Annotated[str | None, Field(description="srun --mpi type, e.g. pmix or none")] = None
@@ -162,11 +159,11 @@ class Launch(_Model):
     cpu_bind: Annotated[str | None, Field(description="srun --cpu-bind, e.g. cores")] = None
     srun_args: Annotated[
         list[str], Field(description="more srun options, each one argument (--opt=value)")
-    ] = []
+    ] = []  # noqa: RUF012 (pydantic copies mutable defaults)
     sbatch_args: Annotated[
         dict[str, str | int | bool],
         Field(description="more #SBATCH options: {mail-type: END, ...}; true = flag only"),
-    ] = {}
+    ] = {}  # noqa: RUF012
 
     @field_validator("mpi", "cpu_bind")
     @classmethod
@@ -192,17 +189,17 @@ class Launch(_Model):
         return value
 
 
-class Environment(_Model):
+class Environment(StrictModel):
     """What runs before srun in the batch script, and the variables the tasks see."""
 
     setup: Annotated[
         list[str],
         Field(description="shell lines run before srun (module load, source venv/bin/activate)"),
-    ] = []
+    ] = []  # noqa: RUF012
     variables: Annotated[
         dict[str, str | int | float | bool],
         Field(description="environment variables exported for the tasks (values are quoted)"),
-    ] = {}
+    ] = {}  # noqa: RUF012
 
     @field_validator("variables")
     @classmethod
@@ -215,7 +212,7 @@ class Environment(_Model):
         return value
 
 
-class Sweep(_Model):
+class Sweep(StrictModel):
     """A grid: every combination of the listed values becomes one task of one job array."""
 
     grid: Annotated[
@@ -244,7 +241,7 @@ class Sweep(_Model):
         return n
 
 
-class JobSpec(_Model):
+class JobSpec(StrictModel):
     """One job: what to run, with which resources, and how it comes back after preemption."""
 
     name: Annotated[str, Field(description="job name (letters, digits, . _ -; up to 64)")]
