@@ -14,15 +14,13 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from jobs.errors import SpecError
-from jobs.spec import JobSpec
-from train.specerrors import error_lines, validate
-from train.specerrors import resolve_field as _resolve_field
 from train.specio import Override, Source, load_source, read_spec_file, set_path, where
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
 
 MAX_ARRAY = 10_000
 MAX_LINES = 20
@@ -83,6 +81,10 @@ def load_text(
 ) -> LoadedSpec:
     """Like :func:`load_spec` for a spec held in memory (``filename`` only labels errors)."""
     source, parsed, data = load_source(text, filename, overrides)
+    # Only now pydantic and the models (~40 ms): a file refused as YAML never pays for them.
+    from jobs.spec import JobSpec
+    from train.specerrors import validate
+
     spec = validate(JobSpec, data, source, parsed)
     tasks = _expand(spec, data, source, parsed)
     return LoadedSpec(path or Path(filename), text, data, spec, tasks, source, parsed)
@@ -90,6 +92,9 @@ def load_text(
 
 def resolve_field(path: Iterable[str]) -> tuple[bool, list[str]]:
     """Whether ``path`` names a field of JobSpec; else the valid names where it went wrong."""
+    from jobs.spec import JobSpec
+    from train.specerrors import resolve_field as _resolve_field
+
     return _resolve_field(JobSpec, path)
 
 
@@ -99,6 +104,10 @@ def _expand(
 ) -> list[Task]:
     if spec.sweep is None:
         return [Task(0, {}, spec)]
+    from pydantic import ValidationError
+
+    from jobs.spec import JobSpec
+    from train.specerrors import error_lines
     grid = spec.sweep.grid
     problems: list[str] = []
     for key in grid:

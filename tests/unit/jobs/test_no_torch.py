@@ -90,3 +90,27 @@ def test_long_commands_run_with_the_collector_on(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
     )
     assert proc.stdout.strip() == str(enabled), proc.stderr[-2000:]
+
+
+_ALIAS_BOMB = "a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(
+    f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: demo\ntrain: [[[[\n",  # broken YAML
+        _ALIAS_BOMB,  # 9**9 items once expanded
+        "name: demo\nname: again\n",  # a duplicate key
+    ],
+)
+def test_a_file_refused_as_yaml_never_loads_pydantic(text: str, tmp_path: Path) -> None:
+    # Hostile input is refused before the models are built (bench: refuse the worst input).
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(text)
+    env = dict(os.environ)
+    env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path)
+    names = _imported(["submit", str(spec), "--dry-run"], env)
+    assert "jobs.load" in names
+    assert not {n for n in names if n == "pydantic" or n.startswith(("pydantic.", "jobs.spec"))}
