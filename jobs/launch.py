@@ -1,4 +1,5 @@
-"""What submitit runs inside the allocation: :class:`TrainLaunch` (picklable, torch-free).
+"""What submitit runs inside the allocation: :class:`TrainLaunch` (picklable, torch-free),
+pickled inside a :class:`DelayedSubmission`.
 
 Each srun task unpickles it and calls it. It takes the signals back from submitit (whose own
 handlers would requeue or exit on their own terms) into train's early-signal store
@@ -6,14 +7,26 @@ handlers would requeue or exit on their own terms) into train's early-signal sto
 and runs ``train.cli.main`` in-process. A stop signal that arrives before training starts is
 kept in that store and train's preemption guard takes it over when it is installed (no
 re-sending, no polling thread). The job's exit status is train's exit code.
+
+:class:`DelayedSubmission` is the envelope ``submitit.core._submit`` loads from
+``RUN_DIR/slurm/JOBID_submitted.pkl``. submitit's loader checks the class *name* only, so that
+a project can pickle its own (``DelayedSubmission.load`` in submitit/core/utils.py says so); ours
+lets ``jobs submit`` write the pickles without importing submitit (asyncio, ssl, ...: about a
+quarter of a submit's time). It has what submitit's runtime uses: ``function`` with ``args`` and
+``kwargs``, ``result()``, ``done()``, the timeout fields, ``set_timeout``, ``dump`` and
+``_checkpoint_function`` (None: train decides about requeues, not submitit).
+tests/unit/jobs/test_launch.py runs one through submitit's own ``process_job``.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def release_submitit_signals(names: tuple[str, ...] = ("USR2", "TERM")) -> None:
@@ -22,6 +35,41 @@ def release_submitit_signals(names: tuple[str, ...] = ("USR2", "TERM")) -> None:
     from train.signals import install_early  # torch-free; loaded inside the allocation only
 
     install_early(names)
+
+
+class DelayedSubmission:
+    """``function(*args, **kwargs)``, called once in the allocation (see the module docstring)."""
+
+    def __init__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self._result: Any = None
+        self._done = False
+        self._timeout_min = 0  # submitit's runtime reads both when a signal reaches its handler
+        self._timeout_countdown = 0
+
+    def result(self) -> Any:
+        if not self._done:
+            self._result = self.function(*self.args, **self.kwargs)
+            self._done = True
+        return self._result
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_timeout(self, timeout_min: int, max_num_timeout: int) -> None:
+        self._timeout_min = timeout_min
+        self._timeout_countdown = max_num_timeout
+
+    def dump(self, path: str | Path) -> None:
+        # TrainLaunch is a module-level dataclass: the standard pickle (submitit's loader uses
+        # pickle.load too) is all it takes, no cloudpickle.
+        with open(path, "wb") as f:
+            pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _checkpoint_function(self) -> DelayedSubmission | None:
+        return None  # never resubmitted by submitit (train.requeue decides)
 
 
 @dataclass(frozen=True)

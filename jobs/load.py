@@ -108,6 +108,7 @@ def _expand(
 
     from jobs.spec import JobSpec
     from train.specerrors import error_lines
+
     grid = spec.sweep.grid
     problems: list[str] = []
     for key in grid:

@@ -143,6 +143,12 @@ def timeout_min(spec: JobSpec) -> int:
     return 5 if seconds is None else -(-seconds // 60)
 
 
+def submitted_pickle(folder: Path, job_id: str) -> Path:
+    """Where submitit's runtime looks for task ``job_id``'s pickle (``JobPaths.submitted_pickle``;
+    ``JOBID`` or ``ARRAYID_INDEX``)."""
+    return folder / f"{job_id}_submitted.pkl"
+
+
 def submit_command(folder: Path, python: str | None = None) -> str:
     """The command submitit puts after srun (``SlurmExecutor._submitit_command_str``)."""
     exe = shlex.quote(python or sys.executable)

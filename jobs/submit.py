@@ -4,8 +4,8 @@ One code path for single jobs and sweeps: a sweep is one job array (several when
 than the cluster's MaxArraySize), one resolved spec per task, recorded as ONE run. The script
 is :func:`jobs.render.sbatch_script`'s, which ``--dry-run`` (:func:`dry_run`) prints too; sbatch
 runs through :class:`cluster.client.SlurmClient` with its own environment (``os.environ`` is
-never touched). submitit is used for what runs in the allocation (its pickles and
-``submitit.core._submit``), not to call sbatch.
+never touched). submitit is what runs in the allocation (``submitit.core._submit`` loads the
+task's pickle and calls it); submitting imports none of it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ from jobs import records
 from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.records import Plan
-from jobs.render import command_note, sbatch_script, submitit_folder, timeout_min
+from jobs.render import (
+    command_note,
+    sbatch_script,
+    submitit_folder,
+    submitted_pickle,
+    timeout_min,
+)
 from train.specio import dump_spec
 
 if TYPE_CHECKING:
@@ -204,8 +210,6 @@ def submit_slurm(
     run at any time over all of them. All arrays go in or none: when one sbatch fails, the
     arrays already submitted are cancelled. Returns the saved record (one run).
     """
-    from submitit.core.utils import JobPaths
-
     plan = _claim(plan)  # the run directory, created exclusively
     files = write_run_files(loaded, plan, lazy=True)
     folder = submitit_folder(plan.run_dir)
@@ -225,7 +229,7 @@ def submit_slurm(
             job_ids.append(client.submit(path, after))
             for i, pkl in enumerate(pickles):
                 jid = f"{job_ids[-1]}_{i}" if loaded.is_array else job_ids[-1]
-                os.replace(pkl, JobPaths(folder, job_id=jid).submitted_pickle)
+                os.replace(pkl, submitted_pickle(folder, jid))
     except (ClusterError, OSError) as exc:
         if job_ids:  # ours: submitted by this call a moment ago
             with contextlib.suppress(ClusterError):
@@ -248,11 +252,9 @@ def submit_slurm(
 
 
 def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) -> list[Path]:
-    """One pickled :class:`~jobs.launch.TrainLaunch` per task, as submitit's executor writes
-    them (``SlurmExecutor._internal_process_submissions``), under temporary names."""
-    from submitit.core.utils import DelayedSubmission
-
-    from jobs.launch import TrainLaunch
+    """One pickled :class:`~jobs.launch.TrainLaunch` per task, in the envelope submitit's
+    runtime loads (:class:`jobs.launch.DelayedSubmission`), under temporary names."""
+    from jobs.launch import DelayedSubmission, TrainLaunch
 
     minutes = timeout_min(loaded.spec)
     signal_name = loaded.spec.requeue.signal

@@ -109,3 +109,45 @@ def test_importing_launch_does_not_import_torch_or_train() -> None:
         check=True,
     )
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("job_id", "array"), [("77", {}), ("76_3", {"76": "3"})])
+def test_submitits_own_runtime_runs_our_envelope(
+    job_id: str, array: dict[str, str], tmp_path: Path
+) -> None:
+    # What happens in the allocation: `srun python -m submitit.core._submit FOLDER` finds the
+    # task's pickle by job id (an array task's by ARRAYID_INDEX), loads our DelayedSubmission
+    # with submitit's loader and calls it, then writes submitit's result pickle.
+    from jobs.launch import DelayedSubmission
+    from jobs.render import submitted_pickle
+
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    target = tmp_path / "ran"
+    delayed = DelayedSubmission(Path.write_text, target, "called")
+    delayed.set_timeout(5, 0)
+    delayed.dump(submitted_pickle(folder, job_id))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "80" if array else job_id,
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+    }
+    for array_job, index in array.items():
+        env.update(SLURM_ARRAY_JOB_ID=array_job, SLURM_ARRAY_TASK_ID=index)
+    proc = subprocess.run(
+        [sys.executable, "-m", "submitit.core._submit", str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert target.read_text() == "called"
+    with (folder / f"{job_id}_0_result.pkl").open("rb") as f:
+        assert pickle.load(f) == ("success", len("called"))
