@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import parse
@@ -31,6 +32,17 @@ _MAX_IDS_PER_CALL = 5000
 
 # seconds :meth:`SlurmClient.release` waits before it lets a requeued job start (see there)
 RELEASE_SETTLE_S = 2.0
+_SINFO = ("sinfo", "-h", "-a", "-N", "-o", parse.SINFO_FORMAT)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A Slurm command started by :meth:`SlurmClient.start`, to be read by ``finish``."""
+
+    cmd: tuple[str, ...]
+    proc: subprocess.Popen[str]
+    timeout: float
+    deadline: float  # time.monotonic() after which it is killed
 
 
 class SlurmClient:
@@ -53,6 +65,7 @@ class SlurmClient:
             base["SLURM_CONF"] = self.conf
         self._env = base
         self.timeout = timeout
+        self._prefetched: Started | None = None
 
     # -- plumbing ----------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -69,26 +82,70 @@ class SlurmClient:
         extra_env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run one Slurm command; raise SlurmCommandError on failure when ``check``."""
+        started = self.start(cmd, timeout=timeout, cwd=cwd, extra_env=extra_env)
+        return self.finish(started, check=check)
+
+    def start(
+        self,
+        cmd: Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> Started:
+        """Start one Slurm command and return at once; :meth:`finish` reads it. The timeout
+        counts from now."""
         exe = shutil.which(cmd[0], path=self._env.get("PATH"))
         if exe is None:
             raise SlurmNotFoundError(cmd[0])
         env = self._env if not extra_env else {**self._env, **extra_env}
         limit = self.timeout if timeout is None else timeout
+        proc = subprocess.Popen(
+            [exe, *cmd[1:]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+        return Started(tuple(cmd), proc, limit, time.monotonic() + limit)
+
+    def finish(self, started: Started, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Wait for a started command (what is left of its timeout; killed after it)."""
+        proc = started.proc
         try:
-            proc = subprocess.run(
-                [exe, *cmd[1:]],
-                capture_output=True,
-                text=True,
-                timeout=limit,
-                env=env,
-                cwd=cwd,
-                check=False,
-            )
+            out, err = proc.communicate(timeout=max(0.0, started.deadline - time.monotonic()))
         except subprocess.TimeoutExpired as exc:
-            raise SlurmTimeoutError(cmd, limit) from exc
+            proc.kill()  # our own child, not reaped yet: its pid cannot be anyone else's
+            proc.communicate()
+            raise SlurmTimeoutError(started.cmd, started.timeout) from exc
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        done = subprocess.CompletedProcess(list(started.cmd), proc.returncode, out, err)
         if check and proc.returncode != 0:
-            raise SlurmCommandError(cmd, proc.returncode, proc.stderr or proc.stdout)
-        return proc
+            raise SlurmCommandError(started.cmd, proc.returncode, err or out)
+        return done
+
+    def prefetch_cluster_state(self) -> None:
+        """Start :meth:`cluster_state`'s ``sinfo`` now; the next :meth:`cluster_state` reads it.
+
+        ``jobs submit`` calls this before it validates the spec, so the preflight query runs
+        beside the validation instead of after it. Nothing starts without Slurm on PATH;
+        :meth:`discard_prefetch` ends one that was never read.
+        """
+        if self._prefetched is None and shutil.which("sinfo", path=self._env.get("PATH")):
+            self._prefetched = self.start(_SINFO)
+
+    def discard_prefetch(self) -> None:
+        """End a prefetched query nobody read (the spec was refused, say)."""
+        started, self._prefetched = self._prefetched, None
+        if started is not None and started.proc.poll() is None:
+            started.proc.kill()  # ours and not reaped: the pid is still this child's
+        if started is not None:
+            started.proc.communicate()
 
     def installed(self) -> bool:
         """Whether the Slurm client commands are on PATH."""
@@ -116,8 +173,9 @@ class SlurmClient:
 
     def cluster_state(self) -> ClusterState:
         """Partitions and nodes in ONE command (``sinfo``): what a preflight needs live."""
-        cmd = ["sinfo", "-h", "-a", "-N", "-o", parse.SINFO_FORMAT]
-        return parse.parse_sinfo(self.run(cmd).stdout)
+        started, self._prefetched = self._prefetched, None
+        done = self.finish(started) if started is not None else self.run(_SINFO)
+        return parse.parse_sinfo(done.stdout)
 
     def limits(self) -> ClusterLimits:
         """MaxArraySize, MaxJobCount (``scontrol show config``, readable without admin rights).

@@ -21,6 +21,7 @@ from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
+    from jobs.load import LoadedSpec
     from jobs.records import RunRecord
 
 
@@ -129,8 +130,6 @@ def _client() -> SlurmClient:
 
 # -- submit -------------------------------------------------------------------------------------
 def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
-    from jobs.records import runs_root
-
     if args.dry_run and args.follow:
         raise UsageError("submit: --dry-run and --follow do not go together")
     if args.template and not args.dry_run:
@@ -139,9 +138,25 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
             "and submit the script with sbatch"
         )
     from jobs.load import load_spec
+
+    client = None
+    if not args.dry_run and args.executor != "local":
+        client = _client()
+        if not args.no_preflight:
+            client.prefetch_cluster_state()  # the preflight's sinfo runs during validation
+    try:
+        return _submit(args, out, load_spec(args.spec, args.overrides), client)
+    finally:
+        if client is not None:
+            client.discard_prefetch()
+
+
+def _submit(
+    args: argparse.Namespace, out: IO[str], loaded: LoadedSpec, client: SlurmClient | None
+) -> int:
+    from jobs.records import runs_root
     from jobs.submit import make_plan
 
-    loaded = load_spec(args.spec, args.overrides)
     plan = make_plan(loaded, runs_root(args.runs_dir))
     if args.dry_run:  # the one dry-run route: what Slurm would get (jobs.render's mapping)
         from jobs.submit import dry_run, dry_run_note
@@ -156,7 +171,6 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
         return 0
     from jobs.submit import submit
 
-    client = _client() if args.executor != "local" else None
     record = submit(loaded, plan, client, args.executor, preflight=not args.no_preflight)
     _print_submitted(record, args.json, out)
     if args.follow:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cluster.client import SlurmClient
-from cluster.errors import SlurmCommandError, SlurmNotFoundError
+from cluster.errors import SlurmCommandError, SlurmNotFoundError, SlurmTimeoutError
 
 
 def _stub(bin_dir: Path, name: str, stdout: str, rc: int = 0, stderr: str = "") -> None:
@@ -150,3 +150,53 @@ def test_release_waits_for_the_requeue_to_settle(
     assert _calls(tmp_path) == ["scontrol update JobId=7 StartTime=now"]
     _client(tmp_path).release("8", settle_s=0)
     assert slept == [2.0]
+
+
+_SINFO_OUT = (Path(__file__).parent / "data" / "sinfo.txt").read_text()
+
+
+def test_a_prefetched_sinfo_is_read_by_the_next_cluster_state(tmp_path: Path) -> None:
+    _stub(tmp_path, "sinfo", _SINFO_OUT)
+    client = _client(tmp_path)
+    client.prefetch_cluster_state()
+    client.prefetch_cluster_state()  # one at a time
+    state = client.cluster_state()  # reads the prefetched one
+    assert _calls(tmp_path)[0].startswith("sinfo -h -a -N -o ")
+    assert len(_calls(tmp_path)) == 1
+    client.cluster_state()  # the next one asks again
+    assert len(_calls(tmp_path)) == 2
+    assert state == client.cluster_state()
+
+
+def test_a_prefetched_failure_is_raised_where_it_is_read(tmp_path: Path) -> None:
+    _stub(tmp_path, "sinfo", "", rc=1, stderr="sinfo: error: Unable to contact slurm controller\n")
+    client = _client(tmp_path)
+    client.prefetch_cluster_state()
+    with pytest.raises(SlurmCommandError, match="Unable to contact"):
+        client.cluster_state()
+
+
+def test_prefetch_without_slurm_starts_nothing_and_discard_ends_a_query(tmp_path: Path) -> None:
+    client = SlurmClient(environ={"PATH": str(tmp_path)})
+    client.prefetch_cluster_state()  # no sinfo on PATH
+    client.discard_prefetch()
+    slow = tmp_path / "sinfo"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    client = _client(tmp_path)
+    client.prefetch_cluster_state()
+    started = client._prefetched
+    assert started is not None and started.proc.poll() is None
+    client.discard_prefetch()  # killed and reaped, not left behind
+    assert started.proc.returncode is not None and client._prefetched is None
+
+
+def test_a_started_command_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    slow = tmp_path / "squeue"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    client = _client(tmp_path)
+    started = client.start(["squeue"], timeout=0.3)
+    with pytest.raises(SlurmTimeoutError, match=r"no answer within 0\.3s"):
+        client.finish(started)
+    assert started.proc.returncode is not None

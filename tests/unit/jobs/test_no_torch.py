@@ -114,3 +114,17 @@ def test_a_file_refused_as_yaml_never_loads_pydantic(text: str, tmp_path: Path) 
     names = _imported(["submit", str(spec), "--dry-run"], env)
     assert "jobs.load" in names
     assert not {n for n in names if n == "pydantic" or n.startswith(("pydantic.", "jobs.spec"))}
+
+
+def test_a_real_submission_does_not_import_submitit(tmp_path: Path, stub_slurm: Path) -> None:
+    # The script (jobs.render) and the pickles (jobs.launch.DelayedSubmission) are ours;
+    # submitit runs in the allocation only. sbatch is a stub here; --no-preflight: no sinfo.
+    env = dict(os.environ)  # the stub first on PATH (the fixture)
+    env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path / "state")
+    env["SLURM_TRAIN_RUNS_DIR"] = str(tmp_path / "runs")
+    args = ["submit", "examples/cifar.yaml", "--executor", "slurm", "--no-preflight"]
+    names = _imported(args, env)
+    assert "jobs.launch" in names
+    assert not {n for n in names if n == "submitit" or n.startswith("submitit.")}
+    assert (stub_slurm / "submitted-0.sh").exists()
+    assert len(list((tmp_path / "runs").glob("*/slurm/4242_submitted.pkl"))) == 1
