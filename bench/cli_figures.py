@@ -139,7 +139,9 @@ def _real_submit(opts: Options, env: dict[str, str], tmp: Path) -> list[Figure]:
 
         return run
 
-    repeats = 3 if opts.quick else max(5, opts.repeats)
+    # As many rounds as the dry-run: one round is two submissions and two cancels (~0.5 s),
+    # and with 5 the median swung by 0.1x from run to run.
+    repeats = 3 if opts.quick else max(9, 2 * opts.repeats)
     samples = interleave(
         {"ours": cancelled(ours), "plain": cancelled(plain)}, repeats=repeats, warmup=1
     )
