@@ -2,7 +2,8 @@
 
 - Only ``cluster/`` runs Slurm commands: no argv literal starting with a Slurm binary, and no
   shell string running one, in ``jobs/``, ``train/`` or ``bench/`` (the benchmarks' own plain
-  ``sbatch``/``sacct`` baselines are listed below, one by one).
+  ``sbatch``/``sacct`` baselines are listed below, one by one). ``shlex.join([...])`` writes
+  text (the script's srun line), not a command run here.
 - Only ``cluster/local/`` knows the dev cluster: nothing outside ``cluster/`` (tests aside)
   imports ``cluster.local``, and inside ``cluster/`` only the dev cluster's own command line.
 - ``jobs`` never imports torch; ``train`` never imports ``jobs``.
@@ -73,11 +74,11 @@ def _slurm_commands(tree: ast.Module) -> Iterator[tuple[int, str]]:
             if binary and any(n in _CMD_NAMES or n.endswith(("_cmd", "_argv")) for n in names):
                 yield node.lineno, binary
         if isinstance(node, ast.Call):
-            binary = _argv(node.args[0]) if node.args else None
-            if binary:
-                yield node.lineno, binary
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            binary = _argv(node.args[0]) if node.args else None
+            if binary and not _renders_text(func):
+                yield node.lineno, binary
             shell = name in SHELL_CALLS or any(
                 kw.arg == "shell" and isinstance(kw.value, ast.Constant) and kw.value.value
                 for kw in node.keywords
@@ -86,6 +87,17 @@ def _slurm_commands(tree: ast.Module) -> Iterator[tuple[int, str]]:
                 word = str(node.args[0].value).split(maxsplit=1)[:1]
                 if word and word[0] in SLURM_BINARIES:
                     yield node.lineno, word[0]
+
+
+def _renders_text(func: ast.expr) -> bool:
+    """``shlex.join([...])`` writes a line of a script (the srun line sbatch will run), it runs
+    nothing here."""
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "join"
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "shlex"
+    )
 
 
 def _is(module: str, prefix: str) -> bool:
@@ -113,6 +125,7 @@ def test_the_scan_sees_slurm_commands() -> None:
         "cmd = ['sacct', '-j', '1']\n"
         "subprocess.run(['echo', 'sbatch'])\n"
         "NAMES = ('squeue', 'sacct')\n"
+        "line = shlex.join(['srun', '--unbuffered'])\n"  # a script's line, not run here
     )
     assert sorted(b for _, b in _slurm_commands(ast.parse(code))) == [
         "sacct",
