@@ -88,6 +88,11 @@ def main() -> int:
         callbacks=[Progress(run_dir / "progress.jsonl")],
     )
     trainer.fit(Tiny(args.step_time), data)
+    if torch.distributed.is_initialized():
+        # Lightning leaves the process group to the interpreter's exit, where torch 2.13's gloo
+        # can abort the finished process ("terminate called without an active exception"):
+        # a SIGABRT the job must count as a failure. Destroy it while Python still runs.
+        torch.distributed.destroy_process_group()
     return 0
 
 
