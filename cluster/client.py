@@ -142,10 +142,11 @@ class SlurmClient:
     def discard_prefetch(self) -> None:
         """End a prefetched query nobody read (the spec was refused, say)."""
         started, self._prefetched = self._prefetched, None
-        if started is not None and started.proc.poll() is None:
+        if started is None:
+            return
+        if started.proc.poll() is None:
             started.proc.kill()  # ours and not reaped: the pid is still this child's
-        if started is not None:
-            started.proc.communicate()
+        started.proc.communicate()
 
     def installed(self) -> bool:
         """Whether the Slurm client commands are on PATH."""

@@ -21,7 +21,6 @@ from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
-    from jobs.load import LoadedSpec
     from jobs.records import RunRecord
 
 
@@ -138,6 +137,8 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
             "and submit the script with sbatch"
         )
     from jobs.load import load_spec
+    from jobs.records import runs_root
+    from jobs.submit import make_plan
 
     client = None
     if not args.dry_run and args.executor != "local":
@@ -145,33 +146,25 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
         if not args.no_preflight:
             client.prefetch_cluster_state()  # the preflight's sinfo runs during validation
     try:
-        return _submit(args, out, load_spec(args.spec, args.overrides), client)
+        loaded = load_spec(args.spec, args.overrides)
+        plan = make_plan(loaded, runs_root(args.runs_dir))
+        if args.dry_run:  # the one dry-run route: what Slurm would get (jobs.render's mapping)
+            from jobs.submit import dry_run, dry_run_note
+
+            out.write(dry_run(loaded, plan, args.template))
+            note = dry_run_note(loaded)
+            if note:
+                print(note, file=sys.stderr)
+            if args.executor == "local":
+                msg = "jobs: --executor local runs the same spec here, one process per rank"
+                print(f"{msg} (no sbatch)", file=sys.stderr)
+            return 0
+        from jobs.submit import submit
+
+        record = submit(loaded, plan, client, args.executor, preflight=not args.no_preflight)
     finally:
         if client is not None:
-            client.discard_prefetch()
-
-
-def _submit(
-    args: argparse.Namespace, out: IO[str], loaded: LoadedSpec, client: SlurmClient | None
-) -> int:
-    from jobs.records import runs_root
-    from jobs.submit import make_plan
-
-    plan = make_plan(loaded, runs_root(args.runs_dir))
-    if args.dry_run:  # the one dry-run route: what Slurm would get (jobs.render's mapping)
-        from jobs.submit import dry_run, dry_run_note
-
-        out.write(dry_run(loaded, plan, args.template))
-        note = dry_run_note(loaded)
-        if note:
-            print(note, file=sys.stderr)
-        if args.executor == "local":
-            msg = "jobs: --executor local runs the same spec here, one process per rank (no sbatch)"
-            print(msg, file=sys.stderr)
-        return 0
-    from jobs.submit import submit
-
-    record = submit(loaded, plan, client, args.executor, preflight=not args.no_preflight)
+            client.discard_prefetch()  # a refused spec: the query nobody read
     _print_submitted(record, args.json, out)
     if args.follow:
         from jobs.monitor import follow

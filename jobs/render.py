@@ -79,9 +79,8 @@ def slurm_options(spec: JobSpec) -> SlurmOptions:
         opts.append(("cpus-per-task", str(res.cpus_per_task)))
     if res.mem is not None:
         opts.append(("mem", res.mem))
-    seconds = res.time_s
-    # Slurm counts whole minutes: round up so the job never gets less than asked.
-    opts.append(("time", format_slurm_time(None if seconds is None else -(-seconds // 60) * 60)))
+    # Slurm counts whole minutes: rounded up so the job never gets less than asked.
+    opts.append(("time", format_slurm_time(None if res.time_s is None else 60 * timeout_min(spec))))
     for key, value in (("account", res.account), ("qos", res.qos), ("constraint", res.constraint)):
         if value is not None:
             opts.append((key, value))
@@ -138,7 +137,8 @@ def srun_args(spec: JobSpec) -> list[str]:
 
 
 def timeout_min(spec: JobSpec) -> int:
-    """The time limit in whole minutes as submitit's pickled tasks carry it (its default: 5)."""
+    """The time limit in whole minutes, rounded up (Slurm's unit; submitit's pickled tasks
+    carry it too, with submitit's default of 5 when there is none)."""
     seconds = spec.resources.time_s
     return 5 if seconds is None else -(-seconds // 60)
 
