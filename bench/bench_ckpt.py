@@ -1,11 +1,12 @@
 """Checkpoints: how long a save blocks training, and how fast it writes, against plain baselines.
 
-Uses :class:`train.ckpt_bench.CheckpointBench` (train's own measurement of one state saved four
+Uses :class:`bench.ckpt_helpers.CheckpointBench` (train's own measurement of one state saved four
 ways, by one synchronous and one asynchronous manager kept across rounds as a run keeps them)
 once per round, alternating with a plain write of the same number of bytes, so every number
 below comes from the same rounds:
 
-- blocking time of a synchronous :class:`train.checkpoint.CheckpointManager` save (files hashed
+- blocking time of a synchronous :class:`train.checkpoint.manager.CheckpointManager` save (files
+hashed
   while written, fsync, manifest with the model digest computed beside the writes, atomic
   rename) and of an asynchronous one (copy-on-write: only the state's structure is built on the
   training path) against one ``torch.save`` of the same state (one file, no fsync); goal
@@ -53,7 +54,7 @@ def _state(width: int) -> tuple[Any, Any]:
     import torch
     from torch import nn
 
-    from train.models import build_model
+    from train.loop.models import build_model
 
     torch.manual_seed(0)
     model = build_model("resnet", width)
@@ -66,7 +67,7 @@ def _state(width: int) -> tuple[Any, Any]:
 
 def run(opts: Options) -> list[Figure]:
     """Sync/async blocking time vs torch.save, and write speed vs a plain write."""
-    from train.ckpt_bench import CheckpointBench
+    from bench.ckpt_helpers import CheckpointBench
 
     width = 32 if opts.quick else 64
     repeats = 3 if opts.quick else 5

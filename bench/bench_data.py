@@ -1,6 +1,6 @@
 """Data pipeline: images/s the CIFAR pipeline delivers on its own vs what a training step eats.
 
-The pipeline is exactly what :mod:`train.trainer` does per step: one index operation into the
+The pipeline is exactly what :mod:`train.loop.trainer` does per step: one index operation into the
 in-memory ``uint8`` set, ``Augmenter.draw`` (crop offsets and flips for the step) and
 ``Augmenter.apply`` (pad, crop, flip, normalise), on the CPU, one thread. The consumer is one
 training step (forward, loss, backward, SGD) of the same model and batch the training
@@ -30,8 +30,8 @@ def _measures(
     import torch
     from torch import nn
 
-    from train.data import Augmenter, make_synthetic
-    from train.models import build_model
+    from train.loop.data import Augmenter, make_synthetic
+    from train.loop.models import build_model
 
     torch.set_num_threads(1)
     data = make_synthetic(8 * batch * rounds, seed=0, split="train")

@@ -1,6 +1,7 @@
 """The GPU path: the built-in CIFAR training on NVIDIA GPUs, beside airbench94's published time.
 
-When ``torch.cuda.is_available()``: :func:`train.trainer.run_training` with ResNet-9 (width 64),
+When ``torch.cuda.is_available()``: :func:`train.loop.trainer.run_training` with ResNet-9 (width
+64),
 bf16 autocast, the data set held on the GPU (the trainer moves the uint8 set to the training
 device once; no per-step host-to-device copies), one process per GPU (``strategy: ddp``, nccl,
 spawned on 127.0.0.1) or ``single`` for one GPU. Data: real CIFAR-10 from ``$CIFAR10_DIR``
@@ -13,7 +14,7 @@ reference: airbench94 trains to 94% in 3.83 s on one A100, about 130,000 images/
 network and recipe, on different hardware: the ratio is context, not a pass/fail goal).
 
 Without CUDA the table says ``skipped: no CUDA device``. :func:`support_gaps` checks that
-:class:`train.config.TrainConfig` still has every option this path uses (bf16, channels_last,
+:class:`train.spec.config.TrainConfig` still has every option this path uses (bf16, channels_last,
 torch.compile, target accuracy) and names any that is missing.
 """
 
@@ -41,8 +42,8 @@ TARGET = 0.94
 
 
 def support_gaps() -> list[str]:
-    """What :class:`train.config.TrainConfig` / the trainer lack for the fast GPU path."""
-    from train.config import TrainConfig
+    """What :class:`train.spec.config.TrainConfig` / the trainer lack for the fast GPU path."""
+    from train.spec.config import TrainConfig
 
     fields = TrainConfig.model_fields
     gaps = []
@@ -59,7 +60,7 @@ def support_gaps() -> list[str]:
 
 
 def _config(epochs: int, batch: int, world: int) -> Any:
-    from train.config import CheckpointConfig, DataConfig, OptimizerConfig, TrainConfig
+    from train.spec.config import CheckpointConfig, DataConfig, OptimizerConfig, TrainConfig
 
     cifar = os.environ.get("CIFAR10_DIR")
     data = (
@@ -96,7 +97,7 @@ def _worker(argv: list[str]) -> int:
     p.add_argument("--world", type=int, default=1)
     a = p.parse_args(argv)
     from train.env import DistEnv
-    from train.trainer import run_training
+    from train.loop.trainer import run_training
 
     env = DistEnv.from_env(os.environ)
     config = _config(a.epochs, a.batch, a.world)

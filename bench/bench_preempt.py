@@ -307,7 +307,7 @@ def run(opts: Options) -> list[Figure]:
     if not opts.slurm_conf:
         return [skipped(SECTION, name, "no local cluster config (python -m cluster up)")]
     try:
-        import train.trainer  # noqa: F401  (the path under test must at least import)
+        import train.loop.trainer  # noqa: F401  (the path under test must at least import)
     except Exception as exc:
         return [skipped(SECTION, name, f"train path not importable: {exc}")]
     from cluster.client import SlurmClient

@@ -1,10 +1,10 @@
 """Training throughput: our trainer against a minimal hand-written PyTorch loop.
 
-Both sides train the same model (``train.models.build_model``) on the same in-memory synthetic
-CIFAR tensors (``train.data.make_synthetic``), with the same global batch, optimizer (SGD,
+Both sides train the same model (``train.loop.models.build_model``) on the same in-memory synthetic
+CIFAR tensors (``train.loop.data.make_synthetic``), with the same global batch, optimizer (SGD,
 Nesterov momentum, weight decay) and world size, one CPU thread per process:
 
-- ``ours``: :func:`train.trainer.run_training` (what ``python -m train`` runs), images/s as the
+- ``ours``: :func:`train.loop.trainer.run_training` (what ``python -m train`` runs), images/s as the
   trainer reports it (``TrainResult.images_per_s``: steps after ``WARMUP_STEPS``, evaluation and
   checkpoints excluded, its own per-step stop-flag all-reduce, metrics and scheduler included);
 - ``hand``: :func:`hand_loop` below: index, normalise, forward, loss, backward, step, and
@@ -36,7 +36,7 @@ __all__ = ["TrainSetup", "hand_loop", "run"]
 
 SECTION = "Training throughput (CPU)"
 GOAL = Goal(">=", 0.97)
-#: Steps excluded from the measurement on both sides (train.trainer.WARMUP_STEPS).
+#: Steps excluded from the measurement on both sides (train.loop.trainer.WARMUP_STEPS).
 WARMUP_STEPS = 5
 
 
@@ -69,14 +69,14 @@ class TrainSetup:
 
 # -- the two sides (run inside worker processes) ------------------------------------------------
 def ours(setup: TrainSetup, rank: int, run_dir: Path) -> float:
-    """Images/s of :func:`train.trainer.run_training` for ``setup`` (as rank ``rank``)."""
-    from train.config import CheckpointConfig, DataConfig, OptimizerConfig, TrainConfig
+    """Images/s of :func:`train.loop.trainer.run_training` for ``setup`` (as rank ``rank``)."""
     from train.env import DistEnv
-    from train.trainer import WARMUP_STEPS as TRAINER_WARMUP
-    from train.trainer import run_training
+    from train.loop.trainer import WARMUP_STEPS as TRAINER_WARMUP
+    from train.loop.trainer import run_training
+    from train.spec.config import CheckpointConfig, DataConfig, OptimizerConfig, TrainConfig
 
     if TRAINER_WARMUP != WARMUP_STEPS:
-        raise RuntimeError(f"train.trainer.WARMUP_STEPS is {TRAINER_WARMUP}, bench assumes 5")
+        raise RuntimeError(f"train.loop.trainer.WARMUP_STEPS is {TRAINER_WARMUP}, bench assumes 5")
     config = TrainConfig(
         model=setup.model,  # type: ignore[arg-type]
         width=setup.width,
@@ -103,8 +103,8 @@ def hand_loop(setup: TrainSetup, rank: int, port: int) -> float:
     import torch.distributed as dist
     from torch import nn
 
-    from train.data import CIFAR_MEAN, CIFAR_STD, make_synthetic
-    from train.models import build_model
+    from train.loop.data import CIFAR_MEAN, CIFAR_STD, make_synthetic
+    from train.loop.models import build_model
 
     torch.set_num_threads(1)
     world = setup.world

@@ -1,10 +1,11 @@
 """Hang watchdog (issue 15): what it costs per step, and how fast it notices a frozen rank.
 
 - Cost: training steps of the example's ``tinycnn`` (batch 128, 1 thread, CPU) with one
-  heartbeat per step (:meth:`train.watchdog.Heartbeat.beat`, a 16-byte ``pwrite``) against the
+  heartbeat per step (:meth:`train.hang.heartbeat.Heartbeat.beat`, a 16-byte ``pwrite``) against the
   same steps without, interleaved rounds. Goal: within 1%.
 - Latency: two heartbeat-writing 'rank' processes (no torch) under the real watchers
-  (``python -m train.hangwatch``); one is frozen with SIGSTOP and the time until the ``hang`` event
+  (``python -m train.hang.watcher``); one is frozen with SIGSTOP and the time until the ``hang``
+  event
   is recorded is compared with the configured timeout. The watcher polls every timeout/10 (at
   least 0.2 s) and gives a live rank up to 3 s to write its stacks, so about timeout + 1 s.
 """
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, Figure, Goal, Options, interleave
-from train.watchdog import read_beats
+from train.hang.heartbeat import read_beats
 
 SECTION = "Hang watchdog (issue 15)"
 
@@ -30,7 +31,7 @@ RANK = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from train.watchdog import Watchdog
+    from train.hang.heartbeat import Watchdog
 
     wd = Watchdog(Path(sys.argv[1]), rank=int(sys.argv[2]), world_size=2, job_id=None,
                   restart_count=0, timeout_s=float(sys.argv[3]), budgets={"max_hangs": 9})
@@ -46,8 +47,8 @@ RANK = textwrap.dedent(
 def _cost(opts: Options, repeats: int) -> Figure:
     import torch
 
-    from train.models import build_model
-    from train.watchdog import Heartbeat
+    from train.hang.heartbeat import Heartbeat
+    from train.loop.models import build_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -12,7 +12,7 @@
     │                                 inconsistent combinations (one line per problem:
     │                                 ``file:line:column: field.path: problem (hint)``)
     └── OverrideError             [2] a ``--set key=value`` is malformed or names no field
-        (both from :mod:`train.errors`: the one spec loader, :mod:`train.specio`, is shared
+        (both from :mod:`train.errors`: the one spec loader, :mod:`train.spec.load`, is shared
         with ``python -m train --config``; re-exported here)
 
 [2]: the class derives from :class:`cluster.errors.BadInputError`, the one bad-input signal of

@@ -3,7 +3,7 @@ pickled inside a :class:`DelayedSubmission`.
 
 Each srun task unpickles it and calls it. It takes the signals back from submitit (whose own
 handlers would requeue or exit on their own terms) into train's early-signal store
-(:mod:`train.signals`, stdlib only, imported when the task starts), then imports ``train.cli``
+(:mod:`train.stop.signals`, stdlib only, imported when the task starts), then imports ``train.cli``
 and runs ``train.cli.main`` in-process. A stop signal that arrives before training starts is
 kept in that store and train's preemption guard takes it over when it is installed (no
 re-sending, no polling thread). The job's exit status is train's exit code.
@@ -32,7 +32,7 @@ from typing import Any
 def release_submitit_signals(names: tuple[str, ...] = ("USR2", "TERM")) -> None:
     """Replace submitit's handlers (requeue on USR2, ignore TERM) with train's early-signal
     store until train's guard installs its own handlers."""
-    from train.signals import install_early  # torch-free; loaded inside the allocation only
+    from train.stop.signals import install_early  # torch-free; loaded inside the allocation only
 
     install_early(names)
 
@@ -69,7 +69,7 @@ class DelayedSubmission:
             pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _checkpoint_function(self) -> DelayedSubmission | None:
-        return None  # never resubmitted by submitit (train.requeue decides)
+        return None  # never resubmitted by submitit (train.stop.act decides)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Load a spec file: YAML -> overrides -> strict validation -> sweep expansion.
 
-Reading, YAML, ``--set`` and the one-line errors are :mod:`train.specio` /
-:mod:`train.specerrors`, shared with ``python -m train --config``. Every problem becomes one
+Reading, YAML, ``--set`` and the one-line errors are :mod:`train.spec.load` /
+:mod:`train.spec.messages`, shared with ``python -m train --config``. Every problem becomes one
 line ``file:line:column: field.path: problem (hint)``; a problem that comes from ``--set``
 points at the override instead (``--set k=v: field.path: ...``). The sweep is expanded here
 and only here (:attr:`LoadedSpec.tasks`); :func:`sweepable` is the one rule for what a sweep
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.errors import SpecError
-from train.specio import Override, Source, load_source, read_spec_file, set_path, where
+from train.spec.load import Override, Source, load_source, read_spec_file, set_path, where
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -83,7 +83,7 @@ def load_text(
     source, parsed, data = load_source(text, filename, overrides)
     # Only now pydantic and the models (~40 ms): a file refused as YAML never pays for them.
     from jobs.spec import JobSpec
-    from train.specerrors import validate
+    from train.spec.messages import validate
 
     spec = validate(JobSpec, data, source, parsed)
     tasks = _expand(spec, data, source, parsed)
@@ -93,7 +93,7 @@ def load_text(
 def resolve_field(path: Iterable[str]) -> tuple[bool, list[str]]:
     """Whether ``path`` names a field of JobSpec; else the valid names where it went wrong."""
     from jobs.spec import JobSpec
-    from train.specerrors import resolve_field as _resolve_field
+    from train.spec.messages import resolve_field as _resolve_field
 
     return _resolve_field(JobSpec, path)
 
@@ -107,7 +107,7 @@ def _expand(
     from pydantic import ValidationError
 
     from jobs.spec import JobSpec
-    from train.specerrors import error_lines
+    from train.spec.messages import error_lines
 
     grid = spec.sweep.grid
     problems: list[str] = []

@@ -19,7 +19,7 @@ The same requeue contract as on Slurm (train's ``requeue:`` section and ``events
 
 No orphans: each rank gets ``PR_SET_PDEATHSIG`` (SIGTERM: it checkpoints and stops) so a
 ``kill -9`` of the supervisor stops it, and the supervisor records its own and every rank's
-:class:`jobs.procs.ProcHandle` (PID + start time) so ``status`` and ``cancel`` can tell the
+:class:`jobs.pids.ProcHandle` (PID + start time) so ``status`` and ``cancel`` can tell the
 truth and never signal a process that merely reuses a PID.
 """
 
@@ -39,17 +39,17 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
-from jobs.procs import ProcHandle
+from jobs.pids import ProcHandle
 from jobs.records import RunRecord, load_record
 from train.env import DistEnv
 from train.history import RunHistory
 
 if TYPE_CHECKING:
-    from train.config import RequeueConfig
+    from train.spec.config import RequeueConfig
 
 STATE_FILE = "local_state.json"
 STOP_FILE = ".local-stop"  # "cancel": the ranks' stop is a cancel, not a preemption
-REQUEUE_EXIT = 75  # train.requeue.REQUEUE_EXIT_CODE
+REQUEUE_EXIT = 75  # train.stop.act.REQUEUE_EXIT_CODE
 NO_RETRY_EXITS = {2, 3}  # bad input; a requeue budget is spent (train said so)
 PEER_GRACE_S = 60.0  # after one rank exits 75, the others' time to exit on their own
 KILL_WAIT_S = 30.0  # after a cancel's SIGTERM, the ranks' time to save and exit (Slurm's KillWait)
@@ -85,7 +85,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _budgets(task_dir: str) -> RequeueConfig:
     """The task's requeue section (defaults when the resolved spec cannot be read)."""
-    from train.config import RequeueConfig, load_run_config
+    from train.spec.config import RequeueConfig, load_run_config
 
     try:
         return load_run_config(Path(task_dir) / "resolved.yaml").requeue
@@ -179,7 +179,7 @@ class Supervisor:
                 master_port=port,
             ).export(env)  # fmt: skip
             env["SLURM_TRAIN_RUN_DIR"] = task_dir
-            env["SLURM_TRAIN_LOCAL_SUPERVISOR"] = str(parent)  # train.requeue: gone = no restart
+            env["SLURM_TRAIN_LOCAL_SUPERVISOR"] = str(parent)  # train.stop.act: gone = no restart
             # train reads the attempt as torchrun's restart count: > 0 implies --resume.
             env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
             log = self.record.log_file(self.task_id(index), rank).open("ab")
@@ -276,11 +276,15 @@ class Supervisor:
         )
         base = {"step": None, "restart_count": attempt, "job_id": None}
         if not recorded:
-            history.append("failure", **base, error=f"rank {rank} exited {code}")
-        over = history.check_budget(budgets)
-        if over:
-            history.append("budget_exhausted", **base, reason=over)
-            return "FAILED", over
+            # a rank died before it could record its failure: the launcher decides it, through
+            # the same stop decision as every other path (train.stop)
+            from train.stop import StopFacts, decide, record
+
+            facts = StopFacts("local", restart_count=attempt)
+            decision = decide("failure", facts, history.counts(), budgets)
+            record(decision, history, base, facts, error=f"rank {rank} exited {code}")
+            if decision.exhausted:
+                return "FAILED", decision.exhausted
         history.append("requeue", **base, via="local")
         return "REQUEUED", f"rank {rank} failed; requeued"
 

@@ -3,7 +3,7 @@
 
 Slurm states come from ONE query for any number of runs, shared for a few seconds through the
 state dir (:func:`jobs.statecache.slurm_states`); local runs' states from their supervisor's
-``local_state.json``, checked against the processes themselves (:mod:`jobs.procs`).
+``local_state.json``, checked against the processes themselves (:mod:`jobs.pids`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from cluster.models import JobInfo
-from jobs.procs import ProcHandle, cmdline, signal_if_ours
+from jobs.pids import ProcHandle, cmdline, signal_if_ours
 from jobs.records import RunRecord
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def supervisor(record: RunRecord, state: dict[str, Any]) -> ProcHandle | None:
 
 
 def _started_after(handle: ProcHandle, when: float) -> bool:
-    from jobs.procs import started_at
+    from jobs.pids import started_at
 
     started = started_at(handle)
     return started is not None and started >= when - 2.0
@@ -172,7 +172,7 @@ def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) ->
     """Cancel the run (or one task of it); returns what was cancelled ([]: nothing runs).
 
     A local run is signalled only through handles proven to be this run's processes (start
-    time and command line, :mod:`jobs.procs`): an ended run's PID may be anyone's by now.
+    time and command line, :mod:`jobs.pids`): an ended run's PID may be anyone's by now.
     """
     if record.executor == "local":
         if only is not None and only != record.job_id:

@@ -160,12 +160,12 @@ def command_note(spec: JobSpec) -> str:
 
     A bare ``python`` (or another name found beside it, e.g. ``torchrun``) means the interpreter
     of the environment ``jobs`` runs in, the one :func:`submit_command` starts the tasks with
-    (:func:`train.procs.resolve_argv` applies the same rule inside the allocation).
+    (:func:`train.command.processes.resolve_argv` applies the same rule inside the allocation).
     """
     entry = spec.entrypoint
     if entry is None or not entry.command:
         return ""
-    from train.procs import resolve_argv
+    from train.command.processes import resolve_argv
 
     argv = resolve_argv(entry.command)
     lines = [f"# entrypoint.command runs as: {shlex.join(argv)}"]

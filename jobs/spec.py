@@ -4,13 +4,13 @@
     resources     sbatch options, spelled the way Slurm spells them
     launch        extra srun options (mpi, kill_on_bad_exit, cpu_bind, ...)
     environment   setup lines run before srun, and exported variables
-    requeue       train.config.RequeueConfig: signal, lead time, requeue budgets
-    train         train.config.TrainConfig (built-in trainer)   } exactly one
-    entrypoint    train.config.EntrypointConfig (user code)     }
+    requeue       train.spec.config.RequeueConfig: signal, lead time, requeue budgets
+    train         train.spec.config.TrainConfig (built-in trainer)   } exactly one
+    entrypoint    train.spec.config.EntrypointConfig (user code)     }
     sweep         a grid over fields: one Slurm job array with a parallelism limit
 
 Cross-field rules live in ``model_validator``s; they raise :class:`FieldIssue` so the error
-points at the field to change (see :mod:`train.specerrors` for ``file:line:column`` reporting).
+points at the field to change (see :mod:`train.spec.messages` for ``file:line:column`` reporting).
 Every pattern is ASCII (``re.ASCII``, ``[0-9]``): a Unicode digit is never read as a digit.
 ``launch.sbatch_args`` is checked option by option in :mod:`jobs.sbatchopts`.
 """
@@ -24,9 +24,9 @@ from pydantic import Field, field_validator, model_validator
 
 from cluster.timefmt import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
-from train.config import EntrypointConfig, RequeueConfig, TrainConfig
-from train.specbase import StrictModel
-from train.specerrors import FieldIssue
+from train.spec.base import StrictModel
+from train.spec.config import EntrypointConfig, RequeueConfig, TrainConfig
+from train.spec.messages import FieldIssue
 
 __all__ = [
     "Environment",

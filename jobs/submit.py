@@ -32,7 +32,7 @@ from jobs.render import (
     submitted_pickle,
     timeout_min,
 )
-from train.specio import dump_spec
+from train.spec.load import dump_spec
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient

@@ -16,7 +16,8 @@ within ``requeue.max_failures`` like one of the built-in trainer. See
         return 0
 
 ``entrypoint: {command: [argv...]}``: the command runs as a child process supervised by
-:mod:`train.command` (the torchrun variables, RUN_DIR, TRAIN_RESTART_COUNT, TRAIN_RESUME_FROM
+:mod:`train.command.supervisor` (the torchrun variables, RUN_DIR, TRAIN_RESTART_COUNT,
+TRAIN_RESUME_FROM
 exported; the stop signal it listens for sent once; requeued after a preemption or time limit;
 a non-zero exit without a stop is a failure with its exit code and stderr tail).
 """
@@ -34,14 +35,14 @@ from typing import Any
 
 import torch
 
-from train.checkpoint import CheckpointManager, LoadedCheckpoint
-from train.config import RunConfig
+from train.checkpoint.manager import CheckpointManager, LoadedCheckpoint
 from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import EntrypointError
 from train.runtime import Runtime
 from train.session import RunSession
-from train.signals import PreemptionGuard
+from train.spec.config import RunConfig
+from train.stop.signals import PreemptionGuard
 from train.tracking import Tracker, wandb_options
 
 __all__ = ["TrainContext", "load_function", "run_entrypoint"]
@@ -74,7 +75,7 @@ class TrainContext:
         if self._tracker is None:
             step = None
             if self.resume_from is not None:
-                from train.checkpoint import checkpoint_step
+                from train.checkpoint.manager import checkpoint_step
 
                 step = checkpoint_step(self.resume_from)
             self._tracker = Tracker(
@@ -115,13 +116,11 @@ class TrainContext:
         """After saving: wait for the save, meet at a barrier, requeue; returns the exit code."""
         if self.session is not None:
             return self.session.stop(step)
-        from train.requeue import request_requeue
+        from train.stop.act import request_requeue
 
         self.checkpoints.wait()
         self.runtime.barrier()
-        return request_requeue(
-            self.env, self.run_dir, self.config.requeue, self.guard.reason, step=step
-        )
+        return request_requeue(self.env, self.run_dir, self.config.requeue, "signal", step=step)
 
     def barrier(self) -> None:
         """All ranks meet."""
@@ -164,7 +163,7 @@ def run_entrypoint(
         raise EntrypointError("the spec has no entrypoint section")
     fn = load_function(entry.function) if entry.function is not None else None
     # A command: this guard only holds the job's signal and TERM while the run is set up;
-    # train.command then supervises the child (which signal it gets, requeue, failures).
+    # train.command.supervisor then supervises the child (which signal it gets, requeue, failures).
     guard = PreemptionGuard((config.requeue.signal, "TERM")) if entry.command is not None else None
     session = RunSession(
         config.train,
@@ -179,7 +178,7 @@ def run_entrypoint(
     with session:
         session.started(None, entrypoint=entry.function or entry.command)
         if entry.command is not None:
-            from train.command import run_command as supervise_command
+            from train.command.supervisor import run_command as supervise_command
 
             return supervise_command(
                 config, env, session.run_dir, session.resume_from, early=session.guard

@@ -2,7 +2,7 @@
 
     TrainError             base: anything train reports to the user as one line
     ├── ConfigError        [2] invalid train/requeue/entrypoint sections or --set
-    │   └── SpecError      [2] the spec loader's error (train.specio, shared with jobs): one line
+    │   └── SpecError      [2] the spec loader's error (train.spec.load, shared with jobs): one line
     │       │                  per problem, ``file:line:column: field.path: problem (hint)``
     │       └── OverrideError [2] a ``--set key=value`` is malformed or names no field
     ├── EnvError           [2] inconsistent Slurm/torchrun environment (names the sbatch option)
@@ -14,7 +14,7 @@
 
 [2] marks the classes that also derive from :class:`cluster.errors.BadInputError`, the one
 bad-input signal of every package: ``python -m train`` (and ``python -m jobs``) exit 2 for them,
-1 for the others; a failure in a run is requeued, bad input is not (``train.requeue``).
+1 for the others; a failure in a run is requeued, bad input is not (``train.stop.act``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ One JSON object per line, appended by rank 0 only::
 Events: start, resume, signal, checkpoint, requeue, preempted, timeout, failure, target (the
 first evaluation at ``train.target_accuracy``; ``complete`` follows), complete,
 budget_exhausted, cancelled (a plain ``scancel``: checkpointed, not requeued). The budgets of
-:class:`train.config.RequeueConfig` are checked against the
+:class:`train.spec.config.RequeueConfig` are checked against the
 preempted/timeout/failure counts, and ``jobs`` shows :meth:`RunHistory.summary` ("preempted 2x,
 resumed at step 120").
 """
@@ -18,14 +18,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
+    "BUDGETS",
     "EVENTS",
     "STOP_EVENTS",
     "BudgetConfig",
     "RunHistory",
+    "over_budget",
     "read_jsonl",
     "read_jsonl_checked",
 ]
@@ -84,7 +87,7 @@ def read_jsonl_checked(path: str | Path) -> tuple[list[dict[str, Any]], list[int
 
 
 # events that consume a requeue budget, with the RequeueConfig field that limits them
-_BUDGETS = {
+BUDGETS = {
     "preempted": "max_preemptions",
     "timeout": "max_timeouts",
     "failure": "max_failures",
@@ -93,7 +96,7 @@ _BUDGETS = {
 
 
 class BudgetConfig(Protocol):
-    """The part of :class:`train.config.RequeueConfig` the budget check reads."""
+    """The part of :class:`train.spec.config.RequeueConfig` the budget check reads."""
 
     @property
     def max_preemptions(self) -> int: ...
@@ -103,6 +106,21 @@ class BudgetConfig(Protocol):
     def max_failures(self) -> int: ...
     @property
     def max_hangs(self) -> int: ...
+
+
+def over_budget(counts: Mapping[str, int], requeue_config: BudgetConfig) -> str | None:
+    """Why a run with these event ``counts`` must stop instead of being requeued, or None when
+    within budget (pure). A budget of N allows N requeues of that kind; the (N+1)-th event
+    exhausts it."""
+    for event, attr in BUDGETS.items():
+        limit = int(getattr(requeue_config, attr))
+        count = int(counts.get(event, 0))
+        if count > limit:
+            return (
+                f"{event} {count}x, over the budget requeue.{attr}={limit}; "
+                f"not requeuing (raise requeue.{attr} to allow more)"
+            )
+    return None
 
 
 def _count(value: Any) -> int:
@@ -148,19 +166,9 @@ class RunHistory:
         return counts
 
     def check_budget(self, requeue_config: BudgetConfig) -> str | None:
-        """Why the run must stop instead of being requeued, or None when within budget.
-
-        A budget of N allows N requeues of that kind; the (N+1)-th event exhausts it.
-        """
-        counts = self.counts()
-        for event, attr in _BUDGETS.items():
-            limit = int(getattr(requeue_config, attr))
-            if counts[event] > limit:
-                return (
-                    f"{event} {counts[event]}x, over the budget requeue.{attr}={limit}; "
-                    f"not requeuing (raise requeue.{attr} to allow more)"
-                )
-        return None
+        """Why the run must stop instead of being requeued, or None when within budget
+        (:func:`over_budget` of the recorded counts)."""
+        return over_budget(self.counts(), requeue_config)
 
     def to_dict(self) -> dict[str, Any]:
         """Machine-readable summary: counts, restarts, last resume step, final state."""

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.data import Augmenter, ImageSet
 from train.env import DistEnv
+from train.loop.data import Augmenter, ImageSet
 
 __all__ = [
     "MetricsWriter",

@@ -5,11 +5,12 @@ it (``--resume``, or a Slurm restart) or is refused with one line (exit 2): it n
 beside, replaces or prunes checkpoints it did not write.
 
 A resume compares the config with the one the checkpoint was written with. Every checkpoint
-manifest carries ``spec_hash`` (:func:`train.confighash.config_hash`), and the run directory keeps
+manifest carries ``spec_hash`` (:func:`train.spec.confighash.config_hash`), and the run directory
+keeps
 each config it trained with as ``RUN_DIR/configs/HASH.json``, so the changed fields can be named.
 A change that alters training (optimizer, lr, schedule, batch size, seed, model, data, epochs,
 ...) is refused unless allowed (``--allow-config-change`` / ``train.allow_config_change``);
-then the new values take effect (see :mod:`train.trainer`) and a ``config_changed`` event says
+then the new values take effect (see :mod:`train.loop.trainer`) and a ``config_changed`` event says
 the run is no longer an exact resume. Fields in :data:`FREE_FIELDS` resume freely.
 """
 
@@ -23,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.ckpt_io import STEP_RE, read_manifest
-from train.config import TrainConfig
-from train.confighash import config_hash
+from train.checkpoint.manifest import STEP_RE, read_manifest
 from train.errors import CheckpointError, ConfigError
+from train.spec.config import TrainConfig
+from train.spec.confighash import config_hash
 
 __all__ = [
     "FREE_FIELDS",
@@ -214,7 +215,7 @@ def load_training_state(
     allowed config change (``changed``) the new settings take effect (:func:`retarget`, the new
     schedule's ``factor`` at the checkpoint's step), and weights that do not fit the new model
     are bad input (one line), not a crash."""
-    from train.checkpoint import load_model_state  # torch: only when a checkpoint is loaded
+    from train.checkpoint.manager import load_model_state  # torch: only when a checkpoint is loaded
 
     try:
         load_model_state(model, loaded.shared["model"])

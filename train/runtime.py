@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.config import TrainConfig
 from train.device import DeviceInfo
 from train.env import DistEnv, verify_master_port
+from train.spec.config import TrainConfig
 
 __all__ = [
     "Runtime",

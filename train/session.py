@@ -30,19 +30,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from train.checkpoint import CheckpointManager
-from train.config import RequeueConfig, TrainConfig
+from train.checkpoint.manager import CheckpointManager
 from train.device import DeviceInfo, resolve_device
 from train.env import DistEnv
 from train.errors import ConfigError
+from train.hang.heartbeat import Watchdog, start_watchdog
 from train.history import RunHistory
-from train.quarantine import explain_previous_attempt
-from train.requeue import describe_failure, request_requeue
 from train.resume import ResumePlan, plan_resume, record_config
 from train.runtime import Runtime, configure_torch, setup_runtime
-from train.signals import PreemptionGuard
+from train.spec.config import RequeueConfig, TrainConfig
 from train.startup import mark, resume_collector, summary
-from train.watchdog import Watchdog, start_watchdog
+from train.stop.act import describe_failure, request_requeue
+from train.stop.decision import Decision
+from train.stop.quarantine import explain_previous_attempt
+from train.stop.signals import PreemptionGuard
 
 __all__ = ["RunSession"]
 
@@ -100,6 +101,9 @@ class RunSession:
         self._opened = False
         self.watchdog: Watchdog | None = None
         self.opened_at = time.perf_counter()
+        #: why the run stopped: "signal" (a stop signal), the kind Slurm gave it (on the rank
+        #: that decided the stop under Slurm), or "failure"
+        self.stopped: str | None = None
 
     # -- set-up and take-down ------------------------------------------------------------------
     def open(self) -> RunSession:
@@ -147,7 +151,7 @@ class RunSession:
         if env.is_main:
             record_config(self.run_dir, train)
         if self.process_group and env.job_id and self.watchdog is None:
-            # hang watchdog (train.watchdog): progress = this session's progress() calls
+            # hang watchdog (train.hang.heartbeat): progress = this session's progress() calls
             self.watchdog = start_watchdog(self.requeue, env, self.run_dir)
             if self.watchdog is not None:
                 self.add_progress_listener(self.watchdog.beat)
@@ -255,6 +259,7 @@ class RunSession:
     ) -> int:
         """Stop agreed: record the signal, ``save()`` (if the caller has not saved yet), wait for
         the save, meet at a barrier, record the checkpoint, then requeue; returns the exit code."""
+        self.stopped = kind or "signal"
         # received_at: when this rank's signal arrived (None: another rank's), for jobs drill
         self.event(
             "signal",
@@ -271,13 +276,19 @@ class RunSession:
         if path.is_dir():
             self.event("checkpoint", step, path=str(path))
         return request_requeue(
-            self.env, self.run_dir, self.requeue, kind or self.guard.reason, step=step
+            self.env, self.run_dir, self.requeue, kind, step=step, on_decision=self._decided
         )
+
+    def _decided(self, decision: Decision) -> None:
+        # under Slurm the deciding rank knows why the run stopped (TrainResult.stopped)
+        if self.env.job_id and decision.kind:
+            self.stopped = decision.kind
 
     def fail(self, exc: BaseException, where: str, step: int | None = None) -> int:
         """A failure in training: log it, record it (first failing rank) and requeue within
         ``requeue.max_failures``; returns the exit code. Bad input is re-raised (exit 2)."""
         what = describe_failure(exc, where)
+        self.stopped = "failure"
         return request_requeue(
             self.env, self.run_dir, self.requeue, "failure", step=step, error=what
         )

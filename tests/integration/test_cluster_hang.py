@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from cluster.client import SlurmClient
+from train.hang.heartbeat import read_beats
 from train.history import RunHistory
-from train.watchdog import read_beats
 
 pytestmark = pytest.mark.integration
 

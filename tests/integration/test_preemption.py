@@ -31,10 +31,10 @@ import pytest
 import yaml
 
 from cluster.hostlist import expand_hostlist
-from train.checkpoint import CheckpointManager, verify_checkpoint
-from train.config import load_run_config
+from train.checkpoint.manager import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
+from train.spec.config import load_run_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,7 +79,7 @@ def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference_digest(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The uninterrupted run, in this process (same world size: 1)."""
-    from train.trainer import run_training
+    from train.loop.trainer import run_training
 
     run_dir = tmp_path_factory.mktemp("preempt-ref")
     result = run_training(load_run_config(spec_path).train, DistEnv.from_env({}), run_dir)
@@ -369,7 +369,7 @@ FAIL_STEP = 6
 INJECT = f"""
 import os
 if os.environ.get("SLURM_PROCID") == "1" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
-    import train.trainer as trainer
+    import train.loop.trainer as trainer
 
     _step = trainer._Loop.train_step
 

@@ -199,7 +199,7 @@ def test_dataparallel_template_checkpoint_loads_into_bare_model(jobs: Jobs, tmp_
 
     import torch
 
-    from train.models import build_model
+    from train.loop.models import build_model
 
     latest = _checkpoints(run_dir)[-1]
     shared = torch.load(latest / "shared.pt", map_location="cpu", weights_only=True)

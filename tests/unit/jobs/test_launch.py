@@ -58,7 +58,7 @@ def test_calls_train_main_with_config_and_run_dir(
     assert calls[0] == ["--config", "/r/resolved.yaml", "--run-dir", "/r"]
     handlers = calls[1]
     assert isinstance(handlers, dict)
-    from train.signals import early_handler
+    from train.stop.signals import early_handler
 
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
         # submitit's handlers are gone before train starts: train's early-signal store has them
@@ -77,7 +77,7 @@ def test_nonzero_train_exit_becomes_the_task_exit_code(
 def test_signal_before_train_starts_is_delivered_to_its_guard(
     monkeypatch: pytest.MonkeyPatch, restore_signals: None
 ) -> None:
-    from train.signals import PreemptionGuard
+    from train.stop.signals import PreemptionGuard
 
     got: list[str | None] = []
 

@@ -65,7 +65,8 @@ REPO = Path(__file__).resolve().parents[3]
 TRAIN = [
     "--set", "resources.nodes=1", "--set", "train.max_steps=400", "--set", "train.width=4",
     "--set", "train.batch_size=16", "--set", "train.data.train_size=1024",
-    "--set", "train.data.test_size=32", "--set", "train.checkpoint.interval_steps=1000",
+    "--set", "train.data.test_size=32", "--set",
+    "train.checkpoint.interval_steps=1000",
     "--set", "train.strategy=single",
 ]  # fmt: skip
 
@@ -127,7 +128,7 @@ def test_local_requeue_request_restarts_the_run_with_resume(
 
 def test_a_killed_supervisor_leaves_no_rank_training(tmp_path: Path, started: list[str]) -> None:
     from jobs.localrun import read_state
-    from jobs.procs import ProcHandle
+    from jobs.pids import ProcHandle
 
     job_id = _submit_training(tmp_path, started)
     record = find_run(job_id)

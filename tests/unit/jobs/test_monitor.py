@@ -160,7 +160,7 @@ def test_follow_asks_slurm_rarely_while_reading_files_every_tick(tmp_path: Path)
         nonlocal ticks
         ticks += 1
         with log.open("a") as f:
-            f.write(f"12:00:00 [rank 0] INFO train.trainer: step {ticks}/100\n")
+            f.write(f"12:00:00 [rank 0] INFO train.loop.trainer: step {ticks}/100\n")
         real_sleep(0.002)
 
     jf.time.sleep = tick  # type: ignore[assignment]
@@ -198,7 +198,7 @@ def test_follow_output_is_readable_once_and_in_order(tmp_path: Path) -> None:
         "10:49:05 [rank 0] INFO submitit: Job completed successfully",
         "submitit WARNING (2026-11-23 10:49:06,000) - Something odd",
         "10:49:06 [rank 0] WARNING submitit: Something odd",
-        "10:49:07 [rank 0] INFO train.trainer: step 100/100 (100%) epoch 1 | loss 0.1",
+        "10:49:07 [rank 0] INFO train.loop.trainer: step 100/100 (100%) epoch 1 | loss 0.1",
     ]
     rec.log_file("7", 0).write_text("\n".join(log) + "\n")
     client = ScriptedClient([{"7": "RUNNING"}, {"7": "COMPLETED"}], tmp_path / "x.log", [])
@@ -326,7 +326,7 @@ def bystander() -> object:
 def test_process_handles_need_the_same_start_time() -> None:
     import os
 
-    from jobs.procs import ProcHandle
+    from jobs.pids import ProcHandle
 
     me = ProcHandle.of(os.getpid())
     assert me is not None and me.alive()
@@ -338,7 +338,7 @@ def test_process_handles_need_the_same_start_time() -> None:
 
 
 def test_cancel_never_signals_a_process_that_reuses_the_pid(tmp_path: Path, bystander) -> None:  # type: ignore[no-untyped-def]
-    from jobs.procs import ProcHandle
+    from jobs.pids import ProcHandle
 
     pid = bystander.pid
     h = ProcHandle.of(pid)
@@ -366,9 +366,9 @@ def test_a_local_cancel_is_recorded_as_cancelled_not_preempted(tmp_path: Path) -
     """The local supervisor marks its SIGTERM as a cancel (RUN_DIR/.local-stop) before sending
     it; train then records 'cancelled' and asks for no restart (was: 'preempted' + exit 75)."""
     from jobs.localrun import STOP_FILE
-    from train.config import RequeueConfig
     from train.history import RunHistory
-    from train.requeue import request_requeue
+    from train.spec.config import RequeueConfig
+    from train.stop.act import request_requeue
 
     class Env:
         is_main, job_id, restart_count, world_size = True, None, 0, 1
@@ -476,9 +476,9 @@ def test_ranks_of_a_killed_local_supervisor_record_a_cancel(
     """Their parent-death SIGTERM is no preemption: nobody is left to restart them."""
     import os
 
-    from train.config import RequeueConfig
     from train.history import RunHistory
-    from train.requeue import request_requeue
+    from train.spec.config import RequeueConfig
+    from train.stop.act import request_requeue
 
     class Env:
         is_main, job_id, restart_count, world_size = True, None, 0, 1

@@ -19,8 +19,8 @@ import pytest
 
 from jobs.cli import main
 from jobs.load import load_spec
-from train.config import load_run_config
 from train.errors import SpecError
+from train.spec.config import load_run_config
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,5 +1,6 @@
 """What jobs writes for train reads back as the same values: the resolved spec files
-(train.specio.dump_spec) and the --set values of the sbatch templates (train.specio.set_text)."""
+(train.spec.load.dump_spec) and the --set values of the sbatch templates
+(train.spec.load.set_text)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from hypothesis import strategies as st
 
 from jobs.load import load_text
 from jobs.submit import _resolved_text
-from train.config import load_run_config
-from train.specio import dump_spec, load_source, parse_override, set_text
+from train.spec.config import load_run_config
+from train.spec.load import dump_spec, load_source, parse_override, set_text
 
 # Text a spec may hold: no control characters (refused by the loader), no lone surrogates.
 TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=12)

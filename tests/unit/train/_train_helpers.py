@@ -11,10 +11,10 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from train.config import TrainConfig
 from train.env import DistEnv
-from train.signals import PreemptionGuard
-from train.trainer import TrainResult, run_training
+from train.loop.trainer import TrainResult, run_training
+from train.spec.config import TrainConfig
+from train.stop.signals import PreemptionGuard
 
 
 class StopAtStep(PreemptionGuard):

@@ -15,8 +15,8 @@ import torch
 import xxhash
 from torch import nn
 
-import train.ckpt_io
-from train.checkpoint import (
+import train.checkpoint.manifest
+from train.checkpoint.manager import (
     CheckpointManager,
     capture_rng_state,
     load_model_state,
@@ -158,7 +158,7 @@ def test_async_error_surfaces_on_wait(setup: Any, monkeypatch: Any) -> None:
     def boom(*a: Any, **k: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("train.ckpt_write.write_torch", boom)
+    monkeypatch.setattr("train.checkpoint.write.write_torch", boom)
     _save(cm, model, opt, 1)
     with pytest.raises(CheckpointError, match="disk full"):
         cm.wait()
@@ -220,7 +220,7 @@ def test_existing_valid_checkpoint_is_swapped_never_destroyed(
     assert _save(cm, model, opt, 3) is None  # same manager: already saved
     _train(model, opt)  # e.g. a run resumed from an older step reaches step 3 differently
     if not can_swap:  # no renameat2(RENAME_EXCHANGE): the existing checkpoint is kept
-        monkeypatch.setattr(train.ckpt_io, "exchange", lambda a, b: False)
+        monkeypatch.setattr(train.checkpoint.manifest, "exchange", lambda a, b: False)
     cm2 = CheckpointManager(root, rank=0, world_size=1, run_id=cm.run_id)  # the same run
     _save(cm2, model, opt, 3)
     assert old != model_digest(model)
@@ -303,7 +303,7 @@ def test_corrupted_newest_is_skipped(
     _train(model, opt)
     _save(cm, model, opt, 2)
     corrupt(root / "step-2")
-    with caplog.at_level(logging.WARNING, logger="train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="train.checkpoint.manager"):
         assert cm.latest_valid() == root / "step-1"
     assert why in caplog.text
     with pytest.raises(CheckpointError, match=why):
@@ -318,7 +318,7 @@ def test_leftover_tmp_is_skipped_and_cleaned(setup: Any, caplog: pytest.LogCaptu
     tmp = root / ".step-2.tmp"
     tmp.mkdir()
     (tmp / "rank-0.pt").write_bytes(b"partial")
-    with caplog.at_level(logging.WARNING, logger="train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="train.checkpoint.manager"):
         assert cm.latest_valid() == root / "step-1"
         assert ".step-2.tmp" in caplog.text
         CheckpointManager(root, rank=1, world_size=2)  # other ranks never delete
@@ -412,7 +412,7 @@ def test_rng_state_roundtrip_through_weights_only(tmp_path: Path) -> None:
 
 
 def test_bench_checkpoint_save(setup: Any) -> None:
-    from train.ckpt_bench import bench_checkpoint_save
+    from bench.ckpt_helpers import bench_checkpoint_save
 
     model, opt, root = setup
     result = bench_checkpoint_save(model, opt, root, repeats=1)
@@ -434,17 +434,17 @@ def test_failed_save_can_be_retried_at_the_same_step(
 ) -> None:
     model, opt, root = setup
     cm = CheckpointManager(root, rank=0, world_size=1, async_save=async_save)
-    real = train.ckpt_io.write_json_atomic
+    real = train.checkpoint.manifest.write_json_atomic
 
     def full(*a: Any, **k: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(train.ckpt_io, "write_json_atomic", full)
+    monkeypatch.setattr(train.checkpoint.manifest, "write_json_atomic", full)
     with pytest.raises(CheckpointError, match="No space left"):
         _save(cm, model, opt, 4)
         cm.wait()
     assert cm.latest_valid() is None
-    monkeypatch.setattr(train.ckpt_io, "write_json_atomic", real)
+    monkeypatch.setattr(train.checkpoint.manifest, "write_json_atomic", real)
     assert _save(cm, model, opt, 4) == root / "step-4"
     cm.wait()
     assert cm.latest_valid() == root / "step-4"

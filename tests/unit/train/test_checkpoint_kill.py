@@ -20,7 +20,12 @@ import pytest
 import torch
 from torch import nn
 
-from train.checkpoint import CheckpointManager, load_model_state, model_digest, verify_checkpoint
+from train.checkpoint.manager import (
+    CheckpointManager,
+    load_model_state,
+    model_digest,
+    verify_checkpoint,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -28,7 +33,7 @@ CHILD = textwrap.dedent(
     """
     import os, sys, torch
     from torch import nn
-    from train.checkpoint import CheckpointManager, capture_rng_state, model_digest
+    from train.checkpoint.manager import CheckpointManager, capture_rng_state, model_digest
     root, async_save = sys.argv[1], sys.argv[2] == "1"
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))

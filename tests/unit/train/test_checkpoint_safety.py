@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from train.checkpoint import (
+from train.checkpoint.manager import (
     CheckpointManager,
     capture_rng_state,
     checkpoint_run_id,
@@ -151,7 +151,7 @@ def test_symlinked_step_dir_is_never_loaded(
     cm = CheckpointManager(root, rank=0, world_size=1)
     _save(cm, _model(), 1)
     (root / "step-5").symlink_to(target, target_is_directory=True)
-    with caplog.at_level(logging.WARNING, logger="train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="train.checkpoint.manager"):
         assert cm.latest_valid() == root / "step-1"
     assert "symbolic link" in caplog.text
     with pytest.raises(CheckpointError, match="symbolic link"):

@@ -23,16 +23,16 @@ import torch
 import xxhash
 from torch import nn
 
-import train.ckpt_io as ckpt_io
-import train.ckpt_write as ckpt_write
-from train.checkpoint import (
+import train.checkpoint.manifest as ckpt_io
+import train.checkpoint.write as ckpt_write
+from train.checkpoint.digest import hash_file, state_digest
+from train.checkpoint.manager import (
     CheckpointManager,
     capture_rng_state,
     latest_valid,
     model_digest,
     verify_checkpoint,
 )
-from train.ckpt_hash import hash_file, state_digest
 from train.errors import CheckpointError
 
 

@@ -1,4 +1,5 @@
-"""train.command: supervision of ``entrypoint.command`` without Slurm (real child processes).
+"""train.command.supervisor: supervision of ``entrypoint.command`` without Slurm (real child
+processes).
 
 A signal "from Slurm" is simulated the way Slurm delivers a step signal: to the supervisor (this
 process) AND to the command's processes.
@@ -18,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
-from train.config import RunConfig
+from train.command.processes import parse_sigmask, topmost
+from train.command.supervisor import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.env import DistEnv
 from train.history import RunHistory
-from train.procs import parse_sigmask, topmost
-from train.requeue import REQUEUE_EXIT_CODE
+from train.spec.config import RunConfig
+from train.stop.act import REQUEUE_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[3]
 USR1, USR2, TERM = int(signal.SIGUSR1), int(signal.SIGUSR2), int(signal.SIGTERM)
@@ -344,9 +345,11 @@ def test_rank0_forwards_before_asking_slurm_and_fits_the_grace_time(
     assert _events(tmp_path) == ["preempted", "requeue"]
 
 
-def test_rank0_asks_first_when_the_stop_may_exhaust_the_budget(
+def test_a_stop_over_the_budget_still_saves_and_is_not_requeued(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
+    """Issue 24: a command over its budget used to get TERM without its save signal, losing its
+    work since the last periodic save. It saves (at once, like any stop) and is not requeued."""
     out = tmp_path / "c"
     monkeypatch.setenv("OUT", str(out))
     config = RunConfig.model_validate(
@@ -358,10 +361,10 @@ def test_rank0_asks_first_when_the_stop_may_exhaust_the_budget(
     slurm = SlowController(tmp_path / "never", delay=0.1, grace=9)
     run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
     t = _slurm_signal_later(Path(f"{out}.pid"))
-    assert run.run() != 0
+    assert run.run() == 3  # BUDGET_EXHAUSTED_EXIT_CODE: never restarted
     t.join()
-    # over budget: the command is stopped, not told to save for a requeue that will not come
-    assert not Path(f"{out}.saved").exists()
+    assert Path(f"{out}.saved").exists()  # nothing since the last periodic save is lost
+    assert Path(f"{out}.signals").read_text().split() == ["SIGUSR1"]
     assert slurm.requeues == []
     assert _events(tmp_path) == ["preempted", "budget_exhausted"]
 
@@ -402,8 +405,8 @@ def test_history_of_a_completed_command_has_no_step(tmp_path: Path) -> None:
 
 
 def test_spec_fields_for_the_stop(tmp_path: Path) -> None:
-    from train.config import load_run_config
     from train.errors import ConfigError
+    from train.spec.config import load_run_config
 
     spec = tmp_path / "s.yaml"
     spec.write_text(
@@ -451,7 +454,7 @@ def test_which_job_signal_the_command_starts_ignoring(
 
 
 def test_stderr_tail_passes_everything_through_and_keeps_the_last_lines() -> None:
-    from train.procs import StderrTail
+    from train.command.processes import StderrTail
 
     read_fd, write_fd = os.pipe()
     sink = io.BytesIO()
@@ -605,7 +608,7 @@ def test_a_rank_whose_command_dies_after_rank_0_completed_the_run_is_no_failure(
 def test_a_rank_whose_command_dies_while_rank_0_trains_is_a_failure(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("train.command._COMPLETE_WAIT_S", 1.0)
+    monkeypatch.setattr("train.command.supervisor._COMPLETE_WAIT_S", 1.0)
     config = _config(["python", "-c", "import os; os.abort()"])
     env = DistEnv(rank=1, world_size=2, job_id="7", restart_count=1)
     RunHistory(tmp_path).append(

@@ -1,7 +1,7 @@
 """Exact resume: a run interrupted and resumed (twice, at any step, mid-epoch) ends bitwise equal
 to the same run uninterrupted (the manifest digest), on CPU with deterministic settings.
 
-Against the real trainer (``train.trainer.run_training`` / ``python -m train``):
+Against the real trainer (``train.loop.trainer.run_training`` / ``python -m train``):
 - 1 process, in-process, stopped through the real stop path (guard -> save -> barrier ->
   request_requeue) at epoch ends, mid-epoch and at interval-checkpoint steps, sync and async;
 - 2-rank gloo DDP on 127.0.0.1 (torchrun-style variables), the stop requested on one rank only
@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 import yaml
 
-from train.checkpoint import CheckpointManager, verify_checkpoint
-from train.config import TrainConfig
+from train.checkpoint.manager import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
-from train.requeue import REQUEUE_EXIT_CODE
-from train.signals import PreemptionGuard
-from train.trainer import run_training
+from train.loop.trainer import run_training
+from train.spec.config import TrainConfig
+from train.stop.act import REQUEUE_EXIT_CODE
+from train.stop.signals import PreemptionGuard
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -142,10 +142,10 @@ WORKER = textwrap.dedent(
     import json, logging, os, sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from train.config import TrainConfig
+    from train.spec.config import TrainConfig
     from train.env import DistEnv
-    from train.signals import PreemptionGuard
-    from train.trainer import run_training
+    from train.stop.signals import PreemptionGuard
+    from train.loop.trainer import run_training
     logging.basicConfig(level=logging.WARNING)
     config = TrainConfig.model_validate(json.loads(sys.argv[2]))
     run_dir, stop_after, stop_rank = Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from train.config import RequeueConfig
 from train.history import RunHistory
-from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
-from train.signals import PreemptionGuard
-from train.stops import classify_from_job_info, classify_stop
+from train.spec.config import RequeueConfig
+from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
+from train.stop.facts import classify_from_job_info, classify_stop
+from train.stop.signals import PreemptionGuard
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def test_sigterm_and_restore_previous_handler() -> None:
 
 
 def test_reason_is_classified_on_the_main_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("train.stops.classify_stop", lambda job_id, delay: "timeout")
+    monkeypatch.setattr("train.stop.facts.classify_stop", lambda job_id, delay: "timeout")
     guard = PreemptionGuard(job_id="7", signal_delay_s=90)
     guard.trigger("USR2")
     assert guard.should_stop(lambda x: x)
@@ -309,7 +309,7 @@ def test_failure_outside_slurm_is_recorded_not_requeued(tmp_path: Path) -> None:
 
 
 def test_signal_during_startup_is_kept_for_the_guard() -> None:
-    import train.signals as preempt
+    import train.stop.signals as preempt
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
     try:

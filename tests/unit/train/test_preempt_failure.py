@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+import train.loop.trainer
 import train.session
-import train.trainer
-from train.checkpoint import CheckpointManager, verify_checkpoint
-from train.config import RequeueConfig, TrainConfig
+from train.checkpoint.manager import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
-from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+from train.spec.config import RequeueConfig, TrainConfig
+from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
 
 CONFIG = TrainConfig.model_validate(
     {
@@ -43,7 +43,7 @@ class FakeClient:
         self.requeued.append(job_id)
 
 
-ORIGINAL_TRAIN_STEP = train.trainer._Loop.train_step
+ORIGINAL_TRAIN_STEP = train.loop.trainer._Loop.train_step
 
 
 def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int | None) -> None:
@@ -54,7 +54,7 @@ def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int | None) -> None:
             raise RuntimeError(f"injected failure at step {step}")
         original(self, order)
 
-    monkeypatch.setattr(train.trainer._Loop, "train_step", train_step)
+    monkeypatch.setattr(train.loop.trainer._Loop, "train_step", train_step)
 
 
 def test_failures_requeue_until_the_budget_is_spent(
@@ -66,17 +66,17 @@ def test_failures_requeue_until_the_budget_is_spent(
     requeue = RequeueConfig(max_failures=1)
 
     reference = tmp_path / "ref"
-    train.trainer.run_training(CONFIG, DistEnv.from_env({}), reference)
+    train.loop.trainer.run_training(CONFIG, DistEnv.from_env({}), reference)
     ref_digest = verify_checkpoint(reference / "checkpoints" / "step-8")["digest"]
 
     run = tmp_path / "run"
     _fail_at(monkeypatch, 3)
-    first = train.trainer.run_training(CONFIG, env, run, requeue=requeue)
+    first = train.loop.trainer.run_training(CONFIG, env, run, requeue=requeue)
     assert (first.stopped, first.exit_code, first.steps) == ("failure", 1, 3)
     assert client.requeued == ["123456"]
 
     _fail_at(monkeypatch, 5)  # the requeued run resumes from step 2 and fails again
-    second = train.trainer.run_training(CONFIG, env, run, requeue=requeue, resume=True)
+    second = train.loop.trainer.run_training(CONFIG, env, run, requeue=requeue, resume=True)
     assert second.resumed_from == run / "checkpoints" / "step-2"
     assert second.exit_code == BUDGET_EXHAUSTED_EXIT_CODE and client.requeued == ["123456"]
 
@@ -88,7 +88,7 @@ def test_failures_requeue_until_the_budget_is_spent(
 
     # a later manual resume (budget raised) finishes with the uninterrupted run's parameters
     _fail_at(monkeypatch, None)
-    last = train.trainer.run_training(
+    last = train.loop.trainer.run_training(
         CONFIG, env, run, requeue=RequeueConfig(max_failures=5), resume=True
     )
     assert last.exit_code == 0 and last.resumed_from == run / "checkpoints" / "step-4"

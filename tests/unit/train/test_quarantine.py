@@ -1,4 +1,4 @@
-"""Bad nodes (train.quarantine) and how a stop or a failure is attributed to a node.
+"""Bad nodes (train.stop.quarantine) and how a stop or a failure is attributed to a node.
 
 Slurm is replaced by a small fake that answers what ``scontrol show job`` / ``show node`` /
 ``show partition`` answered on the local cluster after ``scontrol update nodename=n2
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from cluster.models import JobInfo, Node, Partition
-from train.config import RequeueConfig
 from train.env import DistEnv
 from train.history import RunHistory
-from train.quarantine import device_fault, exclude, explain_previous_attempt, failed_nodes
-from train.requeue import request_requeue
+from train.spec.config import RequeueConfig
+from train.stop.act import request_requeue
+from train.stop.quarantine import device_fault, exclude, explain_previous_attempt, failed_nodes
 
 
 class Slurm:

@@ -2,7 +2,7 @@
 
 torch's optimizers import ``torch._dynamo`` at their first ``step`` (and ``add_param_group``,
 ``zero_grad``, ``state_dict``, ``load_state_dict``), which costs about as much again as
-``import torch``. :func:`train.optim.eager` steps the same way without it.
+``import torch``. :func:`train.loop.optim.eager` steps the same way without it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from train.optim import eager
+from train.loop.optim import eager
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -38,9 +38,9 @@ def test_a_resumed_single_process_run_never_imports_dynamo(tmp_path: Path) -> No
     code = f"""
         import sys
         from pathlib import Path
-        from train.config import TrainConfig
+        from train.spec.config import TrainConfig
         from train.env import DistEnv
-        from train.trainer import run_training
+        from train.loop.trainer import run_training
         cfg = TrainConfig.model_validate({{
             "model": "tinycnn", "width": 4, "data": {{"train_size": 128, "test_size": 32}},
             "batch_size": 32, "epochs": 2, "num_threads": 1, "strategy": "single",
@@ -95,15 +95,15 @@ def test_the_collector_is_off_for_start_up_and_on_for_training(tmp_path: Path) -
         pause_collector()
         paused = not gc.isenabled()
         from pathlib import Path
-        from train.config import TrainConfig
+        from train.spec.config import TrainConfig
         from train.env import DistEnv
-        from train.trainer import run_training
+        from train.loop.trainer import run_training
         seen = []
         cfg = TrainConfig.model_validate({{
             "model": "tinycnn", "width": 4, "data": {{"train_size": 64, "test_size": 16}},
             "batch_size": 32, "epochs": 1, "num_threads": 1, "strategy": "single",
         }})
-        import train.trainer as t
+        import train.loop.trainer as t
         step = t._Loop.run
         def run(self, *a, **k):
             seen.append((gc.isenabled(), gc.get_freeze_count() > 1000))

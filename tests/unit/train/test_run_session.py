@@ -20,12 +20,12 @@ import torch
 import yaml
 
 from train.cli import main
-from train.config import TrainConfig
 from train.env import DistEnv
 from train.errors import ConfigError
-from train.optim import lr_factor
+from train.loop.optim import lr_factor
+from train.loop.trainer import run_training
 from train.resume import changed_fields
-from train.trainer import run_training
+from train.spec.config import TrainConfig
 
 BASE: dict[str, Any] = {
     "model": "tinycnn",

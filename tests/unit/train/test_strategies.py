@@ -24,8 +24,8 @@ WORKER = textwrap.dedent(
 
     from train.env import DistEnv
     from train.device import resolve_device
-    from train.models import build_model
-    from train.strategies import build_strategy
+    from train.loop.models import build_model
+    from train.loop.strategies import build_strategy
 
 
     def worker(rank, world, port):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from train.config import TrainConfig
+from train.spec.config import TrainConfig
 from train.tracking import Tracker, TrackingError
 
 
@@ -115,7 +115,7 @@ def test_wandb_offline_run_keeps_one_id_across_a_requeue(
     """The real wandb package, offline: an interrupted and resumed run is ONE W&B run (same id,
     resumed), not a second run starting at step 0."""
     from train.env import DistEnv
-    from train.trainer import run_training
+    from train.loop.trainer import run_training
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -141,7 +141,7 @@ def test_trainer_interrupted_and_resumed_writes_every_step_once(tmp_path: Path) 
     import shutil
 
     from train.env import DistEnv
-    from train.trainer import run_training
+    from train.loop.trainer import run_training
 
     cfg = _tiny_config()
     run = tmp_path / "run"

@@ -54,7 +54,7 @@ def spec(tmp_path: Path, **sections: object) -> Path:
     ("argv", "message"),
     [
         ([], r"^error: the following arguments are required: --config"),
-        # The one spec loader (train.specio): the same lines as python -m jobs.
+        # The one spec loader (train.spec.load): the same lines as python -m jobs.
         (["--config", "/nonexistent.yaml"], r"^error: /nonexistent.yaml: cannot read the spec"),
         (["--config", "SPEC", "--set", "train.nope=1"], r"^error: --set train.nope=1: train.nope"),
         (["--config", "SPEC", "--bogus"], r"^error: unrecognized arguments: --bogus"),
@@ -163,7 +163,7 @@ def test_entrypoint_function_failure_is_recorded_and_requeued(
     from functools import partial
 
     import train.session
-    from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+    from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
 
     (tmp_path / "failing_user_train.py").write_text(
         "def main(ctx):\n    raise RuntimeError('user code exploded')\n"

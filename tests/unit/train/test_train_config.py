@@ -1,4 +1,4 @@
-"""train.config: strict sections, defaults, --set overrides, file:line messages, torch-free."""
+"""train.spec.config: strict sections, defaults, --set overrides, file:line messages, torch-free."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from train.config import (
+from train.errors import ConfigError
+from train.spec.config import (
     EntrypointConfig,
     RequeueConfig,
     RunConfig,
     TrainConfig,
     load_run_config,
 )
-from train.confighash import config_hash
-from train.errors import ConfigError
-from train.specio import parse_override
+from train.spec.confighash import config_hash
+from train.spec.load import parse_override
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -38,7 +38,7 @@ def test_empty_train_section_gives_defaults(tmp_path: Path) -> None:
 
 def test_other_sections_are_ignored_but_ours_are_strict(tmp_path: Path) -> None:
     p = _write(tmp_path, "whatever: {a: 1}\ntrain:\n  model: tinycnn\n  modle: resnet\n")
-    # One loader (train.specio) for jobs and train: the message is the jobs one, with the column.
+    # One loader (train.spec.load) for jobs and train: the message is the jobs one, with the column.
     with pytest.raises(ConfigError, match=r"spec.yaml:4:3: train.modle: unknown field"):
         load_run_config(p)
 
@@ -119,7 +119,7 @@ def test_config_hash_tracks_trajectory_fields_only() -> None:
 
 
 def test_config_is_torch_free() -> None:
-    code = "import sys, train, train.config, train.errors; print('torch' in sys.modules)"
+    code = "import sys, train, train.spec.config, train.errors; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )

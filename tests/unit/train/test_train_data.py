@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.config import DataConfig
-from train.data import (
+from train.errors import DataError
+from train.loop.data import (
     Augmenter,
     describe_data,
     load_data,
@@ -18,8 +18,8 @@ from train.data import (
     read_cifar10,
     write_cifar10,
 )
-from train.errors import DataError
-from train.models import build_model, split_stages
+from train.loop.models import build_model, split_stages
+from train.spec.config import DataConfig
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import TrainConfig
 from train.env import DistEnv
-from train.trainer import run_training
+from train.loop.trainer import run_training
+from train.spec.config import TrainConfig
 
 # The spawned ranks import their entry function from the helper module next to this file.
 sys.path.insert(0, str(Path(__file__).parent))

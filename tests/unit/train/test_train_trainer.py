@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import TrainConfig
 from train.env import DistEnv
-from train.signals import PreemptionGuard
-from train.trainer import WARMUP_STEPS, run_training
+from train.loop.trainer import WARMUP_STEPS, run_training
+from train.spec.config import TrainConfig
+from train.stop.signals import PreemptionGuard
 
 CFG = TrainConfig.model_validate(
     {
@@ -68,10 +68,10 @@ def test_keep_best_keeps_the_checkpoint_of_the_best_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Scripted scores (the best is the second of four), so the best is not simply the last.
-    import train.trainer
+    import train.loop.trainer
 
     scores = iter([0.5, 0.9, 0.3, 0.4])
-    monkeypatch.setattr(train.trainer, "evaluate", lambda *a, **k: (1.0, next(scores)))
+    monkeypatch.setattr(train.loop.trainer, "evaluate", lambda *a, **k: (1.0, next(scores)))
     cfg = CFG.model_copy(
         update={
             "epochs": 4,

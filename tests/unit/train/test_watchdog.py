@@ -17,8 +17,15 @@ import textwrap
 import time
 from pathlib import Path
 
+from train.hang.heartbeat import (
+    HANG_FLOOR_S,
+    Beat,
+    Heartbeat,
+    auto_timeout,
+    read_beats,
+    stuck_ranks,
+)
 from train.history import RunHistory
-from train.watchdog import HANG_FLOOR_S, Beat, Heartbeat, auto_timeout, read_beats, stuck_ranks
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -57,7 +64,7 @@ RANK = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from train.watchdog import Watchdog
+    from train.hang.heartbeat import Watchdog
 
     rank = int(sys.argv[2])
     wd = Watchdog(Path(sys.argv[1]), rank=rank, world_size=2, job_id=None, restart_count=0,

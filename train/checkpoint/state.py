@@ -4,7 +4,7 @@ Everything stored in a checkpoint must load with ``torch.load(..., weights_only=
 and primitive containers only. Python's and numpy's RNG states are therefore converted to
 tensors and tuples here, and :func:`make_weights_only_safe` rejects (with the key path) anything
 that would make a checkpoint unloadable later, at save time rather than at resume time.
-These names are re-exported by :mod:`train.checkpoint`.
+These names are re-exported by :mod:`train.checkpoint.manager`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 from torch.optim import optimizer as _optimizer
 
-from train.ckpt_hash import state_digest
+from train.checkpoint.digest import state_digest
 from train.errors import CheckpointError
 
 try:  # numpy is a dependency, but keep the RNG helpers usable without it

@@ -4,12 +4,12 @@ One place reads a spec, for both commands:
 
     read_spec_file   the file: regular files only (checked before any read, never blocking on a
                      FIFO or a device), at most MAX_BYTES, UTF-8 (a bad byte at its line:column)
-    load_yaml        the YAML, with positions (:mod:`train.specyaml`: rules and limits)
+    load_yaml        the YAML, with positions (:mod:`train.spec.yamlsafe`: rules and limits)
     parse_override   ``--set a.b=c``: the value read with the same YAML rules
     load_source      all three, plus control characters refused anywhere in the data
     where            ``file:line:column`` (or ``--set k=v``) of a field
 
-and :mod:`train.specerrors` turns a pydantic ValidationError into one line per problem,
+and :mod:`train.spec.messages` turns a pydantic ValidationError into one line per problem,
 ``file:line:column: field.path: problem (hint)``. Same file, same overrides: same data, same
 lines, whichever command reads it.
 """
@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from train.errors import OverrideError, SpecError
-from train.specyaml import (
+from train.spec.yamlsafe import (
     CONTROL_RE,
     Path_,
     Source,

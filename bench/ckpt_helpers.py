@@ -2,7 +2,7 @@
 
 For the bench scripts::
 
-    from train.ckpt_bench import bench_checkpoint_save
+    from bench.ckpt_helpers import bench_checkpoint_save
     result = bench_checkpoint_save(model, optimizer, "/tmp/bench-ckpt", repeats=5)
     # {"torch_save_s": ..., "sync_s": ..., "async_blocking_s": ..., "async_total_s": ...,
     #  "bytes": ..., "repeats": 5}
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.checkpoint import CheckpointManager, capture_rng_state, model_state_dict
+from train.checkpoint.manager import CheckpointManager, capture_rng_state, model_state_dict
 
 __all__ = ["CheckpointBench", "bench_checkpoint_save"]
 

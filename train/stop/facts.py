@@ -1,27 +1,41 @@
-"""Why Slurm is stopping a job (preemption, time limit, cancel), from ``scontrol show job``.
+"""The facts of a stop, gathered once: :class:`StopFacts` from :func:`gather` (torch-free).
 
-:func:`classify_from_job_info` is pure (tested on recorded fields); :func:`classify_stop` asks
-Slurm through :mod:`cluster.client` (imported lazily: ``train`` does not need ``cluster`` to
-import) and answers ``"signal"`` when Slurm cannot be asked.
+Under Slurm one ``scontrol show job`` per stop answers everything the decision needs (why Slurm
+stops the job, whether it failed nodes under it); the node states are asked only when Slurm
+already requeued the job (a NODE_FAIL candidate). :func:`classify_from_job_info` is pure
+(tested on recorded fields); :func:`classify_stop` asks Slurm through :mod:`cluster.client`
+(imported lazily: ``train`` does not need ``cluster`` to import) and answers ``"signal"`` when
+Slurm cannot be asked.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
-from train.signals import StopKind
-
 __all__ = [
+    "LOCAL_SUPERVISOR_ENV",
+    "AskedOnce",
+    "StopFacts",
     "StopKind",
     "classify_from_job_info",
     "classify_stop",
+    "gather",
     "node_failure",
     "preemption_grace_s",
 ]
+
+StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure", "node_fail"]
+Executor = Literal["slurm", "local", "none"]
+
+#: Set by the local executor (jobs.localrun) for its ranks: the launcher's pid.
+LOCAL_SUPERVISOR_ENV = "SLURM_TRAIN_LOCAL_SUPERVISOR"
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +142,7 @@ def node_failure(
     job_id: str, restart_count: int, hosts: Sequence[str], client: Any
 ) -> dict[str, str] | None:
     """The nodes of this attempt that Slurm failed under job ``job_id`` (node -> state), when
-    this stop is a NODE_FAIL (see :func:`train.quarantine.failed_nodes`); None otherwise."""
+    this stop is a NODE_FAIL (see :func:`train.stop.quarantine.failed_nodes`); None otherwise."""
     if not hosts:
         return None
     try:
@@ -136,7 +150,7 @@ def node_failure(
     except Exception as exc:
         log.debug("cannot ask Slurm about job %s (%s)", job_id, exc)
         return None
-    from train.quarantine import failed_nodes
+    from train.stop.quarantine import failed_nodes
 
     return failed_nodes(info, restart_count, hosts, client)
 
@@ -154,5 +168,92 @@ class AskedOnce:
             self._jobs[job_id] = self._client.show_job(job_id)
         return self._jobs[job_id]
 
+    def cached(self, job_id: str) -> dict[str, str] | None:
+        """The answer already given for ``job_id`` (no query), or None."""
+        return self._jobs.get(job_id)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+
+@dataclass(frozen=True)
+class StopFacts:
+    """What is known about one stop (the input of :func:`train.stop.decision.decide`)."""
+
+    executor: Executor  # slurm (a job id), local (jobs --executor local), none (plain process)
+    restart_count: int = 0
+    slurm_kind: Literal["preemption", "timeout", "cancel", "unknown"] = "unknown"
+    nodes_lost: Mapping[str, str] = field(default_factory=dict)  # NODE_FAIL: node -> state
+    hang_claimed: bool = False  # the hang watcher took charge of this attempt
+    local_cancel: bool = False  # the local launcher cancels (or is gone)
+    requeued_by: str | None = None  # "command"/"slurm": the job was requeued already
+    suspects: tuple[str, ...] = ()  # a hang's stuck nodes (the watcher's evidence)
+    device_fault: bool = False  # a failure's text names a device fault
+    node: str | None = None  # this process's node
+    job_info: Mapping[str, str] | None = None  # the one scontrol show job of this stop
+
+
+def _local_cancel(run_dir: Any) -> bool:
+    """The local launcher stops the ranks for good: ``RUN_DIR/.local-stop`` says "cancel", or the
+    launcher is gone (killed: its ranks got their parent-death SIGTERM; nobody restarts them)."""
+    launcher = os.environ.get(LOCAL_SUPERVISOR_ENV, "")
+    if launcher.isdigit() and os.getppid() != int(launcher):
+        return True
+    try:
+        text = (Path(run_dir) / ".local-stop").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return text.strip() == "cancel"
+
+
+def gather(
+    trigger: str,
+    *,
+    job_id: str | None,
+    restart_count: int,
+    run_dir: Any,
+    signal_delay_s: float,
+    hosts: Sequence[str] = (),
+    node: str | None = None,
+    client: Any = None,
+    hang_claimed: bool = False,
+    error_texts: Sequence[object] = (),
+    suspects: Sequence[str] = (),
+) -> StopFacts:
+    """The facts of one stop, by the one process that decides it (rank 0, the first failing
+    rank, the watcher, the supervisor's rank 0): at most one ``scontrol show job``.
+
+    Slurm is asked for an unclassified signal or a cancel (why), and for a failure (whether it
+    was a node failure under the job). A caller that already knows the kind (``preemption``,
+    ``timeout``) and a hang ask nothing.
+    """
+    from train.stop.quarantine import device_fault  # stdlib only
+
+    def facts(executor: Executor, **more: Any) -> StopFacts:
+        return StopFacts(
+            executor,
+            restart_count=restart_count,
+            hang_claimed=hang_claimed,
+            node=node,
+            device_fault=trigger == "failure" and device_fault(*error_texts),
+            suspects=tuple(sorted(set(suspects))),
+            **more,
+        )
+
+    if not job_id:
+        local = bool(os.environ.get(LOCAL_SUPERVISOR_ENV))
+        cancel = local and trigger in ("signal", "cancel") and _local_cancel(run_dir)
+        return facts("local" if local else "none", local_cancel=cancel)
+    if hang_claimed or trigger not in ("signal", "cancel", "failure"):
+        return facts("slurm")
+    if client is None:
+        from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+
+        client = SlurmClient(timeout=30)
+    asked = AskedOnce(client)
+    lost = node_failure(job_id, restart_count, hosts, asked)
+    kind = "unknown"
+    if lost is None and trigger in ("signal", "cancel"):
+        found = classify_stop(job_id, signal_delay_s, client=asked, restart_count=restart_count)
+        kind = found if found in ("preemption", "timeout", "cancel") else "unknown"
+    return facts("slurm", slurm_kind=kind, nodes_lost=lost or {}, job_info=asked.cached(job_id))

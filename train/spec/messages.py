@@ -1,7 +1,8 @@
 """Validation errors of a spec as one line each: ``file:line:column: field.path: problem (hint)``.
 
 Shared by ``jobs`` (the whole :class:`jobs.spec.JobSpec`) and ``python -m train --config``
-(:class:`train.config.RunConfig`): the same problem in the same file gives the same line on both
+(:class:`train.spec.config.RunConfig`): the same problem in the same file gives the same line on
+both
 paths. A problem that comes from ``--set`` points at the override (``--set k=v: field: ...``).
 """
 
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from train.errors import SpecError
-from train.specio import Override, Path_, Source, dotted, where
+from train.spec.load import Override, Path_, Source, dotted, where
 
 __all__ = ["FieldIssue", "error_lines", "fields_at", "resolve_field", "validate"]
 

@@ -25,21 +25,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.checkpoint import capture_rng_state, restore_rng_state
-from train.config import RequeueConfig, TrainConfig
-from train.data import Augmenter
+from train.checkpoint.manager import capture_rng_state, restore_rng_state
 from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import TrainingError
-from train.loopsetup import build_training_model, shard_data
+from train.loop.data import Augmenter
+from train.loop.optim import build_optimizer, build_scheduler, lr_factor
+from train.loop.setup import build_training_model, shard_data
+from train.loop.strategies import Strategy
 from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
-from train.optim import build_optimizer, build_scheduler, lr_factor
 from train.resume import load_training_state
 from train.runtime import StopPoll, precision_context
 from train.session import RunSession
-from train.signals import PreemptionGuard
+from train.spec.config import RequeueConfig, TrainConfig
 from train.startup import mark
-from train.strategies import Strategy
+from train.stop.signals import PreemptionGuard
 from train.tracking import Tracker, wandb_options
 
 __all__ = ["WARMUP_STEPS", "TrainResult", "run_training"]
@@ -299,7 +299,7 @@ class _Loop:
     def stop(self, guard: PreemptionGuard) -> TrainResult:
         """Stop signal agreed: save, wait, barrier, requeue (the session); return the result."""
         self.result.exit_code = self.session.stop(self.step, self.save)
-        self.result.stopped = guard.reason
+        self.result.stopped = self.session.stopped
         return self.finish()
 
     def finish(self) -> TrainResult:

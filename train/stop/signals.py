@@ -6,15 +6,15 @@ The protocol (the run session drives it; user code can too)::
     for step in ...:
         train_step()
         if guard.should_stop(all_reduce_max):   # every rank, at the same step boundaries
-            ...save, wait, barrier, train.requeue.request_requeue(...)
+            ...save, wait, barrier, train.stop.request_requeue(...)
 
 A stop signal can arrive before the guard exists (Slurm may send the time-limit signal while
 Python is still importing torch). :func:`install_early` is called first thing by every launcher
 (``jobs.launch.TrainLaunch`` and ``python -m train``): its handler only records the signal in ONE
 process-wide store, which :meth:`PreemptionGuard.install` takes over (the run stops at its first
 step boundary) or a command entrypoint passes on to its child (:func:`pop_early_signals`).
-Why the guard stops (preemption, time limit, cancel) is :mod:`train.stops`; what happens next
-(events, budgets, requeue) is :mod:`train.requeue`.
+What happens next (why Slurm stops the job, events, budgets, requeue) is decided in one place:
+:mod:`train.stop` (the protocol), :func:`train.stop.decision.decide`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any, Literal
+from typing import Any
+
+from train.stop import facts
+from train.stop.facts import StopKind
 
 __all__ = [
     "PreemptionGuard",
@@ -39,7 +42,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure", "node_fail"]
 
 # Stop signals that arrived before a PreemptionGuard was installed: (signal, time).
 _EARLY: list[tuple[signal.Signals, float]] = []
@@ -98,7 +100,7 @@ class PreemptionGuard:
     """Turns stop signals into a flag that all ranks agree on at step boundaries.
 
     ``job_id``/``signal_delay_s``/``is_main``: when given, :attr:`reason` on the main rank asks
-    Slurm whether this is a preemption or the time limit (:func:`train.stops.classify_stop`).
+    Slurm whether this is a preemption or the time limit (:func:`train.stop.facts.classify_stop`).
     """
 
     def __init__(
@@ -185,13 +187,13 @@ class PreemptionGuard:
 
     @property
     def reason(self) -> StopKind | None:
-        """``"preemption"``, ``"timeout"``, ``"cancel"`` or ``"signal"`` (unclassified)."""
+        """``"preemption"``, ``"timeout"``, ``"cancel"`` or ``"signal"`` (unclassified): for user
+        code that drives a guard of its own. The run's stop decision does not read it (it asks
+        Slurm once, :func:`train.stop.facts.gather`)."""
         if not self._stopping and not self._flag:
             return None
         if self._reason is None:
             self._reason = "signal"
             if self.is_main and self.job_id:
-                from train import stops  # stdlib + a lazy Slurm query; only when stopping
-
-                self._reason = stops.classify_stop(self.job_id, self.signal_delay_s)
+                self._reason = facts.classify_stop(self.job_id, self.signal_delay_s)
         return self._reason

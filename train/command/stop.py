@@ -1,9 +1,11 @@
-"""What a command's supervisor does at a stop (the other half of :mod:`train.command`).
+"""What a command's supervisor does at a stop (the other half of
+:mod:`train.command.supervisor`).
 
-Slurm's signal (or a TERM) arrived: every rank hands the command the signal it saves on at once,
-rank 0 asks Slurm why (a preemption, a time limit, a cancel, a node failure), records it within
-its budget, waits for the command within the grace (capped by the partition's GraceTime at a
-preemption), and requeues the job unless the command (Lightning) or Slurm already did.
+Slurm's signal (or a TERM) arrived: every rank hands the command the signal it saves on at once;
+rank 0 gathers the stop's facts and asks the one stop decision (:mod:`train.stop`), records it,
+waits for the command within the grace (capped by the partition's GraceTime at a preemption),
+and carries the decision out unless the command (Lightning) or Slurm already requeued the job.
+What is command-specific lives here: which signal the command gets, and when.
 """
 
 from __future__ import annotations
@@ -14,13 +16,11 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from train.config import RunConfig
-from train.env import DistEnv
-from train.history import RunHistory
-from train.procs import (
+from train.command.processes import (
     StderrTail,
     StopPlan,
     caught_signals,
@@ -31,26 +31,24 @@ from train.procs import (
     stop_group,
     wait_exit,
 )
-from train.quarantine import exclude
-from train.requeue import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
-from train.stops import AskedOnce, classify_stop, node_failure, preemption_grace_s
-from train.watchdog import hang_claimed
+from train.env import DistEnv
+from train.hang.heartbeat import hang_claimed
+from train.history import RunHistory
+from train.spec.config import RunConfig
+from train.stop.act import carry_out, record
+from train.stop.decision import Decision, decide
+from train.stop.facts import AskedOnce, StopFacts, gather, preemption_grace_s
 
 __all__ = ["StopHandling"]
 
-log = logging.getLogger("train.command")
+log = logging.getLogger("train.command.supervisor")
 
-_EVENT_OF_KIND = {
-    "preemption": "preempted",
-    "timeout": "timeout",
-    "cancel": "cancelled",
-    "node_fail": "node_fail",
-}
 _REQUEUE_MARGIN_S = 5  # seconds kept for our requeue before Slurm's preemption kill
 
 
 class StopHandling:
-    """The stop half of :class:`train.command.CommandRun` (which sets these attributes)."""
+    """The stop half of :class:`train.command.supervisor.CommandRun` (which sets these
+    attributes)."""
 
     config: RunConfig
     env: DistEnv
@@ -62,8 +60,6 @@ class StopHandling:
     stop_signal: str
     client: Any
     proc_root: Path
-    _lost: dict[str, str]
-    _asked: Any
 
     def _append(self, event: str, **fields: Any) -> None:
         if self.history is not None:
@@ -75,21 +71,28 @@ class StopHandling:
             self.history.append(event, **base, **fields)
 
     # -- stops --------------------------------------------------------------------------------
-    def _classify(self, trigger: int) -> str:
-        if not self.env.job_id:
-            return "preemption" if trigger != signal.SIGTERM else "cancel"
-        client = self._asked = AskedOnce(self._client())  # one show_job for this stop
-        lost = node_failure(self.env.job_id, self.env.restart_count, self.env.hosts, client)
-        if lost is not None:  # Slurm failed a node under the job and requeued it itself
-            self._lost = lost
-            return "node_fail"
-        kind = classify_stop(
-            self.env.job_id,
-            self.config.requeue.signal_delay_s,
-            client=client,
+    def _base(self) -> dict[str, Any]:
+        return {"step": None, "restart_count": self.env.restart_count, "job_id": self.env.job_id}
+
+    def _decide(self, trigger: int) -> tuple[Decision, StopFacts]:
+        """Rank 0: the facts of this stop (one ``scontrol show job``) and the decision."""
+        asked = AskedOnce(self._client()) if self.env.job_id else None
+        facts = gather(
+            "signal",
+            job_id=self.env.job_id,
             restart_count=self.env.restart_count,
+            run_dir=self.run_dir,
+            signal_delay_s=self.config.requeue.signal_delay_s,
+            hosts=self.env.hosts,
+            node=self.env.node_name,
+            client=asked,
         )
-        return kind if kind != "signal" else "preemption"
+        assert self.history is not None
+        decision = decide("signal", facts, self.history.counts(), self.config.requeue)
+        record(decision, self.history, self._base(), facts, signal=signal_name(trigger))
+        if decision.kind == "preemption" and asked is not None:
+            self._fit_grace(preemption_grace_s(str(self.env.job_id), asked))
+        return decision, facts
 
     def _after_stop(self, proc: subprocess.Popen[bytes] | None, tail: StderrTail | None) -> int:
         trigger, at = self.stops[0]
@@ -104,59 +107,32 @@ class StopHandling:
         # Every rank hands the command its signal the moment Slurm's arrives, before rank 0
         # asks Slurm why (a second or more on a busy controller): a program whose handler runs
         # collectives (Lightning saves with a barrier) must get it at the same time everywhere.
-        # Rank 0 asks first only when the answer can change what the command gets: a TERM
-        # (maybe a cancel) or a stop that may exhaust a budget.
-        at_once = alive and trigger != signal.SIGTERM and self._room_for_any_stop()
+        # Rank 0 asks first only for a TERM: it may be a cancel, which stops the command
+        # without a save signal. A stop over its budget still saves: nothing is lost.
+        at_once = alive and trigger != signal.SIGTERM
         forwarded = self._forward(trigger, proc) if at_once and proc is not None else False
-        event, over_budget = "preempted", None
-        if self.history is not None:
-            kind = self._classify(trigger)
-            event = _EVENT_OF_KIND.get(kind, "preempted")
-            if event == "node_fail":
-                self._append(event, nodes=sorted(self._lost), states=self._lost)
-            else:
-                self._append(event, kind=kind, signal=signal_name(trigger))
-            if event not in ("cancelled", "node_fail"):
-                over_budget = self.history.check_budget(self.config.requeue)
-                if over_budget is not None:
-                    self._append("budget_exhausted", reason=over_budget)
-                    log.error("not requeuing: %s", over_budget)
-            if kind == "preemption" and self.env.job_id:
-                self._fit_grace(preemption_grace_s(str(self.env.job_id), self._asked))
+        decision = self._decide(trigger)[0] if self.history is not None else None
         if not at_once and proc is not None and proc.poll() is None:
-            if event in ("cancelled", "node_fail") or over_budget is not None:
+            if decision is not None and not decision.save:
                 plan = StopPlan(None, (), False, True, "no requeue by us: stopping the command")
                 log.warning("stop (%s): %s", signal_name(trigger), plan.note)
                 forwarded = self._act(plan, proc)
             else:
                 forwarded = self._forward(trigger, proc)
-        requeued_by = self._wait_child(proc, at + self.grace_s, watch=forwarded)
+        seen = self._wait_child(proc, at + self.grace_s, watch=forwarded)
         self._mark_stopped()
-        if self.history is None or event == "cancelled":
+        if decision is None:
             return 0
-        if event == "node_fail":
-            exclude(self.run_dir, str(self.env.job_id), self._lost, "node failure",
-                    restart_count=self.env.restart_count, client=self._client())  # fmt: skip
-            return 0
-        if over_budget is not None:
-            return BUDGET_EXHAUSTED_EXIT_CODE
-        if requeued_by is not None:  # seen while the command ran, and recorded then
-            return 0
-        requeued_by = self._requeued_by_others(forwarded)
-        if requeued_by is not None:
-            self._append("requeue", via=requeued_by)
-            return 0
-        self._wait_ranks(at + self.grace_s)
-        return self._requeue()
-
-    def _room_for_any_stop(self) -> bool:
-        """Whether one more preemption AND one more time limit both stay within budget."""
-        if self.history is None:
-            return True
-        counts, budget = self.history.counts(), self.config.requeue
-        return (
-            counts["preempted"] < budget.max_preemptions and counts["timeout"] < budget.max_timeouts
-        )
+        if seen is not None:  # the command requeued the job itself: recorded when seen
+            return decision.exit_code if decision.exhausted else 0
+        if decision.action != "none":
+            by = self._requeued_by_others(forwarded)
+            if by is not None:
+                decision = replace(decision, action="none", requeued_by=by)
+            else:
+                self._wait_ranks(at + self.grace_s)
+        assert self.history is not None
+        return carry_out(decision, self.history, self._base(), self.run_dir, client=self.client)
 
     def _fit_grace(self, slurm_grace_s: int | None) -> None:
         """A preempted job is killed GraceTime seconds after the signal: stop the command (and
@@ -271,17 +247,3 @@ class StopHandling:
             if done >= self.env.world_size:
                 return
             time.sleep(0.5)
-
-    def _requeue(self) -> int:
-        if not self.env.job_id:
-            self._append("requeue", via="exit_code")
-            return REQUEUE_EXIT_CODE
-        try:
-            self._client().requeue(str(self.env.job_id))
-        except Exception as exc:
-            log.warning("scontrol requeue failed (%s); exiting %d", exc, REQUEUE_EXIT_CODE)
-            self._append("requeue", via="exit_code", error=str(exc)[:200])
-            return REQUEUE_EXIT_CODE
-        self._append("requeue", via="scontrol")
-        log.warning("job %s requeued", self.env.job_id)
-        return 0

@@ -4,7 +4,7 @@ Rules every function here keeps (issue 14): a symbolic link is never a checkpoin
 followed, never deleted through (a leftover link is removed as a link); a checkpoint is only
 pruned or replaced when its manifest proves it belongs to a run in ``owned`` (its ``run_id``);
 a damaged or foreign manifest proves nothing, so such a directory is never touched. Used by
-:class:`train.checkpoint.CheckpointManager`.
+:class:`train.checkpoint.manager.CheckpointManager`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
-from train import ckpt_io as _io
-from train.ckpt_hash import ALGORITHMS, FORMAT_VERSION
+from train.checkpoint import manifest as _io
+from train.checkpoint.digest import ALGORITHMS, FORMAT_VERSION
 from train.errors import CheckpointError
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
     "warn_skipped",
 ]
 
-log = logging.getLogger("train.checkpoint")
+log = logging.getLogger("train.checkpoint.manager")
 
 STEP_RE = _io.STEP_RE
 TMP_RE = re.compile(r"^\.step-(\d+)\.tmp$")

@@ -1,4 +1,4 @@
-"""The trajectory hash of a :class:`train.config.TrainConfig` (torch-free).
+"""The trajectory hash of a :class:`train.spec.config.TrainConfig` (torch-free).
 
 Checkpoint manifests store it as ``spec_hash`` so that a resume with a different model, data or
 optimizer is noticed; fields that only change paths, logging or resume policy are left out.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from train.config import TrainConfig
+from train.spec.config import TrainConfig
 
 __all__ = ["config_hash"]
 

@@ -1,7 +1,8 @@
 """Checkpoint files written at the disk's speed, hashed as they are written.
 
 ``torch.save`` hands its chunks to :class:`_DiskWriter`, which hashes each one inline
-(xxh3-128, ~30 GB/s: why that digest, see :mod:`train.ckpt_hash`), writes it with ``os.write``
+(xxh3-128, ~30 GB/s: why that digest, see :mod:`train.checkpoint.digest`), writes it with
+``os.write``
 (small records are gathered first, big tensors go in 8 MiB slices) and, every 8 MiB, asks the
 kernel to start writing those pages to the disk (``sync_file_range(SYNC_FILE_RANGE_WRITE)``,
 Linux; elsewhere nothing). The disk therefore works while the rest is still being copied, and
@@ -9,7 +10,7 @@ the closing ``fsync`` only waits for the tail: it is still what makes the file d
 torch.save's own per-record CRC32 is switched off for our files (a second pass over the bytes;
 the digest covers them). Measured (``python -m bench --only ckpt``): a synchronous save of the
 52.6 MB ResNet-9 state writes at ~1.0x a plain write + fsync of the same number of bytes.
-Used by :mod:`train.checkpoint`; read back and checked by :mod:`train.ckpt_io`.
+Used by :mod:`train.checkpoint.manager`; read back and checked by :mod:`train.checkpoint.manifest`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import IO, Any, cast
 import torch
 from torch.utils.serialization import config as _serialization_config
 
-from train.ckpt_hash import ALGORITHMS, FORMAT_VERSION, new_hasher
+from train.checkpoint.digest import ALGORITHMS, FORMAT_VERSION, new_hasher
 
 __all__ = ["write_torch"]
 

@@ -1,37 +1,5 @@
-"""Atomic, verifiable, optionally asynchronous checkpoints: ``ROOT/step-N/``.
-
-Layout of one checkpoint (a directory made valid by its last atomic step)::
-
-    step-N/shared.pt       rank 0: model (no ``module.`` prefix), optimizer, scheduler, scaler,
-                           metrics, ... (whatever the trainer puts in ``shared_state``)
-    step-N/rank-R.pt       every rank: its RNG states, sampler position (``rank_state``)
-    step-N/manifest.json   written last: step, epoch, epoch_step, world_size, spec_hash, run_id,
-                           digest of the model state, time, files with size and digest
-                           (xxh3-128; format-1 manifests, read only: sha256)
-
-How a save becomes valid (no collective anywhere, so it can finish in a background thread):
-every rank writes its file into ``.step-N.tmp/`` (hashed while written, see
-:mod:`train.ckpt_write`), fsyncs it and drops a ``rank-R.done`` marker (JSON with the file's size
-and digest). Rank 0 waits for all markers, writes the manifest, fsyncs, renames ``.step-N.tmp``
-to ``step-N`` and fsyncs ``ROOT``. A directory without a valid manifest (missing, damaged,
-foreign: see :func:`train.ckpt_io.check_manifest`), with a file that does not match it, whose
-model digest differs, or that is a symbolic link is never loaded: the previous valid one is.
-Old checkpoints are pruned only after a newer one is complete.
-
-Ownership: every manifest records the ``run_id`` of the run that wrote it. Pruning
-(``keep_last``/``keep_best``) and replacing an existing ``step-N`` only ever touch checkpoints
-of the runs this manager owns: its own ``run_id`` (a fresh one unless given) and the run of a
-checkpoint it loaded from its own root (resuming continues that run, and saves under its id).
-A save over another run's ``step-N`` is refused; links are never followed, loaded or replaced.
-``.step-N.tmp`` leftovers are removed by rank 0 when the manager is created, so create the
-manager on every rank before the first collective of the run (a save always follows one).
-
-Asynchronous saves block training for almost nothing (:class:`train.ckpt_state.Snapshotter`):
-CPU state is copied copy-on-write by the background thread while the model's next forward pass
-and ``optimizer.step()`` wait for that copy; CUDA state is copied to pinned host buffers with
-non-blocking copies. Hashing, writing and committing run in the background thread, at most one
-save in flight.
-"""
+"""The checkpoint manager: saves, finds, loads and prunes ``ROOT/step-N/`` (the protocol is
+drawn in :mod:`train.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -46,18 +14,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
-from train import ckpt_dirs as _dirs
-from train import ckpt_io as _io
-from train import ckpt_write as _write
-from train.ckpt_dirs import checkpoint_run_id, checkpoint_step, latest_valid
-from train.ckpt_io import (
+from train.checkpoint import dirs as _dirs
+from train.checkpoint import manifest as _io
+from train.checkpoint import write as _write
+from train.checkpoint.dirs import checkpoint_run_id, checkpoint_step, latest_valid
+from train.checkpoint.manifest import (
     FORMAT_VERSION,
     MANIFEST,
     SHARED_FILE,
     LoadedCheckpoint,
     verify_checkpoint,
 )
-from train.ckpt_state import (
+from train.checkpoint.state import (
     Snapshotter,
     capture_rng_state,
     load_model_state,
@@ -73,7 +41,7 @@ from train.errors import CheckpointError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from train.config import TrainConfig
+    from train.spec.config import TrainConfig
 
 __all__ = [
     "FORMAT_VERSION",
@@ -158,7 +126,7 @@ class CheckpointManager:
         run_id: str | None = None,
     ) -> Self:
         """The manager of ``RUN_DIR/checkpoints`` with the spec's checkpoint settings."""
-        from train.confighash import config_hash
+        from train.spec.confighash import config_hash
 
         return cls(
             run_dir / "checkpoints",
@@ -189,7 +157,7 @@ class CheckpointManager:
         ``"model"``; every rank stores its ``rank_state``. Returns the checkpoint path (on
         ranks other than 0, and for async saves, where it will appear), or None when this step
         was already saved by this manager. Async: returns at once (see
-        :class:`~train.ckpt_state.Snapshotter`: the copy is taken before training changes the
+        :class:`~train.checkpoint.state.Snapshotter`: the copy is taken before training changes the
         state); :meth:`wait` blocks until written.
         """
         start = time.perf_counter()

@@ -3,7 +3,7 @@
     requeue:      RequeueConfig     signal, its lead time, requeue budgets, hang detection
     entrypoint:   EntrypointConfig  optional: run the user's function or command instead
 
-:mod:`train.config` composes them with ``train`` into :class:`train.config.RunConfig` (and
+:mod:`train.spec.config` composes them with ``train`` into :class:`train.spec.config.RunConfig` (and
 re-exports them); ``SIGNALS`` are the signals a run can be warned with.
 """
 
@@ -14,12 +14,13 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from train.specbase import StrictModel
+from train.spec.base import StrictModel
 
 __all__ = ["SIGNALS", "EntrypointConfig", "RequeueConfig"]
 
 
-# The signals a run can be warned with (train.signals handles them; the others kill or stop it).
+# The signals a run can be warned with (train.stop.signals handles them; the others kill or stop
+# it).
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 
 
@@ -42,7 +43,7 @@ class RequeueConfig(StrictModel):
         int, Field(description="restarts after a failure (non-zero exit) before giving up", ge=0)
     ] = 3
     max_hangs: Annotated[
-        int, Field(description="requeues after a hang (train.watchdog) before giving up", ge=0)
+        int, Field(description="requeues after a hang (the hang watchdog) before giving up", ge=0)
     ] = 2
     hang_watchdog: Annotated[
         bool,

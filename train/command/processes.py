@@ -296,7 +296,7 @@ class StderrTail:
         self._sink = sink if sink is not None else sys.stderr.buffer
         self._lines: collections.deque[str] = collections.deque(maxlen=keep)
         self._partial = b""
-        self.bytes = 0  # read so far: the command's progress (train.command watches it)
+        self.bytes = 0  # read so far: the command's progress (train.command.supervisor watches it)
         self._thread = threading.Thread(target=self._pump, name="command-stderr", daemon=True)
         self._thread.start()
 

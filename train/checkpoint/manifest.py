@@ -9,8 +9,8 @@ manifest that fails any check makes the checkpoint invalid exactly like a half-w
 callers skip it and use the previous valid checkpoint; nothing here raises anything but
 :class:`~train.errors.CheckpointError` for bad content.
 
-Files are written by :mod:`train.ckpt_write` (at the disk's speed, hashed inline); this module
-reads and checks them. Used by :mod:`train.checkpoint`.
+Files are written by :mod:`train.checkpoint.write` (at the disk's speed, hashed inline); this module
+reads and checks them. Used by :mod:`train.checkpoint.manager`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from train.ckpt_hash import (
+from train.checkpoint.digest import (
     ALGORITHMS,
     FORMAT_VERSION,
     HEX_LENGTH,
@@ -75,7 +75,8 @@ def marker_file(rank: int) -> str:
 
 @dataclass(frozen=True)
 class LoadedCheckpoint:
-    """What :meth:`train.checkpoint.CheckpointManager.load` returns; ``rank_state`` is None when
+    """What :meth:`train.checkpoint.manager.CheckpointManager.load` returns; ``rank_state`` is None
+    when
     the checkpoint was written with fewer ranks than this rank's number."""
 
     path: Path

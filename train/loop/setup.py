@@ -1,11 +1,11 @@
-"""What the built-in training loop (:mod:`train.trainer`) is built from.
+"""What the built-in training loop (:mod:`train.loop.trainer`) is built from.
 
 - :func:`shard_data`: the train/test sets and this rank's share of the training set (a
   :class:`DistributedSampler` reshuffled per epoch), the per-rank micro-batch and the optimizer
   steps per epoch; a global batch that does not split over ranks x ``grad_accum`` is a
   :class:`train.errors.ConfigError`;
 - :func:`build_training_model`: the model (same initial weights on every rank), optionally
-  channels-last and compiled, placed by its :class:`train.strategies.Strategy`.
+  channels-last and compiled, placed by its :class:`train.loop.strategies.Strategy`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any, cast
 import torch
 from torch.utils.data import DistributedSampler
 
-from train.config import TrainConfig
-from train.data import ImageSet, load_data
 from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import ConfigError
-from train.models import build_model
+from train.loop.data import ImageSet, load_data
+from train.loop.models import build_model
+from train.loop.strategies import Strategy, build_strategy
 from train.runtime import Runtime
-from train.strategies import Strategy, build_strategy
+from train.spec.config import TrainConfig
 
 __all__ = ["ShardedData", "build_training_model", "shard_data"]
 

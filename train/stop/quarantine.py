@@ -6,7 +6,7 @@ An interruption is attributed to a node when
   it DOWN): Slurm kills the job and requeues it itself, and the surviving ranks get SIGTERM.
   :func:`failed_nodes` tells this apart from a preemption or a cancel: the job was already
   requeued without a ``PreemptTime``, and some of the attempt's nodes are no longer usable;
-- a rank hung on it (:mod:`train.hangwatch`);
+- a rank hung on it (:mod:`train.hang.watcher`);
 - a failure's text names a device fault (:func:`device_fault`: ECC errors, a GPU that fell off
   the bus, NVIDIA Xid, NCCL's system errors), not a bug in the training code.
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from train.device import DeviceInfo
 from train.env import DistEnv
-from train.models import split_stages
+from train.loop.models import split_stages
 
 __all__ = ["GlobalBatchNorm", "Pipeline", "Strategy", "build_strategy", "convert_global_batchnorm"]
 

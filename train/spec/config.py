@@ -7,9 +7,9 @@ those. Here we validate strictly only the three sections train reads, and ignore
     requeue:      RequeueConfig     signal, its lead time, requeue budgets
     entrypoint:   EntrypointConfig  optional: run the user's function or command instead
 
-The ``requeue`` and ``entrypoint`` models live in :mod:`train.runpolicy`, their strict base in
-:mod:`train.specbase` (both importable from here too) and the trajectory hash in
-:mod:`train.confighash`. Every field has a default, so ``train: {}`` is a valid (CIFAR ResNet
+The ``requeue`` and ``entrypoint`` models live in :mod:`train.spec.policy`, their strict base in
+:mod:`train.spec.base` (both importable from here too) and the trajectory hash in
+:mod:`train.spec.confighash`. Every field has a default, so ``train: {}`` is a valid (CIFAR ResNet
 on synthetic data) spec. ``jobs.spec`` composes these models into its ``JobSpec``; this module
 (and those it imports) must never import torch.
 """
@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-from train.runpolicy import EntrypointConfig, RequeueConfig
-from train.specbase import StrictModel
+from train.spec.base import StrictModel
+from train.spec.policy import EntrypointConfig, RequeueConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -275,12 +275,12 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     """Read the train/requeue/entrypoint sections of a job-spec YAML file, apply ``--set``s.
 
     ``path`` may be None (defaults + overrides only). The file, the YAML, the overrides and the
-    error lines are :mod:`train.specio`'s, shared with ``python -m jobs``: the same file and
+    error lines are :mod:`train.spec.load`'s, shared with ``python -m jobs``: the same file and
     overrides give the same values and the same ``file:line:column: field: problem (hint)``.
     Raises :class:`train.errors.SpecError` (a :class:`ConfigError`).
     """
-    from train.specerrors import validate
-    from train.specio import load_source, read_spec_file
+    from train.spec.load import load_source, read_spec_file
+    from train.spec.messages import validate
 
     if path is None:
         text, filename = "{}", "<defaults>"

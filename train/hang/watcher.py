@@ -1,9 +1,11 @@
-"""The hang watcher process of :mod:`train.watchdog` (``python -m train.hangwatch``, no torch).
+"""The hang watcher process of :mod:`train.hang.heartbeat` (``python -m train.hang.watcher``, no
+torch).
 
 Started by each rank in its own session, so freezing the rank does not freeze it. It polls the
 heartbeats of every rank and, on a hang, asks its rank for its stacks, records what it saw, and
-(the first watcher to claim the attempt) records the ``hang`` event and requeues within
-``requeue.max_hangs``; then it ends its rank. See :mod:`train.watchdog` for the whole protocol.
+(the first watcher to claim the attempt) records the ``hang`` event and requeues
+within ``requeue.max_hangs``; then it ends its rank. See :mod:`train.hang.heartbeat` for the whole
+protocol.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.watchdog import (
+from train.hang.heartbeat import (
     COMMAND_FLOOR_S,
     DUMP_SIGNAL,
     Beat,
@@ -181,7 +183,7 @@ def _ours(pid: int, parent: int) -> bool:
 def _describe_processes(root: int, out: Path) -> bool:
     """Write state, wait channel, command line and (root only) kernel stack of ``root`` and its
     descendants to ``out``; True when something was written."""
-    from train.procs import process_tree  # torch-free
+    from train.command.processes import process_tree  # torch-free
 
     lines: list[str] = []
     for pid in sorted(process_tree(root)):
@@ -238,8 +240,9 @@ def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
         "hang: rank(s) %s on %s made no progress for %.0f s (stacks in %s)",
         ranks, nodes, timeout, hangs,
     )  # fmt: skip
-    from train.requeue import request_requeue  # torch-free
+    from train.stop.act import request_requeue  # torch-free
 
+    # the one stop decision: the hang event, its budget, the requeue and the suspects' nodes
     code = request_requeue(
         _MainEnv(a.job_id, a.restart_count, a.world_size),
         a.run_dir,
@@ -247,14 +250,9 @@ def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
         "hang",
         step=step,
         details=details,
+        suspects=tuple(nodes),
+        hang_claimed=False,
     )
-    if code == 0 and a.job_id and nodes:
-        from train.quarantine import exclude
-
-        exclude(
-            a.run_dir, a.job_id, nodes, "hang" if step is None else f"hang at step {step}",
-            step=step, restart_count=a.restart_count,
-        )  # fmt: skip
     (hangs / "decided").write_text(json.dumps({"exit_code": code, **details}))
 
 
@@ -275,7 +273,7 @@ _DEFAULT_BUDGETS = {
 
 
 class _Budget:
-    """The run's ``requeue:`` budgets, as :func:`train.requeue.request_requeue` reads them."""
+    """The run's ``requeue:`` budgets, as :func:`train.stop.act.request_requeue` reads them."""
 
     def __init__(self, budgets: dict[str, int]) -> None:
         values = {**_DEFAULT_BUDGETS, **budgets}
@@ -295,7 +293,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.hangwatch", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m train.hang.watcher", description=__doc__)
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--attempt", required=True)
     p.add_argument("--rank", type=int, required=True)

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from train.config import DataConfig
 from train.errors import DataError
+from train.spec.config import DataConfig
 
 __all__ = [
     "CIFAR_MEAN",

@@ -3,7 +3,8 @@
 One supervisor per task (rank) runs the command as a child in its own session and:
 
 - starts it with the job's requeue signal (``requeue.signal``, USR2 by default) IGNORED, because
-  Slurm delivers that signal to every process of the step (:mod:`train.procs`): a script that
+  Slurm delivers that signal to every process of the step (:mod:`train.command.processes`): a
+  script that
   handles no signal no longer dies of it, and a program that installs its own handler for it
   still gets it (from Slurm, once);
 - on that signal (preemption or time limit), rank 0 asks Slurm which it is and records it in
@@ -37,12 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from train.cmdstop import StopHandling
-from train.config import RunConfig
-from train.env import DistEnv
-from train.errors import EntrypointError
-from train.history import RunHistory
-from train.procs import (
+from train.command.processes import (
     PROC,
     StderrTail,
     StopPlan,
@@ -55,14 +51,19 @@ from train.procs import (
     wait_exit,
     written_bytes,
 )
-from train.requeue import (
+from train.command.stop import StopHandling
+from train.env import DistEnv
+from train.errors import EntrypointError
+from train.hang.heartbeat import Watchdog, start_watchdog
+from train.history import RunHistory
+from train.spec.config import RunConfig
+from train.stop.act import (
     BUDGET_EXHAUSTED_EXIT_CODE,
     REQUEUE_EXIT_CODE,
     failure_claimed,
     request_requeue,
 )
-from train.signals import pop_early_signals
-from train.watchdog import Watchdog, start_watchdog
+from train.stop.signals import pop_early_signals
 
 __all__ = ["StopPlan", "child_environ", "plan_stop", "resolve_argv", "run_command"]
 
@@ -107,10 +108,8 @@ class CommandRun(StopHandling):
         self.history = RunHistory(run_dir) if env.is_main else None
         self.stops: list[tuple[int, float]] = []
         self._previous: dict[int, Any] = {}
-        self._lost: dict[str, str] = {}  # nodes Slurm failed under the job (NODE_FAIL)
         self.watchdog: Watchdog | None = None
-        self._asked: Any = None  # the client of the stop being classified (AskedOnce)
-        # a train.signals.PreemptionGuard that held the stop signals while the run was set up
+        # a train.stop.signals.PreemptionGuard that held the stop signals while the run was set up
         self.early = early
 
     # -- signals ------------------------------------------------------------------------------
@@ -285,7 +284,7 @@ def run_command(
 ) -> int:
     """Run ``config.entrypoint.command`` under supervision; return the task's exit code.
 
-    ``early``: the run's :class:`train.signals.PreemptionGuard` for the job's signal and TERM,
+    ``early``: the run's :class:`train.stop.signals.PreemptionGuard` for the job's signal and TERM,
     installed while the run was set up; a stop it caught then is acted on at once.
     """
     return CommandRun(config, env, run_dir, resume_from, early=early).run()

@@ -8,7 +8,7 @@ the built-in trainer and ``entrypoint.function`` code calling ``ctx.progress(ste
 output, files, gloo's sockets), and its watcher works per job instead of per rank (see
 :func:`start_watchdog`).
 
-Watcher: each rank starts one small process (``python -m train.hangwatch``, no torch) in its own
+Watcher: each rank starts one small process (``python -m train.hang.watcher``, no torch) in its own
 session, so a ``kill -STOP`` of the rank (or of its process group) does not freeze it. Once every
 rank has reported a first step, the watcher polls the heartbeats; when no rank, or some rank,
 has advanced for the hang timeout (``requeue.hang_timeout_s``, or by default
@@ -22,7 +22,7 @@ has advanced for the hang timeout (``requeue.hang_timeout_s``, or by default
    process state, node);
 3. the first watcher to claim ``hangs/ATTEMPT/claimed`` (an exclusive create) waits briefly for
    the others, names the stuck ranks (stopped processes, else those with the oldest step) and
-   their nodes, and calls :func:`train.requeue.request_requeue` with kind ``hang``: the ``hang``
+   their nodes, and calls :func:`train.stop.act.request_requeue` with kind ``hang``: the ``hang``
    event, the ``requeue.max_hangs`` budget, ``scontrol requeue``;
 4. every watcher then ends its rank (SIGKILL), which ends the step: Slurm restarts the requeued
    job and it resumes from the newest valid checkpoint like any interruption.
@@ -193,7 +193,7 @@ class Watchdog:
         self._stacks: IO[str] | None = open(self.stacks_path, "w")  # noqa: SIM115
         faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True, chain=False)
         cmd = [
-            sys.executable, "-m", "train.hangwatch",
+            sys.executable, "-m", "train.hang.watcher",
             "--run-dir", str(run_dir), "--attempt", attempt, "--rank", str(rank),
             "--world-size", str(world_size), "--pid", str(os.getpid()),
             "--budgets", json.dumps(budgets), "--job-id", job_id or "",

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from train.config import OptimizerConfig
+from train.spec.config import OptimizerConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "eager", "lr_factor"]
 

@@ -1,0 +1,72 @@
+"""Atomic, verifiable, optionally asynchronous checkpoints: ``ROOT/step-N/``.
+
+Layout of one checkpoint (a directory made valid by its last atomic step)::
+
+    step-N/shared.pt       rank 0: model (no ``module.`` prefix), optimizer, scheduler, scaler,
+                           metrics, ... (whatever the trainer puts in ``shared_state``)
+    step-N/rank-R.pt       every rank: its RNG states, sampler position (``rank_state``)
+    step-N/manifest.json   written last: step, epoch, epoch_step, world_size, spec_hash, run_id,
+                           digest of the model state, time, files with size and digest
+                           (xxh3-128; format-1 manifests, read only: sha256)
+
+How a save becomes valid (no collective anywhere, so it can finish in a background thread):
+every rank writes its file into ``.step-N.tmp/`` (hashed while written, see
+:mod:`train.checkpoint.write`), fsyncs it and drops a ``rank-R.done`` marker (JSON with the file's
+size and digest). Rank 0 waits for all markers, writes the manifest, fsyncs, renames
+``.step-N.tmp`` to ``step-N`` and fsyncs ``ROOT``. A directory without a valid manifest (missing,
+damaged, foreign: see :func:`train.checkpoint.manifest.check_manifest`), with a file that does
+not match it, whose model digest differs, or that is a symbolic link is never loaded: the
+previous valid one is. Old checkpoints are pruned only after a newer one is complete.
+
+Ownership: every manifest records the ``run_id`` of the run that wrote it. Pruning
+(``keep_last``/``keep_best``) and replacing an existing ``step-N`` only ever touch checkpoints
+of the runs this manager owns: its own ``run_id`` (a fresh one unless given) and the run of a
+checkpoint it loaded from its own root (resuming continues that run, and saves under its id).
+A save over another run's ``step-N`` is refused; links are never followed, loaded or replaced.
+``.step-N.tmp`` leftovers are removed by rank 0 when the manager is created, so create the
+manager on every rank before the first collective of the run (a save always follows one).
+
+Asynchronous saves block training for almost nothing (:class:`train.checkpoint.state.Snapshotter`):
+CPU state is copied copy-on-write by the background thread while the model's next forward pass
+and ``optimizer.step()`` wait for that copy; CUDA state is copied to pinned host buffers with
+non-blocking copies. Hashing, writing and committing run in the background thread, at most one
+save in flight.
+
+Modules: :mod:`train.checkpoint.manager` (:class:`CheckpointManager`: save, load, prune, the
+ownership rules), :mod:`train.checkpoint.dirs` (finding valid ``step-N`` directories, never
+following a link), :mod:`train.checkpoint.manifest` (the format: manifests, checks, loading),
+:mod:`train.checkpoint.write` (files at the disk's speed, hashed inline),
+:mod:`train.checkpoint.digest` (xxh3-128, format-1 sha256 read back), :mod:`train.checkpoint.state`
+(snapshots of the state an asynchronous save writes, RNG states).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from train._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from train.checkpoint.dirs import checkpoint_run_id, checkpoint_step, latest_valid
+    from train.checkpoint.manager import CheckpointManager
+    from train.checkpoint.manifest import FORMAT_VERSION, LoadedCheckpoint, verify_checkpoint
+
+_EXPORTS = {
+    "CheckpointManager": "manager",
+    "FORMAT_VERSION": "manifest",
+    "LoadedCheckpoint": "manifest",
+    "verify_checkpoint": "manifest",
+    "checkpoint_run_id": "dirs",
+    "checkpoint_step": "dirs",
+    "latest_valid": "dirs",
+}
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "checkpoint_run_id",
+    "checkpoint_step",
+    "latest_valid",
+    "verify_checkpoint",
+]
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,0 +1,36 @@
+"""The supervisor of the user's own program (``entrypoint.command``), torch-free: it starts the
+command with the run's environment, watches its progress for the hang watchdog, hands it the
+signal it saves on at a stop and goes through the one stop decision (:mod:`train.stop`).
+
+Modules: :mod:`train.command.supervisor` (the run: start, supervise, failures),
+:mod:`train.command.stop` (what the supervisor does at a stop), :mod:`train.command.processes`
+(the command's process tree, which signals it catches, its environment).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from train._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from train.command.processes import StopPlan, child_environ, plan_stop, resolve_argv
+    from train.command.supervisor import CommandRun, run_command
+
+_EXPORTS = {
+    "run_command": "supervisor",
+    "CommandRun": "supervisor",
+    "child_environ": "processes",
+    "resolve_argv": "processes",
+    "plan_stop": "processes",
+    "StopPlan": "processes",
+}
+__all__ = [
+    "CommandRun",
+    "StopPlan",
+    "child_environ",
+    "plan_stop",
+    "resolve_argv",
+    "run_command",
+]
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,0 +1,93 @@
+"""The stop path: what happens at a preemption, a time limit, a cancel, a node failure, a failure
+or a hang, decided in ONE place (torch-free).
+
+The protocol, for every way a run is interrupted::
+
+    trigger                        who notices                     who decides (one per attempt)
+    -----------------------------  ------------------------------  -----------------------------
+    Slurm's signal (requeue.signal  every rank's guard (signals);   rank 0 of the session, or
+      or TERM): preemption, time    the ranks agree at a step        rank 0's command supervisor
+      limit, cancel, node failure   boundary and save first
+    a failure (exception, command  the failing rank / supervisor   the first failing rank
+      exit != 0)                                                     (claim: .failures/JOB-N)
+    a hang                         every rank's watcher             the first watcher
+                                                                     (claim: hangs/ATTEMPT/claimed)
+    a rank died unrecorded         the local launcher               the local launcher
+
+    1. facts    train.stop.facts.gather     ONE `scontrol show job` per stop (why Slurm stops
+                                            the job, nodes it failed), the local launcher's
+                                            cancel file, the hang claim, a device fault's text
+    2. decide   train.stop.decision.decide  pure: (trigger, facts, event counts, budgets) ->
+                                            Decision (event, budget spent?, requeue / exit 75 /
+                                            none, exit code, nodes to exclude, save or not)
+    3. record   train.stop.act.record       the event, then budget_exhausted (events.jsonl)
+       (a command: its save signal, its exit within the grace, the other ranks' exits)
+    4. act      train.stop.act.carry_out    `scontrol requeue` (or exit 75 when it fails or
+                                            there is no Slurm), the `requeue` event, ExcNodeList
+                                            (train.stop.quarantine)
+
+Exit codes: 0 (requeued or stopped on purpose; other ranks always 0), 1 (a failure, requeued or
+not), 75 (:data:`REQUEUE_EXIT_CODE`: restart me; the requeue template and the local executor
+requeue on it), 3 (:data:`BUDGET_EXHAUSTED_EXIT_CODE`: a budget is spent, never restart).
+
+Modules: :mod:`train.stop.signals` (the early-signal store and the preemption guard: handlers
+only set a flag), :mod:`train.stop.facts`, :mod:`train.stop.decision`, :mod:`train.stop.act`,
+:mod:`train.stop.quarantine` (which node an interruption is due to; ExcNodeList). Callers: the
+run session (:mod:`train.session`, the built-in trainer and ``entrypoint.function``), the command
+supervisor (:mod:`train.command.stop`), the hang watcher (:mod:`train.hang.watcher`) and the
+local executor (:mod:`jobs.localrun`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from train._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from train.stop.act import carry_out, describe_failure, record, request_requeue, stop_attempt
+    from train.stop.decision import (
+        BUDGET_EXHAUSTED_EXIT_CODE,
+        EVENT_OF_KIND,
+        REQUEUE_EXIT_CODE,
+        Decision,
+        decide,
+    )
+    from train.stop.facts import StopFacts, gather
+    from train.stop.signals import PreemptionGuard, install_early, pop_early_signals
+
+_EXPORTS = {
+    "BUDGET_EXHAUSTED_EXIT_CODE": "decision",
+    "EVENT_OF_KIND": "decision",
+    "REQUEUE_EXIT_CODE": "decision",
+    "Decision": "decision",
+    "decide": "decision",
+    "StopFacts": "facts",
+    "gather": "facts",
+    "carry_out": "act",
+    "describe_failure": "act",
+    "record": "act",
+    "request_requeue": "act",
+    "stop_attempt": "act",
+    "PreemptionGuard": "signals",
+    "install_early": "signals",
+    "pop_early_signals": "signals",
+}
+__all__ = [
+    "BUDGET_EXHAUSTED_EXIT_CODE",
+    "EVENT_OF_KIND",
+    "REQUEUE_EXIT_CODE",
+    "Decision",
+    "PreemptionGuard",
+    "StopFacts",
+    "carry_out",
+    "decide",
+    "describe_failure",
+    "gather",
+    "install_early",
+    "pop_early_signals",
+    "record",
+    "request_requeue",
+    "stop_attempt",
+]
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

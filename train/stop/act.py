@@ -1,0 +1,260 @@
+"""Carrying out a stop decision: events, budgets, ``scontrol requeue`` or exit 75, quarantine,
+claims (torch-free). The protocol is drawn in :mod:`train.stop`.
+
+:func:`request_requeue` is the whole stop for code that has already saved (the run session, the
+hang watcher): who acts (:func:`acts_for_attempt`), the facts (:func:`train.stop.facts.gather`),
+the decision (:func:`train.stop.decision.decide`) and :func:`carry_out`. The command supervisor
+calls the same three pieces with its command's exit in between (:mod:`train.command.stop`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from cluster.errors import BadInputError
+from train.history import BudgetConfig, RunHistory
+from train.stop.decision import (
+    BUDGET_EXHAUSTED_EXIT_CODE,
+    REQUEUE_EXIT_CODE,
+    Decision,
+    Trigger,
+    decide,
+)
+from train.stop.facts import LOCAL_SUPERVISOR_ENV, StopFacts, gather
+
+__all__ = [
+    "BUDGET_EXHAUSTED_EXIT_CODE",
+    "LOCAL_SUPERVISOR_ENV",
+    "REQUEUE_EXIT_CODE",
+    "acts_for_attempt",
+    "carry_out",
+    "claim_failure",
+    "describe_failure",
+    "failure_claimed",
+    "record",
+    "request_requeue",
+    "stop_attempt",
+]
+
+log = logging.getLogger(__name__)
+
+_KNOWN_KINDS = ("preemption", "timeout", "cancel", "failure", "hang")
+
+
+class StopEnv(Protocol):
+    """The part of :class:`train.env.DistEnv` used here."""
+
+    @property
+    def is_main(self) -> bool: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def restart_count(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+
+
+class RequeueSettings(BudgetConfig, Protocol):
+    """The part of :class:`train.spec.config.RequeueConfig` used here."""
+
+    @property
+    def signal_delay_s(self) -> int: ...
+
+
+def describe_failure(exc: BaseException, where: str) -> str:
+    """Log a failure in training (``where`` says what failed) and return its one-line text for
+    the ``failure`` event; the caller then stops with trigger ``"failure"``.
+
+    Bad input (:class:`cluster.errors.BadInputError`) is re-raised instead: a requeue would fail the
+    same way.
+    """
+    if isinstance(exc, BadInputError):
+        raise exc
+    what = f"{type(exc).__name__}: {exc}"
+    log.error("%s: %s", where, what, exc_info=log.isEnabledFor(logging.DEBUG))
+    return what
+
+
+def _failure_marker(run_dir: Any, job_id: str | None, restart_count: int) -> Path:
+    return Path(run_dir) / ".failures" / f"{job_id}-{restart_count}"
+
+
+def failure_claimed(run_dir: Any, job_id: str | None, restart_count: int) -> bool:
+    """Whether some rank already claimed the failure of attempt (job, restart)."""
+    return _failure_marker(run_dir, job_id, restart_count).exists()
+
+
+def claim_failure(run_dir: Any, job_id: str, restart_count: int, is_main: bool) -> bool:
+    """True for the first rank of attempt (job, restart) to claim its failure (an exclusive
+    create of ``RUN_DIR/.failures/JOB-RESTART`` on the shared run directory)."""
+    marker = _failure_marker(run_dir, job_id, restart_count)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        log.warning("cannot claim the failure in %s (%s)", marker.parent, exc)
+        return is_main
+    os.close(fd)
+    return True
+
+
+def acts_for_attempt(env: StopEnv, run_dir: Any, trigger: str) -> bool:
+    """Whether this process decides the stop of its attempt: rank 0, or for a failure of a
+    multi-rank Slurm job the first failing rank, whichever it is (srun --kill-on-bad-exit ends
+    the others before rank 0 could learn of it)."""
+    if trigger == "failure" and env.job_id and env.world_size > 1:
+        return claim_failure(run_dir, env.job_id, env.restart_count, env.is_main)
+    return env.is_main
+
+
+def _client(client: Any) -> Any:
+    if client is None:
+        from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+
+        client = SlurmClient(timeout=30)
+    return client
+
+
+def record(
+    decision: Decision,
+    history: RunHistory,
+    base: dict[str, Any],
+    facts: StopFacts,
+    **fields: Any,
+) -> None:
+    """The decision's events, before anything else happens: the stop's event (``fields`` added:
+    kind, signal, error, ...), then ``budget_exhausted`` when it spends a budget."""
+    if decision.event is None:
+        log.warning("%s", decision.note)
+        return
+    if decision.event == "node_fail":
+        history.append("node_fail", **base, nodes=sorted(facts.nodes_lost),
+                       states=dict(facts.nodes_lost), **fields)  # fmt: skip
+        log.error("node failure: %s", decision.note)
+    else:
+        history.append(decision.event, **base, kind=decision.kind, **fields)
+    if decision.exhausted is not None:
+        history.append("budget_exhausted", **base, reason=decision.exhausted)
+        log.error("not requeuing: %s", decision.exhausted)
+
+
+def carry_out(
+    decision: Decision,
+    history: RunHistory,
+    base: dict[str, Any],
+    run_dir: Any,
+    *,
+    client: Any = None,
+) -> int:
+    """Requeue as decided (after :func:`record`, once the run has saved and its processes are
+    done), keep the job off the decided nodes; returns the deciding process's exit code."""
+    job_id = base.get("job_id")
+    if decision.event == "cancelled":
+        log.warning("job %s was cancelled: checkpoint kept at step %s, not requeuing",
+                    job_id, base.get("step"))  # fmt: skip
+    exit_code = decision.exit_code
+    if decision.requeued_by is not None and decision.event != "node_fail":
+        history.append("requeue", **base, via=decision.requeued_by)
+    elif decision.action == "requeue" and job_id:
+        try:
+            client = _client(client)
+            client.requeue(str(job_id))
+        except Exception as exc:
+            log.warning("scontrol requeue %s failed (%s); exiting %d for the batch script to "
+                        "requeue", job_id, exc, REQUEUE_EXIT_CODE)  # fmt: skip
+            history.append("requeue", **base, via="exit_code", error=str(exc)[:200])
+            return REQUEUE_EXIT_CODE
+        history.append("requeue", **base, via="scontrol")
+        step = base.get("step")
+        log.warning("job %s requeued after %s%s", job_id, decision.event,
+                    "" if step is None else f" at step {step}")  # fmt: skip
+    elif decision.action == "exit_requeue":
+        history.append("requeue", **base, via="exit_code")
+        log.warning("not under Slurm: exiting %d so the launcher can restart the run",
+                    REQUEUE_EXIT_CODE)  # fmt: skip
+    if decision.exclude and job_id and decision.requeues:
+        from train.stop.quarantine import exclude
+
+        step = base.get("step")
+        at = "" if step is None else f" at step {step}"
+        exclude(run_dir, str(job_id), decision.exclude, f"{decision.exclude_reason}{at}",
+                step=step, restart_count=int(base.get("restart_count") or 0),
+                client=_client(client))  # fmt: skip
+    return exit_code
+
+
+def stop_attempt(
+    env: StopEnv,
+    run_dir: Any,
+    requeue_config: RequeueSettings,
+    kind: str | None,
+    *,
+    step: int | None = None,
+    client: Any = None,
+    error: str | None = None,
+    details: dict[str, Any] | None = None,
+    suspects: tuple[str, ...] = (),
+    hang_claimed: bool | None = None,
+    on_decision: Callable[[Decision], None] | None = None,
+) -> tuple[int, Decision | None]:
+    """The whole stop of a process that has saved: (its exit code, the decision if this process
+    made it).
+
+    Call on every rank after the checkpoint is written and all ranks met at a barrier (for
+    ``kind="failure"``: from the rank whose training raised, ``error`` saying what, ``details``
+    more fields for the event). ``kind``: ``None``/``"signal"`` (a stop signal: Slurm says
+    why), or a kind the caller knows (``preemption``, ``timeout``, ``cancel``, ``failure``,
+    ``hang``). The deciding process (:func:`acts_for_attempt`) gathers the facts, decides and
+    carries it out; the others return 0 (1 for a failure) so that srun's exit code (the highest
+    of all tasks) is the decider's.
+    """
+    trigger = cast(Trigger, kind if kind in _KNOWN_KINDS else "signal")
+    failed = trigger == "failure"
+    if hang_claimed is None:
+        from train.hang.heartbeat import hang_claimed as claimed
+
+        hang_claimed = trigger != "hang" and claimed(run_dir, env.job_id, env.restart_count)
+    if hang_claimed:
+        log.warning("stop after a hang of this attempt: already recorded and requeued")
+        return (1 if failed else 0), None
+    if not acts_for_attempt(env, run_dir, trigger):
+        return (1 if failed else 0), None
+    history = RunHistory(run_dir)
+    facts = gather(
+        trigger,
+        job_id=env.job_id,
+        restart_count=env.restart_count,
+        run_dir=run_dir,
+        signal_delay_s=requeue_config.signal_delay_s,
+        hosts=tuple(getattr(env, "hosts", ()) or ()),
+        node=getattr(env, "node_name", None),
+        client=client,
+        error_texts=(error, (details or {}).get("stderr_tail")),
+        suspects=suspects,
+    )
+    decision = decide(trigger, facts, history.counts(), requeue_config)
+    if on_decision is not None:
+        on_decision(decision)
+    base = {"step": step, "restart_count": env.restart_count, "job_id": env.job_id}
+    extra = {**(details or {}), **({"error": error[:300]} if error else {})}
+    if decision.event == "node_fail" and error:
+        extra = {"error": error[:300]}
+    record(decision, history, base, facts, **extra)
+    return carry_out(decision, history, base, run_dir, client=client), decision
+
+
+def request_requeue(
+    env: StopEnv,
+    run_dir: Any,
+    requeue_config: RequeueSettings,
+    kind: str | None,
+    **kwargs: Any,
+) -> int:
+    """:func:`stop_attempt`'s exit code (the same arguments)."""
+    return stop_attempt(env, run_dir, requeue_config, kind, **kwargs)[0]

@@ -1,0 +1,160 @@
+"""The stop decision: (trigger, facts, history, budgets) -> what happens (pure, torch-free).
+
+Every path that ends an attempt asks :func:`decide` and nothing else: the run session (the
+built-in trainer and ``entrypoint.function``), the command supervisor, the hang watcher and the
+local executor. The facts come from :mod:`train.stop.facts` (one ``scontrol show job`` per stop),
+the decision is carried out by :mod:`train.stop.act`. The whole protocol is drawn once, in
+:mod:`train.stop`. The table is tested row by row (tests/unit/train/test_stop_decision.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from train.history import BudgetConfig, over_budget
+from train.stop.facts import StopFacts
+
+__all__ = [
+    "BUDGET_EXHAUSTED_EXIT_CODE",
+    "EVENT_OF_KIND",
+    "REQUEUE_EXIT_CODE",
+    "Action",
+    "Decision",
+    "Trigger",
+    "decide",
+]
+
+# EX_TEMPFAIL: "stopped on purpose, run me again". Batch scripts and launchers requeue on it.
+REQUEUE_EXIT_CODE = 75
+# A requeue budget is spent: stop for good (never requeue on this code).
+BUDGET_EXHAUSTED_EXIT_CODE = 3
+
+#: What started the stop: a stop signal the ranks agreed on (the job's requeue signal or TERM,
+#: with an optional kind a caller already knows), a failure of the training code or command,
+#: or a hang the watcher claimed.
+Trigger = Literal["signal", "preemption", "timeout", "cancel", "failure", "hang"]
+
+#: requeue: ``scontrol requeue`` (Slurm); exit_requeue: exit 75 for the launcher to restart;
+#: none: nobody here requeues (a cancel, a spent budget, Slurm or the command already did, or
+#: the launcher restarts a failed process itself).
+Action = Literal["requeue", "exit_requeue", "none"]
+
+#: The one table from a stop's kind to the event recorded in ``events.jsonl``.
+EVENT_OF_KIND: Mapping[str, str] = {
+    "preemption": "preempted",
+    "timeout": "timeout",
+    "cancel": "cancelled",
+    "failure": "failure",
+    "hang": "hang",
+    "node_fail": "node_fail",
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do at one stop (see :func:`decide`)."""
+
+    kind: str  # preemption, timeout, cancel, failure, hang, node_fail, or "" (already handled)
+    event: str | None  # the event to record, None when this attempt's end is already recorded
+    action: Action
+    exit_code: int  # of the deciding process (others: 0, or 1 for a failure)
+    exhausted: str | None = None  # why a budget is spent (a budget_exhausted event follows)
+    requeued_by: str | None = None  # "command" or "slurm": requeued already, not again by us
+    exclude: tuple[str, ...] = ()  # nodes to keep the requeued job off
+    exclude_reason: str = ""
+    save: bool = True  # whether a supervised command gets its save signal (not at a cancel)
+    note: str = ""
+
+    @property
+    def requeues(self) -> bool:
+        """Whether the run goes on in a later attempt (requeued by us, the launcher or others)."""
+        return self.action != "none" or self.requeued_by is not None
+
+
+def _kind(trigger: Trigger, facts: StopFacts) -> str:
+    if trigger in ("failure", "hang", "preemption", "timeout"):
+        return trigger
+    if trigger == "cancel" and facts.executor != "slurm":
+        return "cancel"  # a caller that knows; under Slurm a cancel is checked with Slurm
+    if facts.executor == "local":
+        # the local launcher writes RUN_DIR/.local-stop for a cancel (or is gone); any other
+        # signal, TERM included, is its requeue request
+        return "cancel" if facts.local_cancel else "preemption"
+    if facts.executor == "none":
+        return "preemption"  # a plain process: exit 75, whoever launched it may restart it
+    # Slurm: what Slurm says (a stop it cannot explain counts as a preemption, never a cancel)
+    return facts.slurm_kind if facts.slurm_kind != "unknown" else "preemption"
+
+
+def decide(
+    trigger: Trigger, facts: StopFacts, counts: Mapping[str, int], budgets: BudgetConfig
+) -> Decision:
+    """The one stop decision (pure). ``counts``: events recorded so far (``RunHistory.counts``).
+
+    ======================================  ============  ======================================
+    facts / trigger                         event         action (exit code)
+    ======================================  ============  ======================================
+    hang already claimed, other trigger     (none)        none (0; 1 for a failure)
+    Slurm failed our nodes (NODE_FAIL)      node_fail     none: Slurm requeued (0); exclude them
+    cancel (scancel, local cancel)          cancelled     none (0); a command is stopped, no save
+    preemption / timeout / failure / hang   its event     within budget: requeue (Slurm: 0, 1 for
+                                                          a failure), exit 75 (no Slurm), or none
+                                                          for a failure a launcher restarts (1)
+    ... over its budget                     + budget_     none (3); a command still saves first
+                                              exhausted
+    ... already requeued (command, Slurm)   + requeue     none (0; 1 for a failure)
+    ======================================  ============  ======================================
+
+    A hang excludes its suspect nodes, a failure with a device fault its own node.
+    """
+    if facts.hang_claimed and trigger != "hang":
+        return Decision(
+            kind="",
+            event=None,
+            action="none",
+            exit_code=1 if trigger == "failure" else 0,
+            note="stop after a hang of this attempt: already recorded and requeued",
+        )
+    if facts.nodes_lost:
+        nodes = tuple(sorted(facts.nodes_lost))
+        return Decision(
+            kind="node_fail",
+            event="node_fail",
+            action="none",
+            exit_code=0,
+            requeued_by="slurm",
+            exclude=nodes,
+            exclude_reason="node failure",
+            save=False,
+            note=f"Slurm failed {','.join(nodes)} under the job and requeued it",
+        )
+    kind = _kind(trigger, facts)
+    event = EVENT_OF_KIND[kind]
+    failed = kind == "failure"
+    if kind == "cancel":
+        return Decision(kind, event, "none", 0, save=False, note="cancelled: not requeuing")
+    exhausted = over_budget({**counts, event: int(counts.get(event, 0)) + 1}, budgets)
+    if exhausted is not None:
+        return Decision(kind, event, "none", BUDGET_EXHAUSTED_EXIT_CODE, exhausted=exhausted)
+    exclude: tuple[str, ...] = ()
+    why = ""
+    if kind == "hang":
+        exclude, why = facts.suspects, "hang"
+    elif failed and facts.device_fault and facts.node:
+        exclude, why = (facts.node,), "device fault"
+    if facts.requeued_by is not None:
+        return Decision(
+            kind, event, "none", 1 if failed else 0, requeued_by=facts.requeued_by,
+            exclude=exclude, exclude_reason=why,
+        )  # fmt: skip
+    if facts.executor == "slurm":
+        return Decision(
+            kind, event, "requeue", 1 if failed else 0, exclude=exclude, exclude_reason=why
+        )
+    if failed:
+        # outside Slurm a failed process is restarted by its launcher (the local executor,
+        # torchrun's --max-restarts) or not at all: recorded, exit 1
+        return Decision(kind, event, "none", 1)
+    return Decision(kind, event, "exit_requeue", REQUEUE_EXIT_CODE)
