@@ -3,10 +3,14 @@ SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test unit integration lint format bench cluster-up cluster-down clean
+.PHONY: setup lock demo test unit integration lint format bench cluster-up cluster-down clean
 
 setup:
 	@scripts/setup.sh
+
+## Refresh requirements.lock on purpose to today's newest releases (README: Reproducible installs).
+lock:
+	@scripts/lock.sh
 
 ## The main job: the local cluster, then the CIFAR example on it (2 nodes x 1 task).
 demo: setup cluster-up
