@@ -167,7 +167,7 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
             client.discard_prefetch()  # a refused spec: the query nobody read
     _print_submitted(record, args.json, out)
     if args.follow:
-        from jobs.monitor import follow
+        from jobs.follow import follow
 
         return follow(record, _client, out=out, as_json=args.json)
     return 0
@@ -278,7 +278,8 @@ def _task_query(query: str, record: RunRecord) -> str | None:
 
 
 def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
-    from jobs.monitor import follow, print_logs
+    from jobs.follow import follow
+    from jobs.monitor import print_logs
     from jobs.records import find_run
 
     record = find_run(args.run)

@@ -143,13 +143,6 @@ def _finished(info: JobInfo) -> bool:
     return info.terminal or (info.source == "local" and info.state in FINAL_LOCAL)
 
 
-def follow(record: RunRecord, client: ClientFactory, **kwargs: Any) -> int:
-    """Follow the run until it ends (:func:`jobs.follow.follow`)."""
-    from jobs.follow import follow as follow_run
-
-    return follow_run(record, client, **kwargs)
-
-
 def print_logs(record: RunRecord, rank: int, only: str | None, out: IO[str]) -> int:
     """Print the rank-``rank`` log of one task or of every task (with headers)."""
     ids = [only] if only else record.job_ids()

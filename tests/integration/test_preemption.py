@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
+from slow_saves import slow_saves
 
 from cluster.hostlist import expand_hostlist
 from train.checkpoint.manager import CheckpointManager, verify_checkpoint
@@ -293,9 +294,7 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     # Each checkpoint file write sleeps 1 s (8 saves): the run lasts longer than the ~15-45 s after
     # which Slurm sends the time-limit signal, however fast the machine trains, without
     # burning the shared CPUs.
-    job_id = cluster.submit_training(
-        spec_path, run_dir, ["--time=1"], env={"TRAIN_CKPT_TEST_DELAY_S": "1"}
-    )
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"], env=slow_saves(1))
     cluster.wait(
         "the requeue before the time limit",
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slow_saves import slow_saves
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -222,7 +223,7 @@ def _preempt_and_resume(
         template,
         ["-N1", "--ntasks-per-node=1", "--gres=gpu:1", "-c1", "--time=10"],
         [str(spec)],
-        env={"RUN_DIR": str(run_dir), "TRAIN_CKPT_TEST_DELAY_S": "0.4", **env},
+        env={"RUN_DIR": str(run_dir), **slow_saves(0.4), **env},
     )
     info = jobs.wait(job, {"RUNNING"}, timeout=120)
     deadline = time.monotonic() + 120
@@ -290,7 +291,7 @@ def test_requeue_template_scancel_stays_cancelled(
     spec = _spec(tmp_path, max_steps=200, interval=1)
     run_dir = tmp_path / "run-cancel"
     env = {"SRUN_PREFIX": f"/usr/bin/env PATH={nobin}", "RUN_DIR": str(run_dir)}
-    env["TRAIN_CKPT_TEST_DELAY_S"] = "0.4"
+    env.update(slow_saves(0.4))
     job = jobs.sbatch(
         "requeue",
         ["-N1", "--ntasks-per-node=1", "--gres=gpu:1", "-c1", "--time=10"],

@@ -164,3 +164,69 @@ def test_package_never_imports(package: str, forbidden: str) -> None:
         if _is(mod, forbidden)
     ]
     assert found == []
+
+
+def _module_graph(*packages: str) -> dict[str, set[str]]:
+    """module -> the project modules it imports (lazy imports too; a submodule importing its own
+    package's ``__init__`` is not an edge: the package is importing itself)."""
+    names = {}
+    for rel, tree in _sources(*packages):
+        parts = rel.removesuffix(".py").split("/")
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = tree
+
+    def resolve(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in names}
+    for module, tree in names.items():
+        for _, imported in _imports(tree):
+            target = resolve(imported)
+            if target and target != module and not module.startswith(target + "."):
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    """Issue 24: no module of cluster/, jobs/ or train/ imports itself through others, lazy
+    imports included (a cycle hides as a function-level import until it breaks a start-up)."""
+    assert _cycles(_module_graph("cluster", "jobs", "train")) == []
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

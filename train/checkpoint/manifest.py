@@ -19,7 +19,6 @@ import json
 import os
 import re
 import stat
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,6 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "SHARED_FILE",
-    "TEST_DELAY_ENV",
     "LoadedCheckpoint",
     "check_manifest",
     "fsync_dir",
@@ -56,7 +54,6 @@ MANIFEST = "manifest.json"
 SHARED_FILE = "shared.pt"
 # Test hook: seconds to sleep between the files of a save, so a test can SIGKILL a process in
 # the middle of writing a checkpoint. Never set in production.
-TEST_DELAY_ENV = "TRAIN_CKPT_TEST_DELAY_S"
 STEP_RE = re.compile(r"^step-(\d+)$")
 # what a file listed in a manifest may be called: a plain name inside the checkpoint directory
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -109,12 +106,6 @@ def write_json_atomic(obj: Any, path: Path, *, durable: bool = True) -> None:
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
-
-
-def test_delay() -> None:
-    delay = os.environ.get(TEST_DELAY_ENV)
-    if delay:
-        time.sleep(float(delay))
 
 
 def torch_load(path: Path) -> Any:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cluster.models import JobInfo
-from jobs.monitor import cancel, follow, states_many
+from jobs.follow import follow
+from jobs.monitor import cancel, states_many
 from jobs.records import RunRecord, TaskRecord
 
 

@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,13 @@ from train.checkpoint.manager import (
     verify_checkpoint,
 )
 from train.errors import CheckpointError
+
+
+def _slow_saves(monkeypatch: Any, seconds: float) -> None:
+    """Every phase of a save sleeps ``seconds`` (the manager's phase hook; the delay is ours)."""
+    monkeypatch.setattr(
+        "train.checkpoint.manager.SAVE_PHASE_HOOKS", [lambda phase: time.sleep(seconds)]
+    )
 
 
 def _model() -> nn.Module:
@@ -103,7 +111,7 @@ def test_save_load_roundtrip(setup: Any, async_save: bool) -> None:
 
 def test_async_snapshot_is_taken_on_the_training_path(setup: Any, monkeypatch: Any) -> None:
     model, opt, root = setup
-    monkeypatch.setenv("TRAIN_CKPT_TEST_DELAY_S", "0.2")
+    _slow_saves(monkeypatch, 0.2)
     cm = CheckpointManager(root, rank=0, world_size=1, async_save=True)
     digest = model_digest(model)
     _save(cm, model, opt, 1)
@@ -130,7 +138,7 @@ def test_async_in_place_change_before_the_copy_fails_the_save_never_mixes(
     setup: Any, monkeypatch: Any
 ) -> None:
     model, opt, root = setup
-    monkeypatch.setenv("TRAIN_CKPT_TEST_DELAY_S", "0.2")
+    _slow_saves(monkeypatch, 0.2)
     cm = CheckpointManager(root, rank=0, world_size=1, async_save=True)
     _save(cm, model, opt, 1)
     with torch.no_grad():  # not through forward/optimizer.step: nothing waits for the copy
@@ -142,7 +150,7 @@ def test_async_in_place_change_before_the_copy_fails_the_save_never_mixes(
 
 def test_at_most_one_async_save_in_flight(setup: Any, monkeypatch: Any) -> None:
     model, opt, root = setup
-    monkeypatch.setenv("TRAIN_CKPT_TEST_DELAY_S", "0.15")
+    _slow_saves(monkeypatch, 0.15)
     cm = CheckpointManager(root, rank=0, world_size=1, async_save=True)
     _save(cm, model, opt, 1)
     _save(cm, model, opt, 2)  # waits for step 1 first
@@ -456,7 +464,7 @@ def test_async_copy_on_write_covers_wrappers_that_skip_the_models_forward(
     """A pipeline-like wrapper calls the model's stages, never the model itself: BatchNorm
     buffers change in those calls, which must also wait for the background copy."""
     model, opt, root = setup
-    monkeypatch.setenv("TRAIN_CKPT_TEST_DELAY_S", "0.2")
+    _slow_saves(monkeypatch, 0.2)
     cm = CheckpointManager(root, rank=0, world_size=1, async_save=True)
     model.train()
     digest = model_digest(model)

@@ -1,9 +1,9 @@
 """A process SIGKILLed while writing a checkpoint: the previous one stays intact and loadable.
 
-A real subprocess saves step 1, then saves step 2 with the test hook
-``TRAIN_CKPT_TEST_DELAY_S`` sleeping between the files; the test kills it at each phase of the
-save and checks that ``latest_valid`` returns step 1 unchanged and that a restarted manager
-completes step 2.
+A real subprocess saves step 1, then saves step 2 with a save-phase hook
+(``train.checkpoint.manager.SAVE_PHASE_HOOKS``) sleeping between the files; the test kills it at
+each phase of the save and checks that ``latest_valid`` returns step 1 unchanged and that a
+restarted manager completes step 2.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ CHILD = textwrap.dedent(
                 epoch=0, epoch_step=n, model=model)
     step(1); cm.wait()
     print("digest1", model_digest(model), flush=True)
-    os.environ["TRAIN_CKPT_TEST_DELAY_S"] = "2"  # each pause; the test kills in one
+    import time, train.checkpoint.manager as manager
+    manager.SAVE_PHASE_HOOKS.append(lambda phase: time.sleep(2))  # the test kills in one
     step(2)
     print("saving2", flush=True)
     cm.wait()
@@ -72,7 +73,6 @@ def test_sigkill_during_save_keeps_previous_checkpoint(
 ) -> None:
     root = tmp_path / "checkpoints"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("TRAIN_CKPT_TEST_DELAY_S", None)
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(root), "1" if async_save else "0"],
         stdout=subprocess.PIPE,

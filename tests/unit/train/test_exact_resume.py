@@ -278,7 +278,9 @@ def test_cli_sigkill_during_checkpoint_then_resume(
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"train": {**TRAIN, "strategy": "single"}}))
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TRAIN_CKPT_TEST_DELAY_S": "1"}
+    # every phase of a save sleeps 1 s (tests/hooks/sitecustomize.py), so the kill lands in one
+    hooks = REPO / "tests" / "hooks"
+    env = {**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}", "TRAIN_CKPT_TEST_DELAY_S": "1"}
     for var in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_RESTART_COUNT", "RANK", "WORLD_SIZE"):
         env.pop(var, None)
     argv = [sys.executable, "-m", "train", "--config", str(spec), "--run-dir", str(run_dir)]
@@ -302,6 +304,7 @@ def test_cli_sigkill_during_checkpoint_then_resume(
     assert ckpt.latest_valid() == run_dir / "checkpoints" / "step-8"
 
     env.pop("TRAIN_CKPT_TEST_DELAY_S")
+    env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
         [*argv, "--resume"], env=env, cwd=REPO, capture_output=True, text=True, timeout=240
     )

@@ -1,0 +1,133 @@
+"""The one stop decision (train.stop.decision.decide), as a table: every trigger, on Slurm and
+locally, within and over its budget, and what the facts change (issue 24)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from train.spec.config import RequeueConfig
+from train.stop import (
+    BUDGET_EXHAUSTED_EXIT_CODE,
+    REQUEUE_EXIT_CODE,
+    Decision,
+    StopFacts,
+    decide,
+)
+
+SLURM = StopFacts("slurm")
+LOCAL = StopFacts("local")
+PLAIN = StopFacts("none")
+BUDGETS = RequeueConfig(max_preemptions=2, max_timeouts=2, max_failures=2, max_hangs=1)
+NONE: dict[str, int] = {}
+SPENT = {"preempted": 2, "timeout": 2, "failure": 2, "hang": 1}
+
+
+def _facts(base: StopFacts, **changes: Any) -> StopFacts:
+    from dataclasses import replace
+
+    return replace(base, **changes)
+
+
+# (id, trigger, facts, counts) -> (event, action, exit code, budget spent?, excluded nodes)
+CASES = [
+    # a stop signal (the job's requeue signal, or TERM): Slurm says why
+    ("slurm-preemption", "signal", _facts(SLURM, slurm_kind="preemption"), NONE,
+     ("preempted", "requeue", 0, False, ())),
+    ("slurm-time-limit", "signal", _facts(SLURM, slurm_kind="timeout"), NONE,
+     ("timeout", "requeue", 0, False, ())),
+    ("slurm-cancel", "signal", _facts(SLURM, slurm_kind="cancel"), NONE,
+     ("cancelled", "none", 0, False, ())),
+    ("slurm-unexplained-signal", "signal", SLURM, NONE,
+     ("preempted", "requeue", 0, False, ())),
+    ("slurm-term-checked-as-cancel", "cancel", _facts(SLURM, slurm_kind="cancel"), NONE,
+     ("cancelled", "none", 0, False, ())),
+    ("slurm-term-was-a-preemption", "cancel", _facts(SLURM, slurm_kind="preemption"), NONE,
+     ("preempted", "requeue", 0, False, ())),
+    ("known-preemption", "preemption", SLURM, NONE, ("preempted", "requeue", 0, False, ())),
+    ("known-time-limit", "timeout", SLURM, NONE, ("timeout", "requeue", 0, False, ())),
+    # a node failure wins over the signal's kind: Slurm requeued, no budget, nodes kept out
+    ("node-failure", "signal", _facts(SLURM, slurm_kind="preemption", nodes_lost={"n2": "DOWN"}),
+     SPENT, ("node_fail", "none", 0, False, ("n2",))),
+    ("node-failure-after-a-failure", "failure", _facts(SLURM, nodes_lost={"n1": "DOWN*"}), NONE,
+     ("node_fail", "none", 0, False, ("n1",))),
+    # failures and hangs
+    ("slurm-failure", "failure", SLURM, NONE, ("failure", "requeue", 1, False, ())),
+    ("slurm-device-fault", "failure", _facts(SLURM, device_fault=True, node="n3"), NONE,
+     ("failure", "requeue", 1, False, ("n3",))),
+    ("slurm-hang", "hang", _facts(SLURM, suspects=("n2",)), NONE,
+     ("hang", "requeue", 0, False, ("n2",))),
+    # over budget: recorded, never requeued, exit 3
+    ("preemption-over-budget", "signal", _facts(SLURM, slurm_kind="preemption"), SPENT,
+     ("preempted", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("time-limit-over-budget", "timeout", SLURM, SPENT,
+     ("timeout", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("failure-over-budget", "failure", SLURM, SPENT,
+     ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("hang-over-budget", "hang", _facts(SLURM, suspects=("n2",)), SPENT,
+     ("hang", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("local-over-budget", "signal", LOCAL, SPENT,
+     ("preempted", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    # already requeued by the user's framework (Lightning) or Slurm: recorded, not again
+    ("requeued-by-the-command", "signal",
+     _facts(SLURM, slurm_kind="preemption", requeued_by="command"), NONE,
+     ("preempted", "none", 0, False, ())),
+    # a hang already claimed this attempt: nothing more to record
+    ("after-a-hang", "signal", _facts(SLURM, hang_claimed=True), NONE,
+     (None, "none", 0, False, ())),
+    ("failure-after-a-hang", "failure", _facts(SLURM, hang_claimed=True), NONE,
+     (None, "none", 1, False, ())),
+    # the local executor: a requeue request (any signal, TERM included) vs its cancel
+    ("local-requeue-request", "signal", LOCAL, NONE,
+     ("preempted", "exit_requeue", REQUEUE_EXIT_CODE, False, ())),
+    ("local-cancel", "signal", _facts(LOCAL, local_cancel=True), NONE,
+     ("cancelled", "none", 0, False, ())),
+    ("local-failure", "failure", LOCAL, NONE, ("failure", "none", 1, False, ())),
+    ("local-hang", "hang", LOCAL, NONE, ("hang", "exit_requeue", REQUEUE_EXIT_CODE, False, ())),
+    # a plain process (no Slurm, no launcher of ours): exit 75 for whoever restarts it
+    ("plain-signal", "signal", PLAIN, NONE,
+     ("preempted", "exit_requeue", REQUEUE_EXIT_CODE, False, ())),
+    ("plain-failure", "failure", PLAIN, NONE, ("failure", "none", 1, False, ())),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("trigger", "facts", "counts", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in CASES],
+)
+def test_the_decision_table(
+    trigger: Any, facts: StopFacts, counts: dict[str, int], expected: tuple[Any, ...]
+) -> None:
+    d = decide(trigger, facts, counts, BUDGETS)
+    event, action, code, spent, exclude = expected
+    assert (d.event, d.action, d.exit_code, d.exhausted is not None, d.exclude) == (
+        event, action, code, spent, exclude,
+    )  # fmt: skip
+
+
+def test_requeued_by_others_is_carried_and_counts_as_going_on() -> None:
+    d = decide("signal", _facts(SLURM, requeued_by="command"), NONE, BUDGETS)
+    assert d.requeued_by == "command" and d.requeues
+
+
+def test_only_a_cancel_or_a_lost_node_withholds_the_save_signal() -> None:
+    """A command gets its save signal at every stop but a cancel and a node failure, over
+    budget included (its work since the last periodic save is never thrown away)."""
+    saves = {
+        case[0]: decide(case[1], case[2], case[3], BUDGETS).save
+        for case in CASES
+        if case[1] in ("signal", "cancel")
+    }
+    withheld = {k for k, v in saves.items() if not v}
+    assert withheld == {
+        "slurm-cancel",
+        "slurm-term-checked-as-cancel",
+        "node-failure",
+        "local-cancel",
+    }
+
+
+def test_the_budget_text_names_the_field_to_raise() -> None:
+    d: Decision = decide("hang", SLURM, SPENT, BUDGETS)
+    assert d.exhausted is not None and "requeue.max_hangs=1" in d.exhausted
