@@ -94,12 +94,12 @@ class TrainLaunch:
             return
         import json
 
-        import yaml
+        from train.spec.load import dump_spec  # the one writer the spec loader reads back
 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         data = json.loads(self.resolved)
-        tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        tmp.write_text(dump_spec(data), encoding="utf-8")
         os.replace(tmp, path)
 
     def argv(self) -> list[str]:

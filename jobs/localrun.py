@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
@@ -172,7 +173,7 @@ class Supervisor:
         with contextlib.suppress(OSError):
             (Path(task_dir) / STOP_FILE).unlink()
         for rank in range(world):
-            env = dict(os.environ)
+            env = rank_environ(os.environ)
             # The torchrun variables, written the one way train writes them (torch-free).
             DistEnv(
                 rank=rank, local_rank=rank, world_size=world, local_world_size=world,
@@ -310,6 +311,19 @@ class Supervisor:
             log.close()
         states = [t["state"] for t in self.state["tasks"].values()]
         return 0 if all(s == "COMPLETED" for s in states) else 1
+
+
+def rank_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a local rank: ours, less the variables of an enclosing Slurm job or
+    step (started from a batch script or a salloc shell). A local run is never that job: its
+    ranks must not take SLURM_JOB_ID for their own (a cancel would requeue the allocation)."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(("SLURM_", "SLURMD_", "SBATCH_", "SALLOC_", "SRUN_"))
+        or k.startswith("SLURM_TRAIN_")
+        or k == "SLURM_CONF"
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

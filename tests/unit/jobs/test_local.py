@@ -171,3 +171,25 @@ def test_a_failing_local_run_is_restarted_within_its_failure_budget(tmp_path: Pa
     logs = io.StringIO()
     assert main(["logs", job_id], logs) == 0
     assert "attempt 0" in logs.getvalue() and "attempt 1" in logs.getvalue()
+
+
+def test_a_local_run_inside_an_allocation_never_takes_that_job_for_its_own() -> None:
+    """Issue 29: `--executor local` started from a batch script or a salloc shell took
+    SLURM_JOB_ID for its own (its cancel requeued the enclosing job). Its ranks see no
+    variable of the enclosing job or step; the project's own and the cluster's config stay."""
+    from jobs.localrun import rank_environ
+    from train.env import DistEnv
+
+    enclosing = {
+        "SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8",
+        "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_RESTART_COUNT": "2", "SLURMD_NODENAME": "n1",
+        "SBATCH_PARTITION": "urgent", "SLURM_STEP_ID": "0",
+        "SLURM_CONF": "/etc/slurm/slurm.conf", "SLURM_TRAIN_STATE_DIR": "/s", "HOME": "/root",
+    }  # fmt: skip
+    env = rank_environ(enclosing)
+    assert env == {
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "SLURM_TRAIN_STATE_DIR": "/s",
+        "HOME": "/root",
+    }
+    assert DistEnv.from_env(env).job_id is None

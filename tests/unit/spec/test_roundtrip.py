@@ -58,3 +58,43 @@ def test_resolved_spec_of_tricky_values_reaches_train_unchanged(tmp_path: Path) 
     again = load_text(resolved.read_text(), str(resolved)).spec
     assert again == task.spec
     assert load_run_config(resolved).entrypoint == task.spec.entrypoint
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.dictionaries(TEXT, VALUES, max_size=5))
+def test_an_array_task_writes_its_config_so_that_it_reads_back_the_same(
+    tmp_path_factory: Any, data: dict[str, Any]
+) -> None:
+    """Issue 29: array tasks wrote their config with a plain YAML dump ("y", "0o17" came back
+    as YAML 1.1 values and every task exited 2); they use the one loader-aware writer."""
+    import json
+
+    from jobs.launch import TrainLaunch
+
+    config = tmp_path_factory.mktemp("task") / "resolved.yaml"
+    TrainLaunch(str(config), str(config.parent), resolved=json.dumps(data)).materialize()
+    _, _, back = load_source(config.read_text(encoding="utf-8"), str(config))
+    assert back == data
+
+
+def test_every_spec_file_is_written_by_the_one_writer() -> None:
+    """No YAML writer but train.spec.load.dump_spec in the product (the loader reads back only
+    what its own writer quotes for it)."""
+    import ast
+
+    repo = Path(__file__).resolve().parents[3]
+    found = []
+    for package in ("jobs", "train", "cluster"):
+        for path in sorted((repo / package).rglob("*.py")):
+            rel = path.relative_to(repo).as_posix()
+            if rel == "train/spec/load.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "yaml"
+                    and node.attr in ("dump", "safe_dump", "dump_all", "safe_dump_all")
+                ):
+                    found.append(f"{rel}:{node.lineno}: yaml.{node.attr}")
+    assert found == []
