@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from train.runfiles import open_fd
+
 __all__ = [
     "BUDGETS",
     "EVENTS",
@@ -142,7 +144,7 @@ class RunHistory:
         line = json.dumps(record, sort_keys=False, default=str) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # O_APPEND + a single write keeps lines whole even if another writer appends too
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)  # never through a link
         try:
             # a crash mid-write leaves a torn last line: start on a fresh line, not glued to it
             size = os.fstat(fd).st_size

@@ -16,7 +16,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from torch import nn
 
 from train.env import DistEnv
 from train.loop.data import Augmenter, ImageSet
+from train.runfiles import open_text
 
 __all__ = [
     "MetricsWriter",
@@ -108,10 +109,10 @@ class MetricsWriter:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.is_main = is_main
         self.records: list[dict[str, Any]] = []
-        self._file: TextIO | None = None
+        self._file: IO[str] | None = None
         if is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = open_text(self.path, "a")
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Record ``fields`` (kept in :attr:`records` on every rank, written on rank 0)."""

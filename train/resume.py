@@ -26,6 +26,7 @@ from typing import Any
 
 from train.checkpoint.manifest import STEP_RE, read_manifest
 from train.errors import CheckpointError, ConfigError
+from train.runfiles import write_text
 from train.spec.config import TrainConfig
 from train.spec.confighash import config_hash
 
@@ -101,7 +102,7 @@ def record_config(run_dir: Path, config: TrainConfig) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(config.model_dump(mode="json"), sort_keys=True), encoding="utf-8")
+    write_text(tmp, json.dumps(config.model_dump(mode="json"), sort_keys=True))
     os.replace(tmp, path)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from train.errors import ConfigError
+from train.runfiles import write_text
 
 __all__ = ["SCALARS", "Tracker", "TrackingError"]
 
@@ -199,6 +200,6 @@ def _start_wandb(run_dir: Path, options: dict[str, Any]) -> Any:
         run_id = ""
     if not run_id.isalnum():  # missing or damaged: a new id, kept for the next attempt
         run_id = uuid.uuid4().hex[:16]
-        id_file.write_text(run_id + "\n", encoding="utf-8")
+        write_text(id_file, run_id + "\n")
     options.setdefault("dir", str(run_dir))
     return wandb.init(id=run_id, resume="allow", **options)

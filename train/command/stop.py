@@ -34,6 +34,7 @@ from train.command.processes import (
 from train.env import DistEnv
 from train.hang.heartbeat import hang_claimed
 from train.history import RunHistory
+from train.runfiles import touch
 from train.spec.config import RunConfig
 from train.stop.act import carry_out, record
 from train.stop.decision import Decision, decide
@@ -231,7 +232,7 @@ class StopHandling:
         if self.env.world_size > 1:
             try:
                 self._marker_dir().mkdir(parents=True, exist_ok=True)
-                (self._marker_dir() / str(self.env.rank)).touch()
+                touch(self._marker_dir() / str(self.env.rank))
             except OSError as exc:
                 log.warning("cannot mark rank %d stopped (%s)", self.env.rank, exc)
 

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from train.runfiles import open_fd, open_text, write_text
+
 __all__ = [
     "BUDGET_FIELDS",
     "COMMAND_FLOOR_S",
@@ -107,9 +109,9 @@ class Heartbeat:
 
     def __init__(self, directory: Path, rank: int, meta: dict[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / f"rank-{rank}.json").write_text(json.dumps(meta))
+        write_text(directory / f"rank-{rank}.json", json.dumps(meta))
         self.path = directory / f"rank-{rank}"
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd: int | None = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
 
     def beat(self, step: int) -> None:
         if self._fd is not None:
@@ -190,7 +192,7 @@ class Watchdog:
         # in the hidden progress folder: an attempt that ends without a hang (or is killed by
         # a preemption) leaves no RUN_DIR/hangs behind
         self.stacks_path = self.progress_dir / f"rank-{rank}.stacks"
-        self._stacks: IO[str] | None = open(self.stacks_path, "w")  # noqa: SIM115
+        self._stacks: IO[str] | None = open_text(self.stacks_path, "w")
         faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True, chain=False)
         cmd = [
             sys.executable, "-m", "train.hang.watcher",

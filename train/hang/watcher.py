@@ -32,6 +32,7 @@ from train.hang.heartbeat import (
     read_beats,
     stuck_ranks,
 )
+from train.runfiles import open_fd, write_text
 
 __all__ = ["main"]
 
@@ -147,10 +148,10 @@ def _handle_hang(a: _Args, beats: dict[int, Beat], timeout: float, now: float) -
         "stacks": str(stacks) if dumped else None,
     }
     tmp = hangs / f".rank-{a.rank}.json.tmp"
-    tmp.write_text(json.dumps(seen))
+    write_text(tmp, json.dumps(seen))
     tmp.replace(hangs / f"rank-{a.rank}.json")
     try:
-        fd = os.open(hangs / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = open_fd(hangs / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         os.close(fd)
         claimed = True
     except FileExistsError:
@@ -198,7 +199,7 @@ def _describe_processes(root: int, out: Path) -> bool:
         lines.extend(f"    {frame}" for frame in stack.splitlines() if frame.strip())
     if not lines:
         return False
-    out.write_text("\n".join(lines) + "\n")
+    write_text(out, "\n".join(lines) + "\n")
     return True
 
 
@@ -253,7 +254,7 @@ def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
         suspects=tuple(nodes),
         hang_claimed=False,
     )
-    (hangs / "decided").write_text(json.dumps({"exit_code": code, **details}))
+    write_text(hangs / "decided", json.dumps({"exit_code": code, **details}))
 
 
 @dataclass(frozen=True)
