@@ -62,12 +62,14 @@ def test_local_run_cancel(tmp_path: Path) -> None:
 
 # -- the requeue contract and no orphans (issue 14.4) ---------------------------------------------
 REPO = Path(__file__).resolve().parents[3]
+# A step takes a few ms here. The tests act on the run's progress (metrics.jsonl), which it
+# writes every step (log_interval=1): at the default 50, the first progress a test could see was
+# step 50, and a 60-step run could end before the test's signal reached it.
 TRAIN = [
     "--set", "resources.nodes=1", "--set", "train.max_steps=400", "--set", "train.width=4",
     "--set", "train.batch_size=16", "--set", "train.data.train_size=1024",
-    "--set", "train.data.test_size=32", "--set",
-    "train.checkpoint.interval_steps=1000",
-    "--set", "train.strategy=single",
+    "--set", "train.data.test_size=32", "--set", "train.checkpoint.interval_steps=1000",
+    "--set", "train.strategy=single", "--set", "train.log_interval=1",
 ]  # fmt: skip
 
 
@@ -93,7 +95,7 @@ def _wait(what: Callable[[], bool], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not what():
         assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def _step(run_dir: str) -> int:
@@ -110,7 +112,9 @@ def test_local_requeue_request_restarts_the_run_with_resume(
     from jobs.localrun import read_state
     from train.history import RunHistory
 
-    job_id = _submit_training(tmp_path, started, steps=60)
+    # The request must reach a run in training: it is sent as soon as the run has done 10 of
+    # its 1000 steps, so that ~990 steps (seconds here) still lie between it and the end.
+    job_id = _submit_training(tmp_path, started, steps=1000)
     record = find_run(job_id)
     assert record.pid is not None
     _wait(lambda: _step(record.run_dir) >= 10)
