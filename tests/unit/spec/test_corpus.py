@@ -31,6 +31,11 @@ BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".jo
 )
 
 
+class OwnedPrefix(str):
+    """An expected line of which only this start (file:line:) is ours: the rest is the words of
+    the dependency that refuses first (a comment at the case says which)."""
+
+
 def sb(args: str) -> str:
     return D + "launch:\n  sbatch_args: " + args + "\n"
 
@@ -277,9 +282,19 @@ CASES = [
     ),
     (
         "deep_lists",
-        "name: demo\ntrain: " + "[" * 1000 + "]" * 1000 + "\n",
+        "name: demo\ntrain: " + "[" * 40 + "]" * 40 + "\n",
         [],
         "spec.yaml:2:39: train[0][0][0][0][0][0][0]...: nested deeper than 32 levels (flatten it)",
+    ),
+    # Who refuses 1000 levels and in which words is PyYAML's: 6.0.4 stops at its own flow depth
+    # limit ("yaml: while increasing flow level exceeded maximum nesting depth", at 2:1007)
+    # before our 32 levels are counted; older releases left it to ours (the line above, at
+    # 2:39). Ours either way: exit 2, one line, spec.yaml line 2 (OwnedPrefix).
+    (
+        "deep_lists_1000",
+        "name: demo\ntrain: " + "[" * 1000 + "]" * 1000 + "\n",
+        [],
+        OwnedPrefix("spec.yaml:2:"),
     ),
     (
         "deep_maps",
@@ -906,7 +921,11 @@ def test_bad_spec_one_line_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, sets: list[str], expected: str
 ) -> None:
     code, err = _run(tmp_path, monkeypatch, text, sets)
-    assert (code, err) == (2, expected + "\n")
+    if isinstance(expected, OwnedPrefix):
+        assert code == 2 and err.count("\n") == 1 and err.endswith("\n"), (code, err)
+        assert err.startswith(expected), err
+    else:
+        assert (code, err) == (2, expected + "\n")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "state").exists()
 
 
@@ -925,8 +944,12 @@ def test_train_reads_the_same_file_the_same_way(
     try:
         load_run_config("spec.yaml", sets)
     except SpecError as exc:
-        assert str(exc) == expected
+        if isinstance(expected, OwnedPrefix):
+            assert "\n" not in str(exc) and str(exc).startswith(expected), str(exc)
+        else:
+            assert str(exc) == expected
     else:
+        assert not isinstance(expected, OwnedPrefix), "train took a spec jobs refuses"
         assert not _TRAIN_FIELD.search(expected), expected
 
 
