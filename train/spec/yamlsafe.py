@@ -9,10 +9,12 @@ A spec means what a reader of the file sees, or it is refused (one line, with it
   (``010``, ``0o17``, ``0x1f``, ``1_000``, ``yes``/``no``/``on``/``off``/``y``/``n``), integers
   of more than :data:`MAX_INT_DIGITS` digits and floats that overflow.
 - Refused: duplicate keys (both positions named), merge keys (``<<``), tags other than
-  ``!!str``/``!!map``/``!!seq``, non-text keys and keys with control characters, more than one
+  ``!!str``/``!!map``/``!!seq``, non-text keys, keys with control characters, plain keys YAML
+  reads as booleans (``yes:``, ``On:``, ``true:``; quoted they are text), more than one
   document, nesting deeper than :data:`MAX_DEPTH`, more than :data:`MAX_NODES` values once
   aliases are expanded (a billion laughs stops after a few thousand), an alias to an anchor
-  that is not closed yet (a recursive alias), characters YAML forbids (NUL, ...).
+  that is not closed yet (a recursive alias), characters YAML forbids (NUL, ...), C1 controls
+  and Unicode line breaks (U+0085, U+2028, U+2029) anywhere, escaped ones included.
 
 Events come from libyaml's parser (a state machine: no recursion, however deep the input) and
 are assembled here without recursion either; nothing is ever expanded past the limits.
@@ -50,10 +52,17 @@ MAX_INT_DIGITS = 18
 
 Path_ = tuple[str | int, ...]
 
-# Any C0 control character (newline and tab included) or DEL: never inside a value or key.
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-# Characters YAML does not allow in a stream at all (tab, LF, CR and NEL are allowed).
-_NOT_YAML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]")
+# Any C0 or C1 control character (newline, tab and NEL U+0085 included), DEL, and the Unicode
+# line and paragraph separators (U+2028, U+2029; some readers break lines there): never inside
+# a value or key.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Characters YAML does not allow in a stream at all (tab, LF, CR are allowed), and the Unicode
+# line breaks (NEL U+0085, U+2028, U+2029): YAML 1.1 breaks lines there, YAML 1.2 does not, so
+# a spec holding one means different things to different readers (and positions shift).
+_NOT_YAML = re.compile(
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]"
+)
+_LINE_BREAKS = "\x85\u2028\u2029"
 _NOT_YAML_ASCII = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 _NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
@@ -133,6 +142,13 @@ def check_characters(text: str, filename: str) -> None:
         line = text.count("\n", 0, bad.start()) + 1
         col = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
         code = f"U+{ord(bad.group()):04X}"
+        if bad.group() in _LINE_BREAKS:
+            raise SpecError(
+                [
+                    f"{filename}:{line}:{col}: Unicode line break {code} is not allowed in a spec "
+                    "(end lines with a plain newline; keep values on one line)"
+                ]
+            )
         what = "a NUL byte" if bad.group() == "\x00" else f"control character {code}"
         raise SpecError([f"{filename}:{line}:{col}: {what} is not allowed in YAML (remove it)"])
 
@@ -294,6 +310,13 @@ class _Builder:
         if key == "<<" and not ev.style:
             raise self.fail(
                 ev.start_mark, top.path, "merge keys (<<) are not supported (write the fields out)"
+            )
+        if not ev.style and (key in _BOOL or _YAML11_BOOL.match(key)):
+            raise self.fail(
+                ev.start_mark,
+                (*top.path, key),
+                f"ambiguous key {key} (YAML 1.1 reads it as a boolean, not as text): "
+                f"quote it: '{key}'",
             )
         if CONTROL_RE.search(key):
             raise self.fail(

@@ -412,6 +412,51 @@ CASES = [
         [],
         "spec.yaml:4:15: environment.variables: key 'A\\tB' contains a newline or control character (keys are one word)",
     ),
+    # YAML 1.1 booleans as plain keys (PyYAML and other 1.1 readers make them True/False)
+    *[
+        (
+            f"variable_key_bool_{key}",
+            D + f"environment:\n  variables:\n    {key}: 1\n",
+            [],
+            f"spec.yaml:5:5: environment.variables.{key}: ambiguous key {key} (YAML 1.1 reads "
+            f"it as a boolean, not as text): quote it: '{key}'",
+        )
+        for key in ("ON", "y", "No", "yEs", "off", "TRUE")
+    ],
+    # C1 controls and Unicode line breaks: written in the file, escaped, or in a --set
+    *[
+        (
+            f"line_break_raw_{ord(ch):04x}",
+            D + f"environment:\n  variables:\n    A: x{ch}y\n",
+            [],
+            f"spec.yaml:5:9: Unicode line break U+{ord(ch):04X} is not allowed in a spec (end "
+            "lines with a plain newline; keep values on one line)",
+        )
+        for ch in "\x85\u2028\u2029"
+    ],
+    (
+        "c1_raw",
+        D + "environment:\n  variables:\n    A: x\x9by\n",
+        [],
+        "spec.yaml:5:9: control character U+009B is not allowed in YAML (remove it)",
+    ),
+    *[
+        (
+            f"c1_escaped_{esc[2:]}",
+            D + f'environment:\n  variables:\n    A: "x{esc}y"\n',
+            [],
+            "spec.yaml:5:8: environment.variables.A: contains a newline or control character "
+            "(values must be one line of printable text)",
+        )
+        for esc in ("\\x80", "\\x85", "\\x9f", "\\u2028", "\\u2029")
+    ],
+    (
+        "c1_in_set",
+        D,
+        ["train.model=tiny\u2028cnn"],
+        "--set 'train.model=tiny\\u2028cnn': contains a newline or control character (give one "
+        "line of text)",
+    ),
     (
         "variable_key_dash",
         D + "environment:\n  variables:\n    A-B: x\n",
@@ -795,7 +840,13 @@ ACCEPTED: list[tuple[str, str, list[str], str, Any]] = [
         "environment.variables.X",
         "yes",
     ),
-    ("on_as_key", D + "environment:\n  variables:\n    ON: 1\n", [], "environment.variables.ON", 1),
+    (
+        "on_as_quoted_key",
+        D + "environment:\n  variables:\n    'ON': 1\n",
+        [],
+        "environment.variables.ON",
+        1,
+    ),
     ("true_caps", "name: demo\ntrain:\n  deterministic: TRUE\n", [], "train.deterministic", True),
     (
         "false_title",

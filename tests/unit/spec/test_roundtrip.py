@@ -15,8 +15,9 @@ from jobs.submit import _resolved_text
 from train.spec.config import load_run_config
 from train.spec.load import dump_spec, load_source, parse_override, set_text
 
-# Text a spec may hold: no control characters (refused by the loader), no lone surrogates.
-TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=12)
+# Text a spec may hold: no control characters or line separators (refused by the loader), no
+# lone surrogates.
+TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=12)
 TRICKY = "y n yes On 0o17 0x1f 010 1_000 1:00 1e3 1.0e3 .inf ~ null true - #c ' \" [x] &a *a <<"
 SCALARS = (
     TEXT
