@@ -23,7 +23,7 @@ from cluster.errors import (
     SlurmNotFoundError,
     SlurmTimeoutError,
 )
-from cluster.models import ClusterLimits, ClusterState, JobInfo, Node, Partition
+from cluster.models import ClusterLimits, ClusterState, JobAttempt, JobInfo, Node, Partition
 
 DEFAULT_TIMEOUT_S = 30.0
 # sacct/squeue take job ids on the command line; keep each call well under ARG_MAX.
@@ -278,6 +278,13 @@ class SlurmClient:
         for line in out.splitlines():
             runs.extend(parse.parse_sacct(line).values())
         return runs
+
+    def attempt_times(self, job_id: str) -> list[JobAttempt]:
+        """Slurm's own Submit/Eligible/Start/End of every run of one job, oldest first (one
+        ``sacct -D`` query; the goodput ledger's queued and held time)."""
+        fields = ",".join(parse.SACCT_TIME_FIELDS)
+        out = self.run(["sacct", "-D", "-X", "-n", "-P", "-o", fields, "-j", job_id]).stdout
+        return parse.parse_sacct_attempts(out)
 
     def queue(self, user: str | None = None) -> dict[str, JobInfo]:
         """Jobs the controller knows now (``squeue``), optionally for one user."""

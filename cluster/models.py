@@ -120,3 +120,16 @@ class JobInfo:
     @property
     def array_job_id(self) -> str:
         return self.job_id.split("_", 1)[0]
+
+
+@dataclass(frozen=True)
+class JobAttempt:
+    """One run of a job as Slurm's accounting saw it (``sacct -D``: a requeued job has one per
+    start). Times are seconds since the epoch; None where Slurm has none yet (``Unknown``)."""
+
+    job_id: str
+    state: str
+    submit: float | None
+    eligible: float | None
+    start: float | None
+    end: float | None

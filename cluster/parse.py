@@ -6,10 +6,19 @@ Tested on recorded outputs in ``tests/unit/cluster``; nothing here runs a comman
 from __future__ import annotations
 
 import re
+import time
 
 from cluster.errors import HostlistError, SlurmParseError, SlurmTimeError
 from cluster.hostlist import expand_hostlist, expand_ranges
-from cluster.models import TERMINAL_STATES, ClusterLimits, ClusterState, JobInfo, Node, Partition
+from cluster.models import (
+    TERMINAL_STATES,
+    ClusterLimits,
+    ClusterState,
+    JobAttempt,
+    JobInfo,
+    Node,
+    Partition,
+)
 from cluster.timefmt import parse_slurm_time
 
 # A key=value token starts where a word of letters/digits/underscores/slashes is followed by "=".
@@ -266,6 +275,42 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
                 source="sacct",
             )
     return jobs
+
+
+# sacct -D: every attempt of a job with Slurm's own times (what the goodput ledger reads)
+SACCT_TIME_FIELDS = ("JobID", "State", "Submit", "Eligible", "Start", "End")
+
+
+def _sacct_timestamp(text: str) -> float | None:
+    """``2026-11-25T02:49:33`` (the controller's local time) -> epoch seconds; None for
+    ``Unknown``/``None``/anything else."""
+    try:
+        return float(time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S")))
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_sacct_attempts(text: str) -> list[JobAttempt]:
+    """``sacct -D -X -n -P -o <SACCT_TIME_FIELDS>`` output to attempts, in sacct's order
+    (oldest first). A line with too few fields is skipped, not fatal: the ledger that reads
+    these calls what it cannot place unaccounted."""
+    out: list[JobAttempt] = []
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(SACCT_TIME_FIELDS) or not fields[0].strip():
+            continue
+        job_id, state, submit, eligible, start, end = fields[:6]
+        out.append(
+            JobAttempt(
+                job_id=job_id.strip(),
+                state=_base_state(state),
+                submit=_sacct_timestamp(submit),
+                eligible=_sacct_timestamp(eligible),
+                start=_sacct_timestamp(start),
+                end=_sacct_timestamp(end),
+            )
+        )
+    return out
 
 
 # squeue --Format: a field without a width is never truncated; "exit_code" is the raw wait

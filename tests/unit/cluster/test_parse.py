@@ -141,3 +141,33 @@ def test_squeue_restart_count() -> None:
     jobs = parse.parse_squeue("40|wrap|PENDING|BeginTime||debug|0:00|0|2|\n")
     assert jobs["40"].restarts == 2 and jobs["40"].state == "PENDING"
     assert parse.parse_squeue((DATA / "squeue.txt").read_text())["335"].restarts is None
+
+
+def test_sacct_attempts_recorded_output() -> None:
+    # recorded on the local cluster: job 4 was requeued three times, then cancelled; 15 runs
+    attempts = parse.parse_sacct_attempts((DATA / "sacct_attempts.txt").read_text())
+    four = [a for a in attempts if a.job_id == "4"]
+    assert [a.state for a in four] == ["REQUEUED", "REQUEUED", "REQUEUED", "CANCELLED"]
+    starts = [a.start for a in four]
+    assert all(s is not None for s in starts) and starts == sorted(starts)  # oldest first
+    first = four[0]
+    assert first.submit is not None and first.start is not None and first.end is not None
+    assert first.start - first.submit == 1 and first.end - first.start == 3
+    # the second attempt was held: eligible 2 s after its submit, started 3 s after that
+    assert four[1].eligible is not None and four[1].submit is not None
+    assert four[1].eligible - four[1].submit == 2
+    running = attempts[-1]
+    assert running.state == "RUNNING" and running.end is None  # "Unknown"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["", "42|COMPLETED|2026-11-25T02:46:34", "|RUNNING|Unknown|Unknown|Unknown|Unknown"],
+)
+def test_sacct_attempts_skip_short_or_empty_lines(line: str) -> None:
+    assert parse.parse_sacct_attempts(line) == []
+
+
+def test_sacct_attempts_unknown_times_are_none() -> None:
+    (a,) = parse.parse_sacct_attempts("7_2|PENDING|2026-11-25T02:46:34|Unknown|None|Unknown\n")
+    assert (a.job_id, a.state, a.eligible, a.start, a.end) == ("7_2", "PENDING", None, None, None)
