@@ -7,10 +7,14 @@ Per step the loop does no host sync and no host-to-device copy: metrics stay on 
 until a log interval, the data order and the augmentation draws reach the device once per epoch,
 and the stop flag is agreed over a CPU (gloo) group so a CUDA stream never waits.
 
-Resume is exact: the data order is a function of (seed, epoch), augmentation of (seed, epoch,
-step, rank), and model/optimizer/scheduler/RNG/position come from the checkpoint, so an
-interrupted and resumed run matches an uninterrupted one bitwise on CPU with
-``deterministic: true``.
+Resume is exact: the global batches are a function of (seed, epoch, step) and so is their
+augmentation (:mod:`train.loop.order`: the world size only decides which rank computes which
+slice), and model/optimizer/scheduler/RNG/position come from the checkpoint, so an interrupted
+and resumed run matches an uninterrupted one bitwise on CPU with ``deterministic: true``. A run
+resumed on another world size continues with the same global batches (fewer ranks accumulate
+more micro-steps) and, without BatchNorm, the parameters of a run trained at the new size
+throughout, up to the float reduction order; its resume event says ``exact: false`` either way
+and, for a BatchNorm model, why it is not the same computation.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ from train.env import DistEnv
 from train.errors import TrainingError
 from train.loop.data import Augmenter
 from train.loop.optim import build_optimizer, build_scheduler, lr_factor
+from train.loop.order import epoch_batches
 from train.loop.setup import build_training_model, shard_data
 from train.loop.strategies import Strategy
 from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
@@ -42,12 +48,17 @@ from train.startup import mark
 from train.stop.signals import PreemptionGuard
 from train.tracking import Tracker, wandb_options
 
-__all__ = ["WARMUP_STEPS", "TrainResult", "run_training"]
+__all__ = ["BATCH_HOOKS", "WARMUP_STEPS", "TrainResult", "run_training"]
 
 log = logging.getLogger(__name__)
 
 #: Steps after (re)start excluded from images/s: allocation, autotuning, first-touch costs.
 WARMUP_STEPS = 5
+
+#: Called as ``hook(step, epoch, indices)`` before each optimizer step with the training-set
+#: indices this rank computes in it (``int64``, on the data's device): observers (a test that
+#: checks every sample is seen once) hook in here; nothing is called when the list is empty.
+BATCH_HOOKS: list[Callable[[int, int, torch.Tensor], None]] = []
 
 
 @dataclass
@@ -76,8 +87,8 @@ class _Loop:
         env, rt, devices = session.env, session.rt, session.devices
         self.config, self.env, self.session = config, env, session
         self.run_dir, self.ckpt, self.rt = session.run_dir, session.ckpt, rt
-        data = shard_data(config, env, rt)
-        self.sampler, self.micro = data.sampler, data.micro
+        data = shard_data(config, env, rt, session.checkpoint_world_size)
+        self.split, self.micro = data.split, data.micro
         self.steps_per_epoch = data.steps_per_epoch
         self.planned = config.max_steps or config.epochs * self.steps_per_epoch
         self.strat: Strategy = build_training_model(config, devices, env)
@@ -99,7 +110,10 @@ class _Loop:
     # -- checkpoints ---------------------------------------------------------------------------
     def restore(self, path: Path) -> None:
         """Load model/optimizer/scheduler/scaler/RNG and the position from checkpoint ``path``."""
-        loaded = self.ckpt.load(path)
+        # Another world size: the position is the run's (the manifest), and every rank takes
+        # rank 0's RNG state (rank files exist for the old ranks only; training draws nothing
+        # from the global generators, augmentation is keyed by (seed, epoch, step)).
+        loaded = self.ckpt.load(path, rank=0 if self.reshaped else None)
         factor = lr_factor(self.config.optimizer, loaded.step, self.planned)
         changed = bool(self.session.config_changed)
         load_training_state(
@@ -119,6 +133,31 @@ class _Loop:
         log.info(
             f"resumed from {path}: step {self.step} (epoch {self.epoch}, step {self.epoch_step})"
         )
+
+    @property
+    def reshaped(self) -> bool:
+        """Resumed from a checkpoint written at another world size."""
+        was = self.session.checkpoint_world_size
+        return was is not None and was != self.env.world_size
+
+    def reshape_note(self) -> dict[str, Any]:
+        """The resume event's fields for a new world size: the split, and whether it computes
+        what the run would have computed (not with BatchNorm: its statistics are per micro-batch
+        and per rank, and a new split changes them)."""
+        fields: dict[str, Any] = {
+            "exact": False,
+            "grad_accum": self.split.grad_accum,
+            "micro_batch": self.micro,
+        }
+        if self.config.norm == "batch":
+            fields["why"] = (
+                "BatchNorm normalises with the statistics of each micro-batch on each rank; "
+                f"{self.env.world_size} rank(s) x {self.split.grad_accum} micro-step(s) of "
+                f"{self.micro} see other statistics than the checkpoint's split"
+            )
+        else:
+            fields["why"] = "same global batches; sums are reduced in another order"
+        return fields
 
     def save(self, metric: float | None = None) -> None:
         """Checkpoint the current step (every rank; collective through marker files)."""
@@ -147,6 +186,10 @@ class _Loop:
         )
         # None: this step was already saved (an interval save right before a stop signal).
         self.result.checkpoint = path or self.result.checkpoint
+        if path is not None:  # what the save cost training (the goodput ledger, jobs/goodput.py)
+            self.metrics.write(
+                "checkpoint", step=self.step, blocking_s=round(self.ckpt.last_blocking_s, 4)
+            )
 
     def event(self, name: str, **fields: Any) -> None:
         """Append to RUN_DIR/events.jsonl (rank 0)."""
@@ -156,6 +199,7 @@ class _Loop:
     def run_eval(self, stop_at: int) -> bool:
         """Evaluate on the held-out set; record test loss/accuracy. True: a new best."""
         self.timer.pause()
+        began = time.perf_counter()
         loss, acc = evaluate(
             self.strat.eval_module,
             self.test_set,
@@ -168,7 +212,12 @@ class _Loop:
         self.best = acc if self.best is None else max(self.best, acc)
         self.result.test_loss, self.result.test_accuracy = loss, acc
         rec = self.metrics.write(
-            "eval", step=self.step, epoch=self.epoch, test_loss=loss, test_accuracy=acc
+            "eval",
+            step=self.step,
+            epoch=self.epoch,
+            test_loss=loss,
+            test_accuracy=acc,
+            seconds=round(time.perf_counter() - began, 4),
         )
         if self.tracker is not None:
             self.tracker.record(rec)
@@ -200,8 +249,10 @@ class _Loop:
 
     def train_step(self, order: torch.Tensor) -> None:
         """One optimizer step: ``grad_accum`` micro-steps, DDP sync on the last one only."""
-        k, micro, strat = self.config.grad_accum, self.micro, self.strat
+        k, micro, strat = self.split.grad_accum, self.micro, self.strat
         crops = None if self.crops is None else self.crops[self.epoch_step]
+        for hook in BATCH_HOOKS:
+            hook(self.step, self.epoch, order[self.epoch_step])
         for m in range(k):
             idx = order[self.epoch_step, m * micro : (m + 1) * micro]
             x = self.aug.apply(self.train_set.images[idx], crops, m * micro)
@@ -261,15 +312,20 @@ class _Loop:
         poll = StopPoll(self.rt, cfg.stop_check_s, start_step, skip=WARMUP_STEPS)
         self.strat.train(True)
         while self.step < stop_at and self.epoch < n_epochs and not self.target_reached():
-            self.sampler.set_epoch(self.epoch)
-            order = torch.tensor(list(self.sampler), dtype=torch.long)[
-                : spe * cfg.grad_accum * self.micro
-            ]
-            order = order.view(spe, -1).to(self.train_set.images.device)
-            # this epoch's crops and flips: one copy per epoch, like the order
-            self.crops = self.aug.draw_epoch(
-                cfg.grad_accum * self.micro, spe, epoch=self.epoch, rank=self.env.rank
+            # the epoch's global batches, this rank's slice of each (train.loop.order)
+            mine = self.split.rank_slice(self.env.rank)
+            batches = epoch_batches(
+                len(self.train_set),
+                seed=cfg.seed,
+                epoch=self.epoch,
+                batch_size=cfg.batch_size,
+                steps=spe,
             )
+            order = batches[:, mine].contiguous().to(self.train_set.images.device)
+            # this epoch's crops and flips, drawn for the whole global batch (rank 0's key:
+            # the same draws at every world size) and sliced like the order: one copy per epoch
+            crops = self.aug.draw_epoch(cfg.batch_size, spe, epoch=self.epoch, rank=0)
+            self.crops = None if crops is None else crops[:, :, mine].contiguous()
             while self.epoch_step < spe and self.step < stop_at:
                 if self.step - start_step == WARMUP_STEPS:
                     self.timer.armed = True
@@ -354,7 +410,7 @@ def run_training(
         if session.resume_from is not None:
             loop.restore(session.resume_from)
             mark("restored")
-        session.started(loop.step)
+        session.started(loop.step, **(loop.reshape_note() if loop.reshaped else {}))
         loop.tracker = Tracker(
             loop.run_dir,
             is_main=env.is_main,
@@ -364,10 +420,10 @@ def run_training(
         )
         stop_at = min(loop.planned, max_steps) if max_steps else loop.planned
         if env.is_main:
-            c, w = config, env.world_size
+            c, w, k = config, env.world_size, loop.split.grad_accum
             log.info(
                 f"training {c.model}/{c.strategy} on {session.devices.device}: {w} rank(s), global "
-                f"batch {c.batch_size} = {w} rank(s) x {c.grad_accum} micro-step(s) x {loop.micro}"
+                f"batch {c.batch_size} = {w} rank(s) x {k} micro-step(s) x {loop.micro}"
                 f", {loop.steps_per_epoch} steps/epoch, steps {loop.step}..{stop_at}"
             )
         try:

@@ -1,0 +1,187 @@
+"""The goodput ledger as a table: recorded event/metric sequences -> seconds per part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from jobs.goodput import PARTS, Ledger, compute, sum_ledgers
+
+
+@dataclass(frozen=True)
+class A:  # a Slurm attempt (cluster.models.JobAttempt's times)
+    submit: float | None
+    start: float | None
+    end: float | None
+
+
+def ev(t: float, name: str, step: int | None = None, restart: int = 0, **kw: Any) -> dict:
+    return {"time": t, "event": name, "step": step, "restart_count": restart, **kw}
+
+
+def steps(t0: float, first: int, last: int, dt: float = 1.0) -> list[dict]:
+    return [
+        {"time": t0 + (s - first + 1) * dt, "kind": "train", "step": s}
+        for s in range(first, last + 1)
+    ]
+
+
+UP = {"main": 1.0, "imports": 1.5}  # 2.5 s from the process start to the start event
+
+CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] = {
+    "uninterrupted": (
+        [ev(5, "start", 0, startup=UP), ev(105, "complete", 100)],
+        [
+            *steps(5, 1, 49, dt=1.0),
+            {"time": 55.5, "kind": "eval", "step": 50, "seconds": 1.0},
+            {"time": 56.0, "kind": "checkpoint", "step": 50, "blocking_s": 0.5},
+        ],
+        [A(0, 2, 106)],
+        {"queued": 2, "startup": 3, "eval": 1, "checkpoint": 0.5, "productive": 98.5, "stop": 1},
+        0,
+    ),
+    "preempted, resumed from an older checkpoint": (
+        [
+            ev(5, "start", 0, startup=UP),
+            ev(20.1, "signal", 15, signal="SIGUSR2", received_at=20.0),
+            ev(20.8, "checkpoint", 15),
+            ev(21, "preempted", 15, kind="preemption"),
+            ev(21.5, "requeue", 15, via="scontrol"),
+            ev(50, "resume", 10, restart=1, startup=UP),
+            ev(70, "complete", 30, restart=1),
+        ],
+        steps(5, 1, 15),
+        [A(0, 2, 30), A(30, 45, 80)],
+        {"queued": 17, "startup": 8, "redone": 5, "productive": 30, "stop": 20},
+        5,
+    ),
+    "hang restarted in place": (
+        [
+            ev(5, "start", 0, startup=UP),
+            ev(50, "hang", 15, timeout_s=30),
+            ev(51, "restart_in_place", 15),
+            ev(56, "resume", 15, startup={"main": 1.0, "imports": 2.0}),
+            ev(70, "complete", 29),
+        ],
+        steps(5, 1, 15),
+        [A(0, 2, 71)],
+        {"queued": 2, "startup": 6, "productive": 29, "hang": 30, "stop": 4},
+        0,
+    ),
+    "local run: no Slurm times": (
+        [
+            ev(5, "start", 0, startup=UP),
+            ev(20, "signal", 15, received_at=20),
+            ev(21, "preempted", 15),
+            ev(21.5, "requeue", 15, via="exit_code"),
+            ev(30, "resume", 15, restart=1, startup=UP),
+            ev(40, "complete", 25, restart=1),
+        ],
+        steps(5, 1, 15),
+        [],
+        {"unaccounted": 2.5 + 6, "startup": 5, "productive": 25, "stop": 1.5},
+        0,
+    ),
+    "still running": (
+        [ev(5, "start", 0, startup=UP)],
+        steps(5, 1, 30),
+        [A(0, 2, None)],
+        {"queued": 2, "startup": 3, "productive": 35},
+        0,
+    ),
+    "stopping now": (
+        [ev(5, "start", 0, startup=UP), ev(30, "signal", 25, received_at=30)],
+        steps(5, 1, 25),
+        [A(0, 2, None)],
+        {"queued": 2, "startup": 3, "productive": 25, "stop": 10},
+        0,
+    ),
+    "held by Slurm now": (
+        [
+            ev(5, "start", 0, startup=UP),
+            ev(20, "signal", 15, received_at=20),
+            ev(21, "preempted", 15),
+        ],
+        steps(5, 1, 15),
+        [A(0, 2, 22), A(22, None, None)],
+        {"queued": 2 + 18, "startup": 3, "productive": 15, "stop": 2},
+        0,
+    ),
+    "died without a record": (
+        [
+            ev(5, "start", 0, startup=UP),
+            ev(40, "resume", 10, restart=1, startup=UP),
+            ev(50, "complete", 20, restart=1),
+        ],
+        steps(5, 1, 12),
+        [A(0, 2, 30), A(30, 35, 51)],
+        {
+            "queued": 2 + 5,
+            "startup": 3 + 5,
+            "productive": 12 - 2 + 10,
+            "redone": 2,
+            "unaccounted": 30 - 17,
+            "stop": 1,
+        },
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_ledger_table(name: str) -> None:
+    events, metrics, attempts, want, redone = CASES[name]
+    led = compute(events, metrics, attempts, submitted_at=0.0, now=40.0)
+    got = {k: round(v, 6) for k, v in led.parts.items() if v}
+    assert got == pytest.approx({k: float(v) for k, v in want.items()}), name
+    assert led.steps_redone == redone
+    end = attempts[-1].end if attempts and attempts[-1].end else None
+    wall = end or (
+        40.0
+        if name in ("still running", "stopping now", "held by Slurm now")
+        else events[-1]["time"]
+    )
+    assert led.wall_s == pytest.approx(wall)  # the parts add up to the wall time
+
+
+def test_goodput_line_names_the_biggest_loss() -> None:
+    events, metrics, attempts, _, _ = CASES["preempted, resumed from an older checkpoint"]
+    led = compute(events, metrics, attempts, now=0.0)
+    assert led.line() == "goodput 0.38 (biggest loss: stop overhead 20 s)"
+    data = led.to_dict()
+    assert set(data["parts_s"]) == set(PARTS) and data["goodput"] == pytest.approx(30 / 80)
+
+
+def test_a_command_records_no_steps() -> None:
+    events = [
+        ev(5, "start", None, startup=UP, entrypoint=["python", "x.py"]),
+        ev(30, "complete", None, exit_code=0),
+    ]
+    led = compute(events, [], [A(0, 2, 31)], now=99.0)
+    assert led.parts["productive"] == 25 and led.steps_redone == 0
+    assert any("command" in n for n in led.notes)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [],
+        [{"event": "start"}, {"time": "x", "event": "resume"}, "not a dict"[:0] or {}],
+        [{"time": 1.0, "event": "checkpoint"}],  # nothing opened a segment
+    ],
+)
+def test_damaged_or_empty_records_give_an_empty_or_unaccounted_ledger(events: list) -> None:
+    led = compute(events, [{"time": None}], [], submitted_at=0.0, now=10.0)
+    assert led.wall_s == pytest.approx(10.0) and led.parts["unaccounted"] == pytest.approx(10.0)
+    assert compute(events, [], [], now=10.0).wall_s == 0.0  # no origin at all: nothing to say
+
+
+def test_sweep_sums_tasks() -> None:
+    a = compute(*CASES["uninterrupted"][:3], now=0.0)
+    b = compute(*CASES["hang restarted in place"][:3], now=0.0)
+    total = sum_ledgers([a, b])
+    assert total.wall_s == pytest.approx(a.wall_s + b.wall_s)
+    assert total.parts["hang"] == 30 and total.goodput == pytest.approx((98.5 + 29) / (106 + 71))
+    assert Ledger().line() == ""
