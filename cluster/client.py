@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import parse
-from cluster.conf import conf_stamp, find_slurm_conf
+from cluster.conf import cluster_name, conf_stamp, find_slurm_conf
 from cluster.errors import (
     JobWaitTimeoutError,
     SlurmCommandError,
@@ -188,6 +188,10 @@ class SlurmClient:
     def conf_stamp(self) -> str:
         """Identifies the slurm.conf in use as it is now (path, size, mtime)."""
         return conf_stamp(self.conf)
+
+    def cluster_name(self) -> str:
+        """The cluster this client talks to (slurm.conf's ClusterName; "" when unknown)."""
+        return cluster_name(self.conf)
 
     def partition(self, name: str) -> Partition | None:
         return next((p for p in self.partitions() if p.name == name), None)

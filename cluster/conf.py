@@ -64,3 +64,18 @@ def conf_stamp(conf: str | None) -> str:
     except OSError:
         return f"{path}:missing"
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def cluster_name(conf: str | None) -> str:
+    """The ``ClusterName`` of a slurm.conf (how Slurm's accounting names the cluster); "" when
+    the file or the line cannot be read. A read of one small file, no Slurm command."""
+    path = Path(conf) if conf else SYSTEM_CONF
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, sep, value = line.split("#", 1)[0].partition("=")
+        if sep and key.strip().lower() == "clustername":
+            return value.strip().lower()  # Slurm lower-cases it too
+    return ""

@@ -8,6 +8,7 @@ state dir (:func:`jobs.statecache.slurm_states`); local runs' states from their 
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 
 ClientFactory = Callable[[], "SlurmClient"]
 FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
+# Reasons of an UNKNOWN state that Slurm's answer is not about this run's job.
+OTHER_CLUSTER = "not this run's job: submitted to cluster"
+REUSED = "not this run's job: id reused"
 
 
 def is_supervisor(pid: int, record: RunRecord) -> bool:
@@ -104,22 +108,56 @@ def states_many(
     runs: list[RunRecord], client: ClientFactory, *, ttl_s: float | None = None, fresh: bool = False
 ) -> dict[str, JobInfo]:
     """States of every task of several runs: ONE Slurm query for all Slurm runs together,
-    shared with other shells for ``ttl_s`` seconds (:mod:`jobs.statecache`)."""
+    shared with other shells for ``ttl_s`` seconds (:mod:`jobs.statecache`).
+
+    A job id is the run's only on the cluster it was submitted to and while Slurm's job is the
+    one submitted (same job name): a run of another cluster is UNKNOWN without asking, and an
+    answer about another job that got the id is UNKNOWN too, never shown as the run's.
+    """
     from jobs.statecache import TTL_S, slurm_states
 
     out: dict[str, JobInfo] = {}
     slurm_runs = [r for r in runs if r.executor == "slurm" and r.job_id]
     if slurm_runs:
+        client = functools.cache(client)
+        here = _cluster_name(client) if any(r.cluster for r in slurm_runs) else ""
+        elsewhere = [r for r in slurm_runs if r.cluster and here and r.cluster != here]
+        for r in elsewhere:
+            why = f"{OTHER_CLUSTER} {r.cluster}; this shell's Slurm is {here}"
+            out.update({j: JobInfo(j, "UNKNOWN", reason=why) for j in r.job_ids()})
+        asked = [r for r in slurm_runs if r not in elsewhere]
+        scopes: dict[str, str] = {}
+        for r in asked:  # every array of a split sweep
+            for jid in r.slurm_job_ids():
+                # an id asked for two runs at once (reused) is kept for neither
+                scopes[jid] = r.run_id if scopes.get(jid, r.run_id) == r.run_id else ""
         ttl = TTL_S if ttl_s is None else ttl_s
-        ids = [j for r in slurm_runs for j in r.slurm_job_ids()]  # every array of a split sweep
-        found = slurm_states(ids, client, ttl_s=ttl, fresh=fresh)
-        for r in slurm_runs:
+        found = slurm_states(
+            [j for r in asked for j in r.slurm_job_ids()],
+            client,
+            ttl_s=ttl,
+            fresh=fresh,
+            scopes={j: s for j, s in scopes.items() if s},
+            cluster=here or (_cluster_name(client) if asked else ""),
+        )
+        for r in asked:
             for jid in r.job_ids():
-                out[jid] = found.get(jid) or JobInfo(jid, "UNKNOWN", reason="not known to Slurm")
+                info = found.get(jid) or JobInfo(jid, "UNKNOWN", reason="not known to Slurm")
+                if info.name and r.name and info.name != r.name:
+                    why = f"{REUSED}: Slurm's job {jid} is another job ({info.name}); ours is gone"
+                    info = JobInfo(jid, "UNKNOWN", reason=why)
+                out[jid] = info
     for r in runs:
         if r.executor == "local":
             out.update(local_states(r))
     return out
+
+
+def _cluster_name(client: ClientFactory) -> str:
+    """The cluster the client talks to ("" when it cannot say)."""
+    name = getattr(client(), "cluster_name", None)
+    value = name() if callable(name) else ""
+    return value if isinstance(value, str) else ""
 
 
 def task_states(record: RunRecord, client: ClientFactory) -> dict[str, JobInfo]:
@@ -181,7 +219,14 @@ def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) ->
     # A run that is over is left alone (scancel of an ended job is an error, and a no-op).
     states = states_many([record], client, ttl_s=0.0)
     mine = [i for j, i in states.items() if only is None or j == only or j.startswith(f"{only}_")]
-    if mine and all(i.terminal for i in mine):
+    foreign = next((i for i in mine if i.reason.startswith(OTHER_CLUSTER)), None)
+    if foreign is not None:  # the id names another cluster's job here: never scancel it
+        from jobs.errors import UsageError
+
+        raise UsageError(
+            f"cancel: {record.run_id}: {foreign.reason} (cancel it with SLURM_CONF naming that cluster)"
+        )
+    if mine and all(i.terminal or i.reason.startswith(REUSED) for i in mine):
         return []
     # Not requeueable first: neither Slurm nor train's guard may bring a cancelled job back.
     client().cancel(target, no_requeue=True)

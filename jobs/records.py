@@ -124,6 +124,9 @@ class RunRecord:
     # the id of each array in order (job_id is the first) and the tasks per array.
     array_job_ids: list[str] = field(default_factory=list)
     array_chunk: int = 0
+    # The Slurm cluster it was submitted to (slurm.conf's ClusterName; "" before it was kept):
+    # a job id means something only on its own cluster.
+    cluster: str = ""
 
     def slurm_job_ids(self) -> list[str]:
         """The Slurm job id of every array (or of the job) of this run, in submission order."""
@@ -179,6 +182,7 @@ _FIELD_TYPES = {
     "pid": "int|None",
     "array_job_ids": "list",
     "array_chunk": "int",
+    "cluster": "str",
 }
 
 

@@ -10,6 +10,11 @@ every two seconds. So every caller goes through :func:`slurm_states`:
 - a job that accounting (sacct) reports final is final for good (the controller forgot it: it
   cannot come back) and is never asked about again.
 
+Every answer is kept under the cluster it came from and the submission (run id) that asked,
+never under a bare job id: a new job that gets an old id (another cluster, a rebuilt cluster,
+ids wrapping around) is asked about, not shown as the old one. Only answers asked for a
+submission (``scopes``) are kept as final.
+
 The file is a cache: a damaged, foreign or stale one is ignored (and rewritten), never an error.
 """
 
@@ -19,7 +24,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
 
 ClientFactory = Callable[[], "SlurmClient"]
 CACHE = "slurm-states.json"
+VERSION = 2
 TTL_S = 5.0
 # Final states cannot change once the controller has forgotten the job; keep this many.
 FINAL_KEEP = 20000
@@ -57,7 +63,13 @@ def _load() -> dict[str, Any]:
         data = json.loads(cache_path().read_bytes().decode("utf-8"))
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    # An older layout (states under bare job ids) is not trusted: asked again, rewritten.
+    return data if isinstance(data, dict) and data.get("version") == VERSION else {}
+
+
+def _bucket(cluster: str, scope: str) -> str:
+    """The cache's key for one cluster and one submission."""
+    return json.dumps([cluster, scope])
 
 
 def _infos(data: Any) -> dict[str, JobInfo]:
@@ -69,6 +81,12 @@ def _infos(data: Any) -> dict[str, JobInfo]:
         if info is not None and info.job_id == key:
             out[key] = info
     return out
+
+
+def _buckets(data: Any, read: Callable[[Any], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    if not isinstance(data, dict):
+        return {}
+    return {k: read(v) for k, v in data.items() if isinstance(k, str)}
 
 
 def _covers(states: dict[str, Any], job_id: str) -> bool:
@@ -91,23 +109,34 @@ def _save(data: dict[str, Any]) -> None:
 
 
 def slurm_states(
-    job_ids: Iterable[str], client: ClientFactory, *, ttl_s: float = TTL_S, fresh: bool = False
+    job_ids: Iterable[str],
+    client: ClientFactory,
+    *,
+    ttl_s: float = TTL_S,
+    fresh: bool = False,
+    scopes: Mapping[str, str] | None = None,
+    cluster: str = "",
 ) -> dict[str, JobInfo]:
     """States of ``job_ids`` (an array's base id returns all its tasks), at most one Slurm query.
 
     ``fresh``: ask now even if the cache is younger than ``ttl_s`` (a follower that saw the
-    run's files change); the answer still refreshes the cache for everyone else.
+    run's files change); the answer still refreshes the cache for everyone else. ``scopes``:
+    the submission (run id) each job id was asked for, ``cluster``: the cluster asked; what is
+    known is known only for the same cluster and submission (see the module docstring).
     """
     ids = list(dict.fromkeys(str(j) for j in job_ids if j))
     if not ids:
         return {}
+    scopes = scopes or {}
     data = _load()
-    final = _infos(data.get("final"))
     now = time.time()
-    recent = _recent(data.get("recent"), now, ttl_s)
+    finals = _buckets(data.get("final"), _infos)
+    recents = _buckets(data.get("recent"), lambda v: _recent(v, now, ttl_s))
     out: dict[str, JobInfo] = {}
     ask = []
     for job_id in ids:
+        where = _bucket(cluster, scopes.get(job_id, ""))
+        final, recent = finals.get(where, {}), recents.get(where, {})
         if _covers(final, job_id):
             out.update(_pick(final, job_id))
         elif not fresh and _covers(recent, job_id):
@@ -120,22 +149,39 @@ def slurm_states(
     out.update(found)
     asked = time.time()
     for job_id in ask:  # what was asked again replaces what was known of it
+        scope = scopes.get(job_id, "")
+        recent = recents.setdefault(_bucket(cluster, scope), {})
         for key in list(recent):
             if key == job_id or key.startswith(f"{job_id}_"):
                 del recent[key]
-    recent.update({k: (asked, v) for k, v in found.items()})
-    for key, info in found.items():
-        if info.source == "sacct" and info.terminal and info.partition:
-            final[key] = info
-    if len(final) > FINAL_KEEP:
-        final = dict(list(final.items())[-FINAL_KEEP:])
+        mine = _pick(found, job_id)
+        recent.update({k: (asked, v) for k, v in mine.items()})
+        if scope:  # final for good only for the submission that asked
+            final = finals.setdefault(_bucket(cluster, scope), {})
+            for key, info in mine.items():
+                if info.source == "sacct" and info.terminal and info.partition:
+                    final[key] = info
     _save(
         {
-            "recent": {k: [t, asdict(v)] for k, (t, v) in recent.items()},
-            "final": {k: asdict(v) for k, v in final.items()},
+            "version": VERSION,
+            "recent": {
+                b: {k: [t, asdict(v)] for k, (t, v) in r.items()} for b, r in recents.items() if r
+            },
+            "final": _trim({b: {k: asdict(v) for k, v in f.items()} for b, f in finals.items()}),
         }
     )
     return out
+
+
+def _trim(finals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """At most :data:`FINAL_KEEP` final states, the newest buckets kept."""
+    out: dict[str, dict[str, Any]] = {}
+    kept = 0
+    for bucket, entries in reversed(list(finals.items())):
+        if entries and kept + len(entries) <= FINAL_KEEP:
+            out[bucket] = entries
+            kept += len(entries)
+    return dict(reversed(list(out.items())))
 
 
 def _recent(data: Any, now: float, ttl_s: float) -> dict[str, tuple[float, JobInfo]]:

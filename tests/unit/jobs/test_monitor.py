@@ -259,8 +259,9 @@ def test_final_states_from_accounting_are_never_asked_again(tmp_path: Path) -> N
             }
 
     c = Client()
-    slurm_states(["5", "6"], lambda: c)  # type: ignore[arg-type,return-value]
-    slurm_states(["5", "6"], lambda: c, ttl_s=0)  # type: ignore[arg-type,return-value]
+    scopes = {"5": "run-a", "6": "run-b"}  # kept as final only for the submission that asked
+    slurm_states(["5", "6"], lambda: c, scopes=scopes)  # type: ignore[arg-type,return-value]
+    slurm_states(["5", "6"], lambda: c, ttl_s=0, scopes=scopes)  # type: ignore[arg-type,return-value]
     assert c.calls == [["5", "6"], ["6"]]
 
 
