@@ -193,6 +193,7 @@ def _print_submitted(record: RunRecord, as_json: bool, out: IO[str]) -> None:
 
 # -- status / list ------------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
+    from jobs.goodputview import run_ledger, write_goodput
     from jobs.monitor import states_many
     from jobs.records import find_run, iter_records
     from jobs.statusview import status_json, write_status
@@ -205,11 +206,17 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
             out.write("no runs recorded yet\n")
             return 0
     states = states_many(runs, _client)  # one sacct call for all of them
+    # a named run: its goodput too (one more sacct, -D: Slurm's times of every attempt)
+    ledger = run_ledger(runs[0], _client) if args.run else None
     if args.json:
         data = status_json(runs, states)
+        if ledger is not None:
+            data[0]["goodput"] = write_goodput(ledger)
         out.write(json.dumps(data if not args.run else data[0], indent=1) + "\n")
     else:
         write_status(runs, states, out)
+        if ledger is not None:
+            write_goodput(ledger, out)
     return 0
 
 
@@ -337,7 +344,10 @@ def cmd_plot(args: argparse.Namespace, out: IO[str]) -> int:
         from jobs.records import find_run
 
         run_dir = Path(find_run(args.run).run_dir)
-    target = plot_run(run_dir, args.output or run_dir / "plot.png")
+    from jobs.goodputview import dir_ledger
+
+    ledger = dir_ledger(run_dir, _client)
+    target = plot_run(run_dir, args.output or run_dir / "plot.png", ledger)
     out.write(f"{target}\n")
     return 0
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import UsageError
+from jobs.goodput import LABELS, Ledger
 from train.history import STOP_EVENTS, read_jsonl
 
 __all__ = ["TaskSeries", "plot_run", "read_series"]
@@ -90,8 +91,9 @@ def _tasks(run_dir: Path) -> list[TaskSeries]:
     return [read_series(run_dir, run_dir.name)]
 
 
-def plot_run(run_dir: Path, out: Path) -> Path:
-    """Draw ``run_dir`` (a run or a sweep) into the PNG ``out``; return ``out``."""
+def plot_run(run_dir: Path, out: Path, ledger: Ledger | None = None) -> Path:
+    """Draw ``run_dir`` (a run or a sweep) into the PNG ``out``; return ``out``. With a goodput
+    ``ledger`` (:mod:`jobs.goodput`), a bar below splits the wall time the same way."""
     series = [s for s in _tasks(run_dir) if s.train or s.evals]
     if not series:
         raise UsageError(f"plot: no metrics yet in {run_dir} (metrics.jsonl is empty or missing)")
@@ -103,7 +105,12 @@ def plot_run(run_dir: Path, out: Path) -> Path:
     except ImportError:
         raise UsageError("plot: needs matplotlib (pip install matplotlib, or make setup)") from None
     t0 = min(p[1] for s in series for p in (s.train + s.evals))
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), squeeze=False)
+    rows = 3 if ledger is not None and ledger.wall_s > 0 else 2
+    fig = plt.figure(figsize=(12, 8 if rows == 2 else 9.5))
+    grid = fig.add_gridspec(rows, 2, height_ratios=[1, 1, 0.3][:rows])
+    axes = [[fig.add_subplot(grid[r, c]) for c in range(2)] for r in range(2)]
+    if ledger is not None and rows == 3:
+        _goodput_bar(fig.add_subplot(grid[2, :]), ledger)
     for row, (xi, xlabel) in enumerate(((0, "step"), (1, "wall time (min)"))):
         for col, (attr, ylabel) in enumerate(
             (("train", "training loss"), ("evals", "test accuracy"))
@@ -155,3 +162,31 @@ def _mark(ax: Any, s: TaskSeries) -> None:
         ax.axvline(step, color="tab:green", linestyle="-.", linewidth=1, alpha=0.8)
     for lo, hi in s.redone:
         ax.axvspan(lo, hi, color="tab:red", alpha=0.12, linewidth=0)
+
+
+_PART_COLORS = {
+    "productive": "tab:green",
+    "eval": "tab:cyan",
+    "checkpoint": "tab:blue",
+    "startup": "tab:olive",
+    "redone": "tab:red",
+    "hang": "tab:brown",
+    "stop": "tab:orange",
+    "queued": "tab:purple",
+    "unaccounted": "lightgray",
+}
+
+
+def _goodput_bar(ax: Any, ledger: Ledger) -> None:
+    """One horizontal bar: the wall time split into the ledger's parts (seconds)."""
+    left = 0.0
+    for part, seconds in ledger.parts.items():
+        if seconds <= 0:
+            continue
+        ax.barh(0, seconds, left=left, color=_PART_COLORS.get(part, "k"),
+                label=f"{LABELS[part]} {seconds:.0f} s")  # fmt: skip
+        left += seconds
+    ax.set_yticks([])
+    ax.set_xlabel("wall time (s)")
+    ax.set_title(ledger.line(), fontsize="medium")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=5, fontsize="x-small")

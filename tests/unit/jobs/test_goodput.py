@@ -185,3 +185,48 @@ def test_sweep_sums_tasks() -> None:
     assert total.wall_s == pytest.approx(a.wall_s + b.wall_s)
     assert total.parts["hang"] == 30 and total.goodput == pytest.approx((98.5 + 29) / (106 + 71))
     assert Ledger().line() == ""
+
+
+def _write_run(tmp_path: Any, events: list[dict], metrics: list[dict]) -> Any:
+    import json
+
+    from jobs.records import RunRecord, TaskRecord, save_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name, lines in (("events.jsonl", events), ("metrics.jsonl", metrics)):
+        text = "".join(json.dumps(x) + "\n" for x in lines)
+        (run / name).write_text(text + "{torn line\n", encoding="utf-8")  # a damaged line
+    record = RunRecord(
+        run_id="r", name="r", run_dir=str(run), executor="slurm", job_id="4",
+        submitted_at=1.0, tasks=[TaskRecord(index=0, run_dir=str(run), values={})],
+    )  # fmt: skip
+    save_record(record)
+    return run
+
+
+def test_status_view_reads_the_run_and_slurm_times(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from cluster.parse import parse_sacct_attempts
+    from jobs.goodputview import dir_ledger
+
+    recorded = (Path(__file__).parents[1] / "cluster/data/sacct_attempts.txt").read_text()
+    asked: list[str] = []
+
+    class Recorded:  # answers one sacct -D from the recorded output
+        def attempt_times(self, job_id: str) -> list[Any]:
+            asked.append(job_id)
+            return [a for a in parse_sacct_attempts(recorded) if a.job_id == job_id]
+
+    four = [a for a in parse_sacct_attempts(recorded) if a.job_id == "4"]
+    t0 = four[0].start
+    events = [ev(t0 + 1, "start", 0, startup=UP), ev(t0 + 2.5, "signal", 2, received_at=t0 + 2.5),
+              ev(t0 + 2.6, "preempted", 2)]  # fmt: skip
+    run = _write_run(tmp_path, events, steps(t0 + 1, 1, 2, dt=0.5))
+    led = dir_ledger(run, Recorded, now=0.0)
+    assert asked == ["4"]  # one query for the run
+    assert led.wall_s == pytest.approx(four[-1].end - four[0].submit)
+    assert led.parts["startup"] == pytest.approx(1.0) and led.parts["productive"] == 1.5
+    assert led.parts["unaccounted"] > 60  # attempts 1-3 ran without writing a record
+    assert led.line().startswith("goodput 0.")

@@ -1,0 +1,103 @@
+"""The goodput ledger of a run as ``jobs status`` and ``jobs plot`` show it (torch-free).
+
+Reads each task's ``events.jsonl`` and ``metrics.jsonl`` (the tolerant reader: a damaged line
+is skipped) and Slurm's own times of every attempt: ONE ``sacct -D`` per run
+(:meth:`cluster.client.SlurmClient.attempt_times`; an array answers for all its tasks). Where
+Slurm cannot be asked, the ledger says ``unaccounted`` for what only Slurm knows. The
+arithmetic is :func:`jobs.goodput.compute`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from cluster.errors import ClusterError
+from cluster.models import JobAttempt
+from jobs.goodput import Ledger, compute, sum_ledgers
+from jobs.records import RunRecord
+from train.history import read_jsonl
+
+__all__ = ["dir_ledger", "run_ledger", "task_ledgers", "write_goodput"]
+
+
+class AttemptSource(Protocol):
+    def attempt_times(self, job_id: str) -> list[JobAttempt]: ...
+
+
+def _slurm_attempts(
+    record: RunRecord, client: Callable[[], AttemptSource] | None
+) -> tuple[dict[str, list[JobAttempt]], str]:
+    """Attempts per task job id (one ``sacct -D`` per array of the run), and a note when
+    Slurm could not be asked."""
+    if record.executor != "slurm" or client is None or not record.job_id:
+        return {}, ""
+    by_job: dict[str, list[JobAttempt]] = {}
+    try:
+        source = client()
+        for array_id in record.slurm_job_ids():
+            for a in source.attempt_times(array_id):
+                by_job.setdefault(a.job_id, []).append(a)
+    except ClusterError as exc:
+        return by_job, f"no Slurm times ({str(exc).splitlines()[0][:120]})"
+    return by_job, ""
+
+
+def task_ledgers(
+    record: RunRecord,
+    client: Callable[[], AttemptSource] | None,
+    now: float | None = None,
+) -> list[Ledger]:
+    """One ledger per task of ``record`` (a single job: one)."""
+    now = time.time() if now is None else now
+    attempts, note = _slurm_attempts(record, client)
+    ids = record.job_ids() or [""] * len(record.tasks)
+    out = []
+    for jid, task in zip(ids, record.tasks, strict=False):
+        run_dir = Path(task.run_dir)
+        ledger = compute(
+            read_jsonl(run_dir / "events.jsonl"),
+            read_jsonl(run_dir / "metrics.jsonl"),
+            attempts.get(jid, []),
+            submitted_at=record.submitted_at or None,
+            now=now,
+        )
+        if note:
+            ledger.notes.append(note)
+        out.append(ledger)
+    return out
+
+
+def run_ledger(
+    record: RunRecord, client: Callable[[], AttemptSource] | None, now: float | None = None
+) -> Ledger:
+    """The run's ledger (a sweep: its tasks summed)."""
+    return sum_ledgers(task_ledgers(record, client, now))
+
+
+def dir_ledger(
+    run_dir: Path, client: Callable[[], AttemptSource] | None, now: float | None = None
+) -> Ledger:
+    """The ledger of the run in ``run_dir`` (its ``run.json``; a directory without one: from
+    its files alone, Slurm's part unaccounted)."""
+    from jobs.errors import RunNotFoundError
+    from jobs.records import load_record
+
+    try:
+        return run_ledger(load_record(run_dir), client, now)
+    except RunNotFoundError:
+        now = time.time() if now is None else now
+        return compute(
+            read_jsonl(run_dir / "events.jsonl"), read_jsonl(run_dir / "metrics.jsonl"), now=now
+        )
+
+
+def write_goodput(ledger: Ledger, out: IO[str] | None = None) -> dict[str, Any]:
+    """Write status's one line (``  goodput 0.91 (biggest loss: ...)``) to ``out``; return the
+    ledger as ``--json`` shows it."""
+    line = ledger.line()
+    if out is not None and line:
+        out.write(f"  {line}\n")
+    return ledger.to_dict()
