@@ -300,10 +300,11 @@ def compute(
         if last_restart is not None and k <= last_restart:
             continue
         cursor.to("queued", min(attempt.start if attempt.start is not None else end, end))
-        if attempt.start is not None and attempt.end is None:
+        ended = attempt.end
+        if attempt.start is not None and ended is None:
             cursor.to("startup", end)  # starting now
-        elif attempt.start is not None:  # it ran and ended without a record of it
-            cursor.to("unaccounted", min(float(attempt.end), end))
+        elif attempt.start is not None and ended is not None:  # it ran, ended, wrote nothing
+            cursor.to("unaccounted", min(ended, end))
             ledger.notes.append(f"attempt {k}: ran without a start record (unaccounted)")
     cursor.to("unaccounted", end)
     if any(seg.step is None for seg in segments):
