@@ -31,9 +31,10 @@ from types import TracebackType
 from typing import Any
 
 from train.checkpoint.manager import CheckpointManager
+from train.checkpoint.manifest import read_manifest
 from train.device import DeviceInfo, resolve_device
 from train.env import DistEnv
-from train.errors import ConfigError
+from train.errors import CheckpointError, ConfigError
 from train.hang.heartbeat import Watchdog, start_watchdog
 from train.history import RunHistory
 from train.resume import ResumePlan, plan_resume, record_config
@@ -95,6 +96,8 @@ class RunSession:
         self._ckpt: CheckpointManager | None = None
         self._rt: Runtime | None = None
         self.resume_from: Path | None = None
+        #: the world size the checkpoint resumed from was written at (None: a fresh start)
+        self.checkpoint_world_size: int | None = None
         self.config_changed: tuple[str, ...] = ()
         self.history = RunHistory(self.run_dir) if env.is_main else None
         self._listeners: list[ProgressListener] = []
@@ -147,6 +150,7 @@ class RunSession:
         if self._ckpt is None:
             self._ckpt = self._manager()
         self.resume_from = Path(plan.path) if plan.path else None
+        self.checkpoint_world_size = _written_world_size(self.resume_from)
         self.config_changed = plan.changed
         if env.is_main:
             record_config(self.run_dir, train)
@@ -228,9 +232,18 @@ class RunSession:
         resume_collector()  # start-up is over (train.startup: why it was off)
         if self.history is not None and self.env.restart_count > 0:
             explain_previous_attempt(self.run_dir, self.env.job_id, self.env.restart_count)
+        # the shape this attempt runs on (jobs status: "resumed at step N on 1 node (was 2)")
+        fields.setdefault("world_size", self.env.world_size)
+        fields.setdefault("nodes", self.env.num_nodes)
         if self.resume_from is None:
             self.event("start", step, **fields)
             return
+        was = self.checkpoint_world_size
+        if was is not None and was != self.env.world_size:
+            fields.update(was_world_size=was, was_nodes=self._nodes_at(was))
+            log.warning(
+                "resuming on %s rank(s) from a checkpoint written on %s", self.env.world_size, was
+            )
         if self.config_changed:
             log.warning(
                 "resuming with a changed config (allowed): %s; this is no longer an exact resume",
@@ -238,6 +251,16 @@ class RunSession:
             )
             fields.update(config_changed=list(self.config_changed), exact=False)
         self.event("resume", step, path=str(self.resume_from), **fields)
+
+    def _nodes_at(self, world_size: int) -> int | None:
+        """How many nodes the newest attempt that ran on ``world_size`` ranks had (rank 0)."""
+        if self.history is None:
+            return None
+        for e in reversed(self.history.events()):
+            if e["event"] in ("start", "resume") and e.get("world_size") == world_size:
+                nodes = e.get("nodes")
+                return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+        return None
 
     def add_progress_listener(self, listener: ProgressListener) -> None:
         """Call ``listener(step)`` at every :meth:`progress` (e.g. a hang watchdog)."""
@@ -296,3 +319,14 @@ class RunSession:
     def complete(self, step: int | None, **fields: Any) -> None:
         """Record that the run finished."""
         self.event("complete", step, **fields)
+
+
+def _written_world_size(path: Path | None) -> int | None:
+    """The world size checkpoint ``path`` was written at (its manifest), or None; a damaged
+    manifest says nothing here (loading the checkpoint fails with the reason)."""
+    if path is None:
+        return None
+    try:
+        return int(read_manifest(path)["world_size"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None

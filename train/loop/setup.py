@@ -1,9 +1,9 @@
 """What the built-in training loop (:mod:`train.loop.trainer`) is built from.
 
-- :func:`shard_data`: the train/test sets and this rank's share of the training set (a
-  :class:`DistributedSampler` reshuffled per epoch), the per-rank micro-batch and the optimizer
-  steps per epoch; a global batch that does not split over ranks x ``grad_accum`` is a
-  :class:`train.errors.ConfigError`;
+- :func:`shard_data`: the train/test sets, how this world size splits each global batch
+  (:mod:`train.loop.order`: the global batches depend on the seed, the epoch and the step only;
+  a run resumed on fewer ranks accumulates more micro-steps) and the optimizer steps per epoch;
+  a global batch that does not split over the ranks is a :class:`train.errors.ConfigError`;
 - :func:`build_training_model`: the model (same initial weights on every rank), optionally
   channels-last and compiled, placed by its :class:`train.loop.strategies.Strategy`.
 """
@@ -11,16 +11,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
 
 import torch
-from torch.utils.data import DistributedSampler
 
 from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import ConfigError
 from train.loop.data import ImageSet, load_data
 from train.loop.models import build_model
+from train.loop.order import BatchSplit, plan_split
 from train.loop.strategies import Strategy, build_strategy
 from train.runtime import Runtime
 from train.spec.config import TrainConfig
@@ -30,24 +29,26 @@ __all__ = ["ShardedData", "build_training_model", "shard_data"]
 
 @dataclass(frozen=True)
 class ShardedData:
-    """The data of one rank: both sets on the CPU, the sampler and the batch split."""
+    """The data of one rank: both sets on the CPU, the batch split and the epoch's length."""
 
     train_set: ImageSet
     test_set: ImageSet
-    sampler: DistributedSampler[int]
-    micro: int  # images per micro-step on this rank
-    steps_per_epoch: int  # optimizer steps
+    split: BatchSplit  # micro-steps and images per micro-step on each rank
+    steps_per_epoch: int  # optimizer steps (global batches), the same for every world size
+
+    @property
+    def micro(self) -> int:
+        return self.split.micro
 
 
-def shard_data(config: TrainConfig, env: DistEnv, rt: Runtime) -> ShardedData:
-    """Load the data (rank 0 first when it writes a synthetic set) and split the batch."""
-    world, k = env.world_size, config.grad_accum
-    if config.batch_size % (world * k):
-        raise ConfigError(
-            f"train.batch_size {config.batch_size} is not divisible by world size {world} x "
-            f"train.grad_accum {k}: choose a multiple of {world * k}"
-        )
-    micro = config.batch_size // (world * k)
+def shard_data(
+    config: TrainConfig, env: DistEnv, rt: Runtime, reference_world: int | None = None
+) -> ShardedData:
+    """Load the data (rank 0 first when it writes a synthetic set) and split the batch.
+
+    ``reference_world``: the world size whose micro-batch to keep (the one the resumed
+    checkpoint was written at); None: this one (:func:`train.loop.order.plan_split`)."""
+    split = plan_split(config.batch_size, env.world_size, config.grad_accum, reference_world)
     # Synthetic data with a path is written once (by rank 0) and read back by everyone.
     writes = config.data.kind == "synthetic" and bool(config.data.path)
     if writes and not env.is_main:
@@ -55,22 +56,13 @@ def shard_data(config: TrainConfig, env: DistEnv, rt: Runtime) -> ShardedData:
     train_set, test_set = load_data(config.data, config.seed)
     if writes and env.is_main:
         rt.barrier()
-    # The sampler only needs len(): it yields this rank's indices, reshuffled per epoch.
-    sampler: DistributedSampler[int] = DistributedSampler(
-        cast(Any, range(len(train_set))),
-        num_replicas=world,
-        rank=env.rank,
-        shuffle=True,
-        seed=config.seed,
-        drop_last=True,
-    )
-    steps_per_epoch = len(sampler) // (micro * k)
+    steps_per_epoch = len(train_set) // config.batch_size
     if steps_per_epoch == 0:
         raise ConfigError(
             f"train.batch_size {config.batch_size} is larger than the training set "
             f"({len(train_set)} images): lower it or use more data"
         )
-    return ShardedData(train_set, test_set, sampler, micro, steps_per_epoch)
+    return ShardedData(train_set, test_set, split, steps_per_epoch)
 
 
 def build_training_model(config: TrainConfig, devices: DeviceInfo, env: DistEnv) -> Strategy:
