@@ -130,3 +130,57 @@ class TrainLaunch:
             # Slurm job) ends with train's exit code instead of a generic failure.
             raise SystemExit(code)
         return code
+
+
+def after_step(argv: list[str] | None = None) -> int:
+    """``python -m jobs.launch --after-step FOLDER ...``: what the batch script does after a
+    step (:func:`train.stop.step.after_step` for this task's run, found through its pickle);
+    prints ``restart`` or ``exit N`` (jobs.render.in_place_loop)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m jobs.launch")
+    p.add_argument("--after-step", type=Path, required=True, metavar="FOLDER")
+    p.add_argument("--exit-code", type=int, required=True)
+    p.add_argument("--in-place", type=int, default=0)
+    p.add_argument("--job-id", default="")
+    p.add_argument("--task", default="", help="ARRAYJOB_INDEX of an array task")
+    p.add_argument("--restart-count", type=int, default=0)
+    ns = p.parse_args(argv)
+    code: int | None = ns.exit_code
+    try:
+        launch = _task_launch(ns.after_step / f"{ns.task or ns.job_id}_submitted.pkl")
+        from train.spec.config import load_run_config
+        from train.stop.step import after_step as decide_after_step
+
+        requeue = load_run_config(launch.config).requeue
+        code = decide_after_step(
+            Path(launch.run_dir),
+            requeue,
+            job_id=ns.job_id or None,
+            restart_count=ns.restart_count,
+            in_place=ns.in_place,
+            exit_code=ns.exit_code,
+        )
+    except Exception as exc:  # the batch script must go on: it ends with the step's own code
+        print(f"jobs.launch: cannot decide after the step ({type(exc).__name__}: {exc})",
+              file=sys.stderr)  # fmt: skip
+    print("restart" if code is None else f"exit {code}")
+    return 0
+
+
+def _task_launch(path: Path) -> Any:
+    """This task's :class:`TrainLaunch`, from the pickle jobs submit wrote (ours: refused when
+    it holds anything else)."""
+    with open(path, "rb") as f:
+        envelope = pickle.load(f)  # noqa: S301 -- written by jobs submit into the run dir
+    launch = getattr(envelope, "function", None)
+    from jobs import launch as module  # the class the pickle names (this may run as __main__)
+
+    if not isinstance(launch, module.TrainLaunch):
+        raise TypeError(f"{path} does not hold a jobs.launch.TrainLaunch")
+    return launch
+
+
+if __name__ == "__main__":
+    raise SystemExit(after_step())

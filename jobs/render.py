@@ -204,8 +204,34 @@ def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -
     lines += [_sbatch_line(key, params[key]) for key in sorted(params)]
     lines += ["", "# setup", *setup_lines(spec)]
     lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm"]
-    lines += [f"{srun} {submit_command(submitit_folder(run_dir))}", ""]
+    step = f"{srun} {submit_command(submitit_folder(run_dir))}"
+    lines += [in_place_loop(step, submitit_folder(run_dir)), ""]
     return "\n".join(lines)
+
+
+def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:
+    """The job step ``step`` (submitit's srun line) run again in the same allocation when the
+    run decided to restart in place (a failure or a hang; :mod:`train.stop.step` says so after
+    each step): no requeue, no trip through the queue. The only lines of the script that are
+    ours rather than submitit's."""
+    exe = shlex.quote(python or sys.executable)
+    ask = " ".join([
+        exe, "-m jobs.launch --after-step", shlex.quote(str(folder)), '--exit-code "$rc"',
+        '--in-place "$SLURM_TRAIN_IN_PLACE" --job-id "$SLURM_JOB_ID"',
+        '--task "${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
+        '--restart-count "${SLURM_RESTART_COUNT:-0}"',
+    ])  # fmt: skip
+    return "\n".join([
+        "# a failed step restarts in this allocation when the run decides so (train.stop.step)",
+        "export SLURM_TRAIN_IN_PLACE=0",
+        "while :; do",
+        f"  {step}",
+        "  rc=$?",
+        f"  next=$({ask}) || next=\"exit $rc\"",
+        '  if [ "$next" != restart ]; then exit "${next#exit }"; fi',
+        "  SLURM_TRAIN_IN_PLACE=$((SLURM_TRAIN_IN_PLACE + 1))",
+        "done",
+    ])  # fmt: skip
 
 
 def _sbatch_line(key: str, value: str | None) -> str:

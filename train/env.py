@@ -26,6 +26,7 @@ from train.errors import EnvError
 
 __all__ = [
     "DUMMY_GPUS_ENV",
+    "IN_PLACE_ENV",
     "DistEnv",
     "master_port_for_job",
     "verify_master_port",
@@ -40,6 +41,8 @@ PORT_SPAN = 12000
 #: Set to 1 in every task by the local dev cluster's TaskProlog (cluster/local/config.py): its
 #: GPUs are dummy generic resources, so training on CPU there is expected, not a mistake.
 DUMMY_GPUS_ENV = "SLURM_TRAIN_DUMMY_GPUS"
+#: The restart-in-place count of this step (the batch script's own variable, not Slurm's).
+IN_PLACE_ENV = "SLURM_TRAIN_IN_PLACE"
 
 
 def master_port_for_job(job_id: str | None) -> int:
@@ -104,6 +107,11 @@ class DistEnv:
     master_port: int = 29500
     job_id: str | None = None
     restart_count: int = 0
+    #: Restarts inside the same allocation (new steps of the same job; ``SLURM_TRAIN_IN_PLACE``,
+    #: set by the batch script that restarts a failed step: jobs.render, the requeue template).
+    in_place: int = 0
+    #: A batch script restarts this job's failed steps in place (``SLURM_TRAIN_IN_PLACE`` set).
+    in_place_supervised: bool = False
     launcher: Launcher = "single"
     #: GPUs Slurm allocated on this node (SLURM_GPUS_ON_NODE / _PER_NODE), None if none asked.
     gpus_on_node: int | None = None
@@ -115,6 +123,19 @@ class DistEnv:
     port_from_env: bool = False
     #: The cluster says its GPUs are dummies (``SLURM_TRAIN_DUMMY_GPUS=1``): CPU is expected.
     dummy_gpus: bool = False
+
+    @property
+    def attempt(self) -> str:
+        """This attempt's key within the job: Slurm's restart count, then ``.N`` for the N-th
+        restart in place (``"2"``, ``"2.1"``): claims and markers of one attempt use it."""
+        if not self.in_place:
+            return str(self.restart_count)
+        return f"{self.restart_count}.{self.in_place}"
+
+    @property
+    def resumed(self) -> bool:
+        """Whether this process continues an earlier attempt (requeued or restarted in place)."""
+        return self.restart_count > 0 or self.in_place > 0
 
     @property
     def is_main(self) -> bool:
@@ -149,6 +170,8 @@ class DistEnv:
             visible_devices=visible,
             cpus_per_task=cpus,
             dummy_gpus=environ.get(DUMMY_GPUS_ENV, "").strip() == "1",
+            in_place=_int(environ, IN_PLACE_ENV, 0) or 0,
+            in_place_supervised=IN_PLACE_ENV in environ,
         )
         in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
         torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ

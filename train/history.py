@@ -51,6 +51,7 @@ EVENTS = (
     "hang",
     "quarantine",
     "node_fail",
+    "restart_in_place",
 )
 # the events that interrupt an attempt (what `jobs plot` marks, what explains an attempt's end)
 STOP_EVENTS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")
@@ -88,13 +89,28 @@ def read_jsonl_checked(path: str | Path) -> tuple[list[dict[str, Any]], list[int
     return out, bad
 
 
-# events that consume a requeue budget, with the RequeueConfig field that limits them
+# what consumes a requeue budget (an event, or a failure of one class: train.stop.causes), with
+# the RequeueConfig field that limits it and how a message names it
 BUDGETS = {
     "preempted": "max_preemptions",
     "timeout": "max_timeouts",
-    "failure": "max_failures",
+    "failure_unknown": "max_failures",
+    "failure_infra": "max_infra_failures",
+    "failure_user": "max_user_failures",
     "hang": "max_hangs",
 }
+_LABELS = {
+    "failure_unknown": "failure",
+    "failure_infra": "infrastructure failure",
+    "failure_user": "error of the code or config",
+}
+FAILURE_CLASSES = ("user", "infra", "unknown")
+
+
+def failure_class(event: Mapping[str, Any]) -> str:
+    """The class of a ``failure`` event (train.stop.causes); older events have none: unknown."""
+    cls = event.get("failure_class")
+    return cls if cls in FAILURE_CLASSES else "unknown"
 
 
 class BudgetConfig(Protocol):
@@ -115,11 +131,11 @@ def over_budget(counts: Mapping[str, int], requeue_config: BudgetConfig) -> str 
     within budget (pure). A budget of N allows N requeues of that kind; the (N+1)-th event
     exhausts it."""
     for event, attr in BUDGETS.items():
-        limit = int(getattr(requeue_config, attr))
+        limit = getattr(requeue_config, attr, None)
         count = int(counts.get(event, 0))
-        if count > limit:
+        if limit is not None and count > int(limit):
             return (
-                f"{event} {count}x, over the budget requeue.{attr}={limit}; "
+                f"{_LABELS.get(event, event)} {count}x, over the budget requeue.{attr}={limit}; "
                 f"not requeuing (raise requeue.{attr} to allow more)"
             )
     return None
@@ -162,9 +178,12 @@ class RunHistory:
 
     def counts(self) -> dict[str, int]:
         """Number of events of each kind (every kind present, 0 when absent)."""
-        counts = dict.fromkeys(EVENTS, 0)
+        counts = dict.fromkeys((*EVENTS, *(f"failure_{c}" for c in FAILURE_CLASSES)), 0)
         for e in self.events():
             counts[e["event"]] = counts.get(e["event"], 0) + 1
+            if e["event"] == "failure":
+                key = f"failure_{failure_class(e)}"
+                counts[key] += 1
         return counts
 
     def check_budget(self, requeue_config: BudgetConfig) -> str | None:
@@ -186,6 +205,7 @@ class RunHistory:
             "failures": counts["failure"],
             "hangs": counts["hang"],
             "node_failures": counts["node_fail"],
+            "restarts_in_place": counts["restart_in_place"],
             "requeues": counts["requeue"],
             "resumes": len(resumes),
             "resumed_at_step": resumes[-1].get("step") if resumes else None,
@@ -220,6 +240,7 @@ class RunHistory:
             ("failures", "failed"),
             ("hangs", "hung"),
             ("node_failures", "node failure"),
+            ("restarts_in_place", "restarted in place"),
         ):
             if d[key]:
                 parts.append(f"{label} {d[key]}x")
@@ -237,7 +258,13 @@ class RunHistory:
         failure = d["last_failure"]
         if failure and not d["complete"] and failure.get("error"):
             # the real cause (a command's exit code and last stderr line), not the step's code
-            parts.append(f"last failure: {str(failure['error'])[:160]}")
+            cls = failure_class(failure)
+            named = (
+                ""
+                if cls == "unknown"
+                else f" ({'infrastructure' if cls == 'infra' else 'code or config'})"
+            )
+            parts.append(f"last failure{named}: {str(failure['error'])[:160]}")
         if not parts:
             return "no events yet" if d["last_event"] is None else "no interruptions"
         return ", ".join(parts)

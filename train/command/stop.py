@@ -36,7 +36,7 @@ from train.hang.heartbeat import hang_claimed
 from train.history import RunHistory
 from train.runfiles import touch
 from train.spec.config import RunConfig
-from train.stop.act import carry_out, record
+from train.stop.act import attempt_fields, carry_out, failure_claimed, record
 from train.stop.decision import Decision, decide
 from train.stop.facts import AskedOnce, StopFacts, gather, preemption_grace_s
 
@@ -64,16 +64,12 @@ class StopHandling:
 
     def _append(self, event: str, **fields: Any) -> None:
         if self.history is not None:
-            base = {
-                "step": None,
-                "restart_count": self.env.restart_count,
-                "job_id": self.env.job_id,
-            }
+            base = self._base()
             self.history.append(event, **base, **fields)
 
     # -- stops --------------------------------------------------------------------------------
     def _base(self) -> dict[str, Any]:
-        return {"step": None, "restart_count": self.env.restart_count, "job_id": self.env.job_id}
+        return attempt_fields(self.env, None)
 
     def _decide(self, trigger: int) -> tuple[Decision, StopFacts]:
         """Rank 0: the facts of this stop (one ``scontrol show job``) and the decision."""
@@ -87,6 +83,10 @@ class StopHandling:
             hosts=self.env.hosts,
             node=self.env.node_name,
             client=asked,
+            in_place=self.env.in_place_supervised,
+            signal=signal_name(trigger),
+            failure_claimed=bool(self.env.job_id)
+            and failure_claimed(self.run_dir, self.env.job_id, self.env.attempt),
         )
         assert self.history is not None
         decision = decide("signal", facts, self.history.counts(), self.config.requeue)
@@ -97,7 +97,7 @@ class StopHandling:
 
     def _after_stop(self, proc: subprocess.Popen[bytes] | None, tail: StderrTail | None) -> int:
         trigger, at = self.stops[0]
-        if hang_claimed(self.run_dir, self.env.job_id, self.env.restart_count):
+        if hang_claimed(self.run_dir, self.env.job_id, self.env.attempt):
             # the hang watcher recorded this attempt's end and requeued the job (Slurm's TERM
             # after that requeue is not a preemption): only stop the command
             log.warning("stop after a hang of this attempt: already recorded and requeued")
@@ -226,7 +226,7 @@ class StopHandling:
 
     # -- ranks ----------------------------------------------------------------------------------
     def _marker_dir(self) -> Path:
-        return self.run_dir / ".stops" / f"{self.env.job_id}-{self.env.restart_count}"
+        return self.run_dir / ".stops" / f"{self.env.job_id}-{self.env.attempt}"
 
     def _mark_stopped(self) -> None:
         if self.env.world_size > 1:

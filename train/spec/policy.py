@@ -10,18 +10,43 @@ re-exports them); ``SIGNALS`` are the signals a run can be warned with.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from train.spec.base import StrictModel
 
-__all__ = ["SIGNALS", "EntrypointConfig", "RequeueConfig"]
+__all__ = ["SIGNALS", "EntrypointConfig", "FailureRule", "RequeueConfig"]
 
 
 # The signals a run can be warned with (train.stop.signals handles them; the others kill or stop
 # it).
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
+
+
+class FailureRule(StrictModel):
+    """One row of ``requeue.failure_rules``: a failure whose text matches is of that class."""
+
+    match: Annotated[
+        str,
+        Field(description="regular expression searched in the failure's text (the error line, a "
+              "command's exit and the last lines of its stderr)", min_length=1, max_length=500),
+    ]  # fmt: skip
+    cause: Annotated[
+        Literal["user", "infra", "unknown"],
+        Field(description="user: an error of the code or config, not retried; infra: the "
+              "machines, retried in place first; unknown: retried within max_failures"),
+    ]  # fmt: skip
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc}); escape special characters "
+                             "with a backslash") from None  # fmt: skip
+        return value
 
 
 class RequeueConfig(StrictModel):
@@ -40,8 +65,30 @@ class RequeueConfig(StrictModel):
         int, Field(description="requeues after hitting the time limit before giving up", ge=0)
     ] = 10
     max_failures: Annotated[
-        int, Field(description="restarts after a failure (non-zero exit) before giving up", ge=0)
-    ] = 3
+        int,
+        Field(description="restarts after a failure of unknown cause (non-zero exit) before "
+              "giving up", ge=0),
+    ] = 3  # fmt: skip
+    max_infra_failures: Annotated[
+        int,
+        Field(description="restarts after a failure of the infrastructure (collective time-out, "
+              "connection reset between ranks, device fault, a rank killed from outside)", ge=0),
+    ] = 10  # fmt: skip
+    max_user_failures: Annotated[
+        int,
+        Field(description="restarts after an error of the code or config (ImportError, "
+              "SyntaxError, a bad config): 0, a retry fails the same way", ge=0),
+    ] = 0  # fmt: skip
+    max_restarts_in_place: Annotated[
+        int,
+        Field(description="restarts inside the allocation (a new step on the same nodes, no "
+              "trip through the queue) after a failure or a hang, before requeueing", ge=0),
+    ] = 3  # fmt: skip
+    failure_rules: Annotated[
+        list[FailureRule],
+        Field(description="your own rules sorting failures by cause, checked before the "
+              "built-in ones (train.stop.causes)"),
+    ] = []  # fmt: skip  # noqa: RUF012
     max_hangs: Annotated[
         int, Field(description="requeues after a hang (the hang watchdog) before giving up", ge=0)
     ] = 2

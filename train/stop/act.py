@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 
 from cluster.errors import BadInputError
 from train.history import BudgetConfig, RunHistory
+from train.stop.causes import rules_of
 from train.stop.decision import (
     BUDGET_EXHAUSTED_EXIT_CODE,
     REQUEUE_EXIT_CODE,
@@ -79,19 +80,19 @@ def describe_failure(exc: BaseException, where: str) -> str:
     return what
 
 
-def _failure_marker(run_dir: Any, job_id: str | None, restart_count: int) -> Path:
-    return Path(run_dir) / ".failures" / f"{job_id}-{restart_count}"
+def _failure_marker(run_dir: Any, job_id: str | None, attempt: int | str) -> Path:
+    return Path(run_dir) / ".failures" / f"{job_id}-{attempt}"
 
 
-def failure_claimed(run_dir: Any, job_id: str | None, restart_count: int) -> bool:
-    """Whether some rank already claimed the failure of attempt (job, restart)."""
-    return _failure_marker(run_dir, job_id, restart_count).exists()
+def failure_claimed(run_dir: Any, job_id: str | None, attempt: int | str) -> bool:
+    """Whether some rank already claimed the failure of attempt (job, ``DistEnv.attempt``)."""
+    return _failure_marker(run_dir, job_id, attempt).exists()
 
 
-def claim_failure(run_dir: Any, job_id: str, restart_count: int, is_main: bool) -> bool:
-    """True for the first rank of attempt (job, restart) to claim its failure (an exclusive
-    create of ``RUN_DIR/.failures/JOB-RESTART`` on the shared run directory)."""
-    marker = _failure_marker(run_dir, job_id, restart_count)
+def claim_failure(run_dir: Any, job_id: str, attempt: int | str, is_main: bool) -> bool:
+    """True for the first rank of attempt (job, ``DistEnv.attempt``) to claim its failure (an
+    exclusive create of ``RUN_DIR/.failures/JOB-ATTEMPT`` on the shared run directory)."""
+    marker = _failure_marker(run_dir, job_id, attempt)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
@@ -109,8 +110,22 @@ def acts_for_attempt(env: StopEnv, run_dir: Any, trigger: str) -> bool:
     multi-rank Slurm job the first failing rank, whichever it is (srun --kill-on-bad-exit ends
     the others before rank 0 could learn of it)."""
     if trigger == "failure" and env.job_id and env.world_size > 1:
-        return claim_failure(run_dir, env.job_id, env.restart_count, env.is_main)
+        return claim_failure(run_dir, env.job_id, _attempt(env), env.is_main)
     return env.is_main
+
+
+def _attempt(env: StopEnv) -> int | str:
+    """The attempt's key (``DistEnv.attempt``; an env without one: its restart count)."""
+    return getattr(env, "attempt", env.restart_count)
+
+
+def attempt_fields(env: StopEnv, step: int | None) -> dict[str, Any]:
+    """The fields every event of this attempt carries."""
+    base: dict[str, Any] = {"step": step, "restart_count": env.restart_count, "job_id": env.job_id}
+    in_place = int(getattr(env, "in_place", 0) or 0)
+    if in_place:
+        base["in_place"] = in_place
+    return base
 
 
 def _client(client: Any) -> Any:
@@ -138,7 +153,10 @@ def record(
                        states=dict(facts.nodes_lost), **fields)  # fmt: skip
         log.error("node failure: %s", decision.note)
     else:
-        history.append(decision.event, **base, kind=decision.kind, **fields)
+        if decision.kind == "failure":
+            fields = {"failure_class": facts.failure_class, "cause": facts.failure_why, **fields}
+        history.append(decision.event, **base, kind=decision.kind, action=decision.action,
+                       **fields)  # fmt: skip
     if decision.exhausted is not None:
         history.append("budget_exhausted", **base, reason=decision.exhausted)
         log.error("not requeuing: %s", decision.exhausted)
@@ -174,6 +192,9 @@ def carry_out(
         step = base.get("step")
         log.warning("job %s requeued after %s%s", job_id, decision.event,
                     "" if step is None else f" at step {step}")  # fmt: skip
+    elif decision.action == "restart_in_place":
+        log.warning("%s: the batch script restarts the step in this allocation (no requeue)",
+                    decision.event)  # fmt: skip
     elif decision.action == "exit_requeue":
         history.append("requeue", **base, via="exit_code")
         log.warning("not under Slurm: exiting %d so the launcher can restart the run",
@@ -202,6 +223,7 @@ def stop_attempt(
     suspects: tuple[str, ...] = (),
     hang_claimed: bool | None = None,
     on_decision: Callable[[Decision], None] | None = None,
+    signal: str | None = None,
 ) -> tuple[int, Decision | None]:
     """The whole stop of a process that has saved: (its exit code, the decision if this process
     made it).
@@ -219,7 +241,7 @@ def stop_attempt(
     if hang_claimed is None:
         from train.hang.heartbeat import hang_claimed as claimed
 
-        hang_claimed = trigger != "hang" and claimed(run_dir, env.job_id, env.restart_count)
+        hang_claimed = trigger != "hang" and claimed(run_dir, env.job_id, _attempt(env))
     if hang_claimed:
         log.warning("stop after a hang of this attempt: already recorded and requeued")
         return (1 if failed else 0), None
@@ -237,11 +259,17 @@ def stop_attempt(
         client=client,
         error_texts=(error, (details or {}).get("stderr_tail")),
         suspects=suspects,
+        rules=rules_of(getattr(requeue_config, "failure_rules", ())),
+        failure_claimed=trigger != "failure"
+        and bool(env.job_id)
+        and failure_claimed(run_dir, env.job_id, _attempt(env)),
+        in_place=bool(getattr(env, "in_place_supervised", False)),
+        signal=signal,
     )
     decision = decide(trigger, facts, history.counts(), requeue_config)
     if on_decision is not None:
         on_decision(decision)
-    base = {"step": step, "restart_count": env.restart_count, "job_id": env.job_id}
+    base = attempt_fields(env, step)
     extra = {**(details or {}), **({"error": error[:300]} if error else {})}
     if decision.event == "node_fail" and error:
         extra = {"error": error[:300]}

@@ -37,9 +37,10 @@ BUDGET_EXHAUSTED_EXIT_CODE = 3
 Trigger = Literal["signal", "preemption", "timeout", "cancel", "failure", "hang"]
 
 #: requeue: ``scontrol requeue`` (Slurm); exit_requeue: exit 75 for the launcher to restart;
+#: restart_in_place: the batch script starts a new step in the same allocation (no queue);
 #: none: nobody here requeues (a cancel, a spent budget, Slurm or the command already did, or
 #: the launcher restarts a failed process itself).
-Action = Literal["requeue", "exit_requeue", "none"]
+Action = Literal["requeue", "exit_requeue", "restart_in_place", "none"]
 
 #: The one table from a stop's kind to the event recorded in ``events.jsonl``.
 EVENT_OF_KIND: Mapping[str, str] = {
@@ -88,6 +89,20 @@ def _kind(trigger: Trigger, facts: StopFacts) -> str:
     return facts.slurm_kind if facts.slurm_kind != "unknown" else "preemption"
 
 
+def _step_ending(trigger: Trigger, facts: StopFacts) -> bool:
+    """A TERM while Slurm runs the job on, neither preempted nor near its time limit, under a
+    batch script that restarts failed steps: srun is ending the step because a rank died
+    (--kill-on-bad-exit), not a preemption."""
+    return (
+        trigger == "signal"
+        and facts.executor == "slurm"
+        and facts.in_place
+        and facts.signal == "SIGTERM"
+        and facts.slurm_kind in ("preemption", "unknown")
+        and not facts.preempt_evidence
+    )
+
+
 def decide(
     trigger: Trigger, facts: StopFacts, counts: Mapping[str, int], budgets: BudgetConfig
 ) -> Decision:
@@ -97,6 +112,9 @@ def decide(
     facts / trigger                         event         action (exit code)
     ======================================  ============  ======================================
     hang already claimed, other trigger     (none)        none (0; 1 for a failure)
+    failure already claimed, a stop signal  (none)        none (1)
+    TERM, job running, not preempted,       (none)        none (1): a rank died, srun ends the
+      under an in-place batch script                      step; the batch script decides
     Slurm failed our nodes (NODE_FAIL)      node_fail     none: Slurm requeued (0); exclude them
     cancel (scancel, local cancel)          cancelled     none (0); a command is stopped, no save
     preemption / timeout / failure / hang   its event     within budget: requeue (Slurm: 0, 1 for
@@ -105,9 +123,13 @@ def decide(
     ... over its budget                     + budget_     none (3); a command still saves first
                                               exhausted
     ... already requeued (command, Slurm)   + requeue     none (0; 1 for a failure)
+    failure / hang under an in-place        its event     restart_in_place while
+      batch script, no node to exclude                    requeue.max_restarts_in_place lasts
     ======================================  ============  ======================================
 
-    A hang excludes its suspect nodes, a failure with a device fault its own node.
+    A failure spends the budget of its class (train.stop.causes): an error of the code or config
+    is not retried (max_user_failures=0). A hang excludes its suspect nodes, a failure with a
+    device fault its own node: both go through the queue then, to other nodes.
     """
     if facts.hang_claimed and trigger != "hang":
         return Decision(
@@ -116,6 +138,24 @@ def decide(
             action="none",
             exit_code=1 if trigger == "failure" else 0,
             note="stop after a hang of this attempt: already recorded and requeued",
+        )
+    if facts.failure_claimed and trigger not in ("failure", "hang"):
+        return Decision(
+            kind="",
+            event=None,
+            action="none",
+            exit_code=1,
+            note="stop after a failure of this attempt: already recorded by the failing rank",
+        )
+    if _step_ending(trigger, facts):
+        return Decision(
+            kind="",
+            event=None,
+            action="none",
+            exit_code=1,
+            save=False,
+            note="TERM while the job runs on: the step is ending (a rank died); the batch "
+            "script decides what follows",
         )
     if facts.nodes_lost:
         nodes = tuple(sorted(facts.nodes_lost))
@@ -135,8 +175,18 @@ def decide(
     failed = kind == "failure"
     if kind == "cancel":
         return Decision(kind, event, "none", 0, save=False, note="cancelled: not requeuing")
-    exhausted = over_budget({**counts, event: int(counts.get(event, 0)) + 1}, budgets)
+    after = {**counts, event: int(counts.get(event, 0)) + 1}
+    if failed:
+        key = f"failure_{facts.failure_class}"
+        after[key] = int(counts.get(key, 0)) + 1
+    exhausted = over_budget(after, budgets)
     if exhausted is not None:
+        if failed and facts.failure_class == "user":
+            limit = getattr(budgets, "max_user_failures", 0)
+            exhausted = (
+                f"not retried: {facts.failure_why or 'an error of the code or config'}, which a "
+                f"retry would hit again (requeue.max_user_failures={limit})"
+            )
         return Decision(kind, event, "none", BUDGET_EXHAUSTED_EXIT_CODE, exhausted=exhausted)
     exclude: tuple[str, ...] = ()
     why = ""
@@ -144,6 +194,19 @@ def decide(
         exclude, why = facts.suspects, "hang"
     elif failed and facts.device_fault and facts.node:
         exclude, why = (facts.node,), "device fault"
+    in_place_left = int(counts.get("restart_in_place", 0)) < int(
+        getattr(budgets, "max_restarts_in_place", 0)
+    )
+    if (
+        kind in ("failure", "hang")
+        and facts.executor == "slurm"
+        and facts.in_place
+        and facts.requeued_by is None
+        and not exclude
+        and in_place_left
+    ):
+        # the allocation is still ours: a new step on the same nodes, from the last checkpoint
+        return Decision(kind, event, "restart_in_place", 1 if failed else 0)
     if facts.requeued_by is not None:
         return Decision(
             kind, event, "none", 1 if failed else 0, requeued_by=facts.requeued_by,

@@ -191,6 +191,12 @@ class StopFacts:
     device_fault: bool = False  # a failure's text names a device fault
     node: str | None = None  # this process's node
     job_info: Mapping[str, str] | None = None  # the one scontrol show job of this stop
+    failure_class: str = "unknown"  # a failure's cause: user, infra, unknown (train.stop.causes)
+    failure_why: str = ""  # the rule that sorted it
+    failure_claimed: bool = False  # a rank already recorded this attempt's failure
+    in_place: bool = False  # a batch script restarts a failed step in place (SLURM_TRAIN_IN_PLACE)
+    signal: str | None = None  # the stop signal this process got ("SIGTERM"), if known
+    preempt_evidence: bool = False  # Slurm says preempted (PreemptTime) or requeued (Restarts)
 
 
 def _local_cancel(run_dir: Any) -> bool:
@@ -219,6 +225,10 @@ def gather(
     hang_claimed: bool = False,
     error_texts: Sequence[object] = (),
     suspects: Sequence[str] = (),
+    rules: Sequence[Any] | None = None,
+    failure_claimed: bool = False,
+    in_place: bool = False,
+    signal: str | None = None,
 ) -> StopFacts:
     """The facts of one stop, by the one process that decides it (rank 0, the first failing
     rank, the watcher, the supervisor's rank 0): at most one ``scontrol show job``.
@@ -227,7 +237,12 @@ def gather(
     was a node failure under the job). A caller that already knows the kind (``preemption``,
     ``timeout``) and a hang ask nothing.
     """
+    from train.stop.causes import BUILTIN_RULES, classify
     from train.stop.quarantine import device_fault  # stdlib only
+
+    cls, why = ("unknown", "")
+    if trigger == "failure":
+        cls, why = classify(error_texts, BUILTIN_RULES if rules is None else rules)
 
     def facts(executor: Executor, **more: Any) -> StopFacts:
         return StopFacts(
@@ -237,6 +252,11 @@ def gather(
             node=node,
             device_fault=trigger == "failure" and device_fault(*error_texts),
             suspects=tuple(sorted(set(suspects))),
+            failure_class=cls,
+            failure_why=why,
+            failure_claimed=failure_claimed,
+            in_place=in_place,
+            signal=signal,
             **more,
         )
 
@@ -256,4 +276,15 @@ def gather(
     if lost is None and trigger in ("signal", "cancel"):
         found = classify_stop(job_id, signal_delay_s, client=asked, restart_count=restart_count)
         kind = found if found in ("preemption", "timeout", "cancel") else "unknown"
-    return facts("slurm", slurm_kind=kind, nodes_lost=lost or {}, job_info=asked.cached(job_id))
+    info = asked.cached(job_id) or {}
+    restarts = str(info.get("Restarts", ""))
+    evidence = _parse_slurm_timestamp(info.get("PreemptTime")) is not None or (
+        restarts.isdigit() and int(restarts) > restart_count
+    )
+    return facts(
+        "slurm",
+        slurm_kind=kind,
+        nodes_lost=lost or {},
+        job_info=info or None,
+        preempt_evidence=evidence,
+    )

@@ -14,7 +14,7 @@ from jobs.cli import main
 from jobs.errors import SubmitError
 from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
-from jobs.render import sbatch_script
+from jobs.render import in_place_loop, sbatch_script, submitit_folder
 from jobs.submit import make_plan, submit_slurm
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def test_example_script_has_requeue_signal_append_and_per_rank_logs() -> None:
     assert "#SBATCH --ntasks-per-node=1" in lines
     assert "#SBATCH --partition=debug" in lines
     assert not any("gpus" in ln for ln in lines)  # the local cluster's gpus are dummies
-    srun = next(ln for ln in lines if ln.startswith("srun "))
+    srun = next(ln.strip() for ln in lines if ln.strip().startswith("srun "))
     assert "--output /runs/x/slurm/%j_%t_log.out" in srun
     assert "--kill-on-bad-exit=1" in srun
     assert srun.endswith("-u -m submitit.core._submit /runs/x/slurm")
@@ -82,7 +82,7 @@ def test_spec_signal_time_and_launch_options() -> None:
         "#SBATCH --mail-type=END",
     ):
         assert expected in lines
-    srun = next(ln for ln in lines if ln.startswith("srun "))
+    srun = next(ln.strip() for ln in lines if ln.strip().startswith("srun "))
     for arg in ("--cpus-per-task=4", "--mpi=pmix", "--cpu-bind=cores", "--label"):
         assert arg in srun
 
@@ -207,8 +207,13 @@ def test_script_is_byte_for_byte_what_submitit_renders(text: str) -> None:
     size = len(loaded.tasks) if loaded.is_array else None
     run_dir = Path("/runs/with space/x")
     ours = sbatch_script(loaded.spec, run_dir, size)
-    assert ours == _submitit_script(loaded.spec, run_dir, size)
-    assert ours.endswith("submitit.core._submit '/runs/with space/x/slurm'\n")
+    theirs = _submitit_script(loaded.spec, run_dir, size)
+    # submitit's script, byte for byte, but for its last line: the same srun step, run in the
+    # loop that restarts a failed step in place (issue 26; jobs.render.in_place_loop)
+    step = theirs.rstrip("\n").splitlines()[-1]
+    assert step.endswith("submitit.core._submit '/runs/with space/x/slurm'")
+    assert ours == theirs.replace(step, in_place_loop(step, submitit_folder(run_dir)))
+    assert f"\n  {step}\n  rc=$?\n" in ours and ours.endswith("done\n")
 
 
 # -- one mapping: the submitit script and --template ddp ask Slurm for the same resources -------

@@ -21,7 +21,7 @@ LOCAL = StopFacts("local")
 PLAIN = StopFacts("none")
 BUDGETS = RequeueConfig(max_preemptions=2, max_timeouts=2, max_failures=2, max_hangs=1)
 NONE: dict[str, int] = {}
-SPENT = {"preempted": 2, "timeout": 2, "failure": 2, "hang": 1}
+SPENT = {"preempted": 2, "timeout": 2, "failure": 2, "failure_unknown": 2, "hang": 1}
 
 
 def _facts(base: StopFacts, **changes: Any) -> StopFacts:
@@ -89,6 +89,42 @@ CASES = [
     ("plain-signal", "signal", PLAIN, NONE,
      ("preempted", "exit_requeue", REQUEUE_EXIT_CODE, False, ())),
     ("plain-failure", "failure", PLAIN, NONE, ("failure", "none", 1, False, ())),
+    # issue 26: a batch script that restarts failed steps in place (SLURM_TRAIN_IN_PLACE)
+    ("failure-in-place", "failure", _facts(SLURM, in_place=True), NONE,
+     ("failure", "restart_in_place", 1, False, ())),
+    ("hang-in-place", "hang", _facts(SLURM, in_place=True), NONE,
+     ("hang", "restart_in_place", 0, False, ())),
+    ("hang-in-place-with-a-suspect", "hang", _facts(SLURM, in_place=True, suspects=("n2",)), NONE,
+     ("hang", "requeue", 0, False, ("n2",))),
+    ("device-fault-in-place", "failure",
+     _facts(SLURM, in_place=True, device_fault=True, node="n1"), NONE,
+     ("failure", "requeue", 1, False, ("n1",))),
+    ("in-place-budget-spent", "failure", _facts(SLURM, in_place=True), {"restart_in_place": 3},
+     ("failure", "requeue", 1, False, ())),
+    ("local-failure-is-not-in-place", "failure", _facts(LOCAL, in_place=True), NONE,
+     ("failure", "none", 1, False, ())),
+    # failures sorted by cause: each class spends its own budget
+    ("user-error", "failure", _facts(SLURM, in_place=True, failure_class="user"), NONE,
+     ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("infra-failure-after-unknown-ones", "failure", _facts(SLURM, failure_class="infra"),
+     {"failure": 2, "failure_unknown": 2}, ("failure", "requeue", 1, False, ())),
+    ("infra-failure-over-its-budget", "failure", _facts(SLURM, failure_class="infra"),
+     {"failure": 10, "failure_infra": 10},
+     ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    # a TERM while the job runs on, not preempted: srun ends the step (a rank died)
+    ("term-ends-the-step", "signal",
+     _facts(SLURM, in_place=True, signal="SIGTERM", slurm_kind="preemption"), NONE,
+     (None, "none", 1, False, ())),
+    ("term-of-a-real-preemption", "signal",
+     _facts(SLURM, in_place=True, signal="SIGTERM", slurm_kind="preemption",
+            preempt_evidence=True), NONE, ("preempted", "requeue", 0, False, ())),
+    ("requeue-signal-in-place", "signal",
+     _facts(SLURM, in_place=True, signal="SIGUSR2", slurm_kind="preemption"), NONE,
+     ("preempted", "requeue", 0, False, ())),
+    ("term-without-in-place", "signal", _facts(SLURM, signal="SIGTERM", slurm_kind="preemption"),
+     NONE, ("preempted", "requeue", 0, False, ())),
+    ("stop-after-a-claimed-failure", "signal", _facts(SLURM, failure_claimed=True), NONE,
+     (None, "none", 1, False, ())),
 ]  # fmt: skip
 
 
@@ -125,7 +161,15 @@ def test_only_a_cancel_or_a_lost_node_withholds_the_save_signal() -> None:
         "slurm-term-checked-as-cancel",
         "node-failure",
         "local-cancel",
+        "term-ends-the-step",
     }
+
+
+def test_a_user_error_says_why_it_is_not_retried() -> None:
+    facts = _facts(SLURM, failure_class="user", failure_why="an error in the code")
+    d = decide("failure", facts, NONE, BUDGETS)
+    assert d.exhausted is not None and d.exhausted.startswith("not retried: an error in the code")
+    assert "requeue.max_user_failures=0" in d.exhausted
 
 
 def test_the_budget_text_names_the_field_to_raise() -> None:

@@ -1,0 +1,164 @@
+"""After a job step ends: restart it in place, or end the batch script (torch-free).
+
+The batch script (``jobs submit``'s, and the ``requeue`` template) runs the training step in a
+loop and asks this module after each step::
+
+    export SLURM_TRAIN_IN_PLACE=0          # the ranks know a batch script restarts them
+    while :; do
+      srun ... python -m train ...; rc=$?
+      next=$(python -m train.stop.step --run-dir DIR --config SPEC --exit-code "$rc" \\
+             --job-id "$SLURM_JOB_ID" --restart-count "${SLURM_RESTART_COUNT:-0}" \\
+             --in-place "$SLURM_TRAIN_IN_PLACE")
+      [ "$next" = restart ] || exit "${next#exit }"
+      SLURM_TRAIN_IN_PLACE=$((SLURM_TRAIN_IN_PLACE + 1))
+    done
+
+What the step's processes decided (:mod:`train.stop`: the failing rank's or the hang watcher's
+``failure``/``hang`` event carries its ``action``) is carried out here: ``restart_in_place``
+records a ``restart_in_place`` event and answers ``restart`` (a new step on the same nodes,
+from the last valid checkpoint; no requeue, no trip through the queue). A step whose ranks died
+without a record (``kill -9``, the OOM killer, a segfault) is decided here, through the same
+:func:`train.stop.decision.decide`, as a failure of the step. Everything else (completed,
+requeued, cancelled, a budget spent, bad input) ends the script with the step's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from train.history import RunHistory
+from train.stop.act import RequeueSettings, stop_attempt
+from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
+
+__all__ = ["after_step", "main"]
+
+log = logging.getLogger(__name__)
+
+#: Ends of an attempt after which nothing is left to do here.
+_SETTLED = frozenset(
+    {"requeue", "cancelled", "budget_exhausted", "complete", "node_fail", "restart_in_place"}
+)
+#: Exit codes that say what to do by themselves: done, bad input, budget spent, requeue me.
+_FINAL_CODES = frozenset({0, 2, BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE})
+
+
+@dataclass(frozen=True)
+class _StepEnv:
+    """The batch script decides for a step whose ranks recorded nothing (it acts as rank 0)."""
+
+    job_id: str | None
+    restart_count: int
+    in_place: int
+    world_size: int = 1
+    is_main: bool = True
+    in_place_supervised: bool = True
+
+    @property
+    def attempt(self) -> str:
+        return (
+            str(self.restart_count)
+            if not self.in_place
+            else f"{self.restart_count}.{self.in_place}"
+        )
+
+
+def _mine(history: RunHistory, env: _StepEnv) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in history.events()
+        if str(e.get("job_id")) == str(env.job_id)
+        and e.get("restart_count") == env.restart_count
+        and (e.get("in_place") or 0) == env.in_place
+    ]
+
+
+def after_step(
+    run_dir: Path,
+    requeue: RequeueSettings,
+    *,
+    job_id: str | None,
+    restart_count: int,
+    in_place: int,
+    exit_code: int,
+    client: Any = None,
+) -> int | None:
+    """None: restart the step in place; otherwise the batch script's exit code."""
+    if exit_code in _FINAL_CODES or not job_id:
+        return exit_code
+    env = _StepEnv(job_id, restart_count, in_place)
+    history = RunHistory(run_dir)
+    mine = _mine(history, env)
+    if any(e["event"] in _SETTLED for e in mine):
+        return exit_code
+    decided = next((e for e in reversed(mine) if e["event"] in ("failure", "hang")), None)
+    if decided is not None:
+        action = decided.get("action")
+        step = decided.get("step")
+    else:
+        # nobody recorded this step's end: a rank died from outside (or all did)
+        how = f"killed by signal {exit_code - 128}" if exit_code > 128 else f"exited {exit_code}"
+        code, decision = stop_attempt(
+            env,
+            run_dir,
+            requeue,
+            "failure",
+            error=f"step exited {exit_code} ({how}) without a record from its ranks",
+            client=client,
+        )
+        if decision is None or decision.action != "restart_in_place":
+            return code if code else exit_code
+        action, step = decision.action, None
+    if action != "restart_in_place":
+        return exit_code
+    history.append(
+        "restart_in_place",
+        step=step,
+        restart_count=restart_count,
+        job_id=job_id,
+        **({"in_place": in_place} if in_place else {}),
+        after=decided["event"] if decided is not None else "failure",
+        next_in_place=in_place + 1,
+    )
+    log.warning("restarting in place (%d): a new step in this allocation", in_place + 1)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.stop.step", description=__doc__)
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument(
+        "--config", help="the spec (its requeue: section); default: RUN_DIR/resolved.yaml"
+    )
+    p.add_argument("--exit-code", type=int, required=True)
+    p.add_argument("--job-id", default="")
+    p.add_argument("--restart-count", type=int, default=0)
+    p.add_argument("--in-place", type=int, default=0)
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[after step] %(message)s", stream=sys.stderr)
+    try:
+        from train.spec.config import load_run_config
+
+        config = ns.config or ns.run_dir / "resolved.yaml"
+        requeue = load_run_config(config if Path(config).is_file() else None).requeue
+        code = after_step(
+            ns.run_dir,
+            requeue,
+            job_id=ns.job_id or None,
+            restart_count=ns.restart_count,
+            in_place=ns.in_place,
+            exit_code=ns.exit_code,
+        )
+    except Exception as exc:  # the script must go on: end with the step's own code
+        log.error("cannot decide after the step (%s: %s)", type(exc).__name__, exc)
+        code = ns.exit_code
+    print("restart" if code is None else f"exit {code}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
