@@ -12,6 +12,16 @@ A change that alters training (optimizer, lr, schedule, batch size, seed, model,
 ...) is refused unless allowed (``--allow-config-change`` / ``train.allow_config_change``);
 then the new values take effect (see :mod:`train.loop.trainer`) and a ``config_changed`` event says
 the run is no longer an exact resume. Fields in :data:`FREE_FIELDS` resume freely.
+
+Which line of the checkpoint history a run follows (:mod:`train.checkpoint.branches`): an
+automatic resume (a restart, ``--resume`` without a path) takes the newest valid checkpoint on
+the current branch's line. An explicit ``--resume PATH`` of a checkpoint that is not the newest
+of its branch starts a new branch from it, recorded in ``checkpoints/branch.json`` by rank 0
+before the run trains (:attr:`ResumePlan.record`), with the name of that checkpoint. A restart
+of a job started with an explicit path (the same command line again) continues the line when
+``branch.json`` says it was started from that checkpoint: the restart never forks again from the
+old checkpoint, and a restart whose first attempt died before recording anything does what
+the first attempt was asked to do.
 """
 
 from __future__ import annotations
@@ -19,11 +29,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train.checkpoint import branches
+from train.checkpoint.branches import Line
 from train.checkpoint.manifest import STEP_RE, read_manifest
 from train.errors import CheckpointError, ConfigError
 from train.runfiles import write_text
@@ -61,11 +73,16 @@ FREE_FIELDS = frozenset(
 @dataclass(frozen=True)
 class ResumePlan:
     """Rank 0's decision, broadcast to every rank: the checkpoint (None: fresh start), the
-    training fields that differ from the checkpoint's config, or why the run is refused."""
+    training fields that differ from the checkpoint's config, or why the run is refused; the
+    line of the history the run follows, and whether rank 0 must record it as the current one
+    (``branch.json``) before the run trains."""
 
     path: str | None = None
     changed: tuple[str, ...] = ()
     error: str | None = None
+    line: Line = field(default_factory=Line)
+    record: bool = False
+    resumed_from: str | None = None
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -119,10 +136,30 @@ def recorded_config(run_dir: Path, digest: str) -> dict[str, Any] | None:
 
 def _existing(ckpt_root: Path) -> list[str]:
     try:
-        names = [p.name for p in ckpt_root.iterdir() if STEP_RE.match(p.name)]
+        found = [(STEP_RE.match(p.name), p.name) for p in ckpt_root.iterdir()]
     except OSError:
         return []
-    return sorted(names, key=lambda n: int(n.split("-")[1]), reverse=True)
+    return [n for m, n in sorted((int(m.group(1)), n) for m, n in found if m)[::-1]]
+
+
+def _inside(path: Path, ckpt_root: Path) -> bool:
+    try:
+        return path.resolve().parent == ckpt_root.resolve()
+    except OSError:
+        return False
+
+
+def _line_after(path: Path, ckpt_root: Path, current: Line) -> Line:
+    """The line a run follows after an explicit resume from ``path``: its branch when ``path``
+    is the newest of it, else a new branch from it; ``current`` for a path outside the root
+    or an invalid one (loading it fails with the reason)."""
+    if not _inside(path, ckpt_root):
+        return current
+    found = branches.entries(ckpt_root)
+    target = next((e for e in found if e.path.name == path.name), None)
+    if target is None:
+        return current
+    return branches.next_line(found, target, current)
 
 
 def _compare(path: Path, config: TrainConfig) -> list[str]:
@@ -144,14 +181,23 @@ def plan_resume(
     want: bool | str | Path | None,
     run_dir: Path,
     config: TrainConfig,
-    latest_valid: Any,
+    latest_valid: Callable[[Line], Path | None],
     *,
     allow_change: bool = False,
+    restarted: bool = False,
+    command: bool = False,
 ) -> ResumePlan:
     """Rank 0: where to start. ``want``: True = newest valid checkpoint, a path = that one,
-    None/False = a fresh start. ``latest_valid()`` finds the newest valid checkpoint."""
+    None/False = a fresh start. ``latest_valid(line)`` finds the newest valid checkpoint on a
+    line. ``restarted``: a restart of the same command line (an explicit path recorded as
+    the start of the current line then means "continue": see the module docstring). ``command``: an
+    ``entrypoint.command``, which may keep checkpoints of its own in the run directory."""
     ckpt_root = run_dir / "checkpoints"
     existing = _existing(ckpt_root)
+    record = branches.read_record(ckpt_root) if existing else None
+    recorded = record.line if record is not None else Line()
+    current = branches.current(ckpt_root) if existing else Line()
+    line, start = current, None
     path: Path | None = None
     if want is None or want is False:
         if existing:
@@ -160,12 +206,15 @@ def plan_resume(
                 f"({', '.join(existing[:3])}): resume it with --resume (same config) or choose "
                 "another run directory (--run-dir / train.run_dir)"
             )
-    elif want is True:
-        path = latest_valid()
-        if path is None and existing:
-            log.warning("resume: no valid checkpoint among %s, starting fresh", existing)
-        elif path is None:
-            log.warning("resume: no valid checkpoint in %s, starting fresh", ckpt_root)
+    elif want is True or (
+        restarted
+        and record is not None
+        and record.resumed_from == Path(str(want)).name
+        and _inside(Path(str(want)), ckpt_root)
+    ):
+        path = latest_valid(current)
+        if path is None:
+            _no_checkpoint(ckpt_root, existing, run_dir, command)
     else:
         path = Path(str(want))
         if existing and path.resolve().parent != ckpt_root.resolve():
@@ -173,8 +222,11 @@ def plan_resume(
                 error=f"run directory {run_dir} already holds checkpoints of another run "
                 f"({existing[0]}); resume from {path} in a new run directory"
             )
+        line = _line_after(path, ckpt_root, current)
+        start = path.name if _inside(path, ckpt_root) else None
+    write = line != recorded or start is not None
     if path is None:
-        return ResumePlan()
+        return ResumePlan(line=line, record=write)
     changed = tuple(_compare(path, config))
     if changed and not allow_change:
         return ResumePlan(
@@ -183,7 +235,26 @@ def plan_resume(
             "with --allow-config-change (or train.allow_config_change: true); the run is then "
             "no longer an exact resume"
         )
-    return ResumePlan(path=str(path), changed=changed)
+    if line != current:
+        log.info("resume from %s: %s from now on", path, line.describe())
+    return ResumePlan(path=str(path), changed=changed, line=line, record=write, resumed_from=start)
+
+
+def _no_checkpoint(ckpt_root: Path, existing: list[str], run_dir: Path, command: bool) -> None:
+    """Say truly what a resume without a checkpoint of ours does."""
+    if command:  # the command's own files (Lightning's hpc_ckpt, ...) are not ours to judge
+        what = f"holds no valid checkpoint ({', '.join(existing[:3])})" if existing else "is empty"
+        log.info(
+            "resume: train's checkpoint directory %s %s; the command starts as it would and "
+            "may resume from its own files in %s",
+            ckpt_root,
+            what,
+            run_dir,
+        )
+    elif existing:
+        log.warning("resume: no valid checkpoint among %s, starting fresh", existing)
+    else:
+        log.warning("resume: no valid checkpoint in %s, starting fresh", ckpt_root)
 
 
 def retarget(

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from train.checkpoint.manager import CheckpointManager
+from train.checkpoint.manager import CheckpointManager, Line
 from train.checkpoint.manifest import read_manifest
 from train.device import DeviceInfo, resolve_device
 from train.env import DistEnv
@@ -127,11 +127,23 @@ class RunSession:
         # reads the same directory and comes to the same decision.
         if env.is_main or not self.process_group:
             plan = plan_resume(
-                want, self.run_dir, train, self._latest_valid, allow_change=self.allow_config_change
+                want,
+                self.run_dir,
+                train,
+                self._latest_valid,
+                allow_change=self.allow_config_change,
+                restarted=env.restart_count > 0,
+                command=not self.process_group,
             )
             if plan.error is None and self._ckpt is None:
                 # before any other rank can save: rank 0 clears leftovers of interrupted saves
                 self._ckpt = self._manager()
+            if plan.error is None and env.is_main:
+                try:  # the branch this run follows, recorded before anything trains on it
+                    assert self._ckpt is not None
+                    self._ckpt.follow(plan.line, record=plan.record, resumed_from=plan.resumed_from)
+                except CheckpointError as exc:
+                    plan = ResumePlan(error=str(exc))
         if self._own_guard:
             self.guard.install()
         try:
@@ -149,6 +161,7 @@ class RunSession:
             raise ConfigError(plan.error)
         if self._ckpt is None:
             self._ckpt = self._manager()
+        self._ckpt.follow(plan.line)  # every rank saves on the line rank 0 chose
         self.resume_from = Path(plan.path) if plan.path else None
         self.checkpoint_world_size = _written_world_size(self.resume_from)
         self.config_changed = plan.changed
@@ -161,9 +174,10 @@ class RunSession:
                 self.add_progress_listener(self.watchdog.beat)
         return self
 
-    def _latest_valid(self) -> Path | None:
+    def _latest_valid(self, line: Line) -> Path | None:
         # only asked when this run resumes its own directory: its leftovers may go
         self._ckpt = self._ckpt or self._manager()
+        self._ckpt.follow(line)
         return self._ckpt.latest_valid()
 
     def _manager(self) -> CheckpointManager:
@@ -295,7 +309,7 @@ class RunSession:
         self.ckpt.wait()
         self.rt.barrier()
         # after the barrier: every rank's part of the checkpoint is complete
-        path = self.ckpt.root / f"step-{step}"
+        path = self.ckpt.path_for(step)
         if path.is_dir():
             self.event("checkpoint", step, path=str(path))
         return request_requeue(

@@ -1,4 +1,5 @@
-"""Atomic, verifiable, optionally asynchronous checkpoints: ``ROOT/step-N/``.
+"""Atomic, verifiable, optionally asynchronous checkpoints: ``ROOT/step-N/`` (``step-N.bB/`` on
+branch ``B``).
 
 Layout of one checkpoint (a directory made valid by its last atomic step)::
 
@@ -6,8 +7,10 @@ Layout of one checkpoint (a directory made valid by its last atomic step)::
                            metrics, ... (whatever the trainer puts in ``shared_state``)
     step-N/rank-R.pt       every rank: its RNG states, sampler position (``rank_state``)
     step-N/manifest.json   written last: step, epoch, epoch_step, world_size, spec_hash, run_id,
-                           digest of the model state, time, files with size and digest
-                           (xxh3-128; format-1 manifests, read only: sha256)
+                           branch and parents (absent: branch 0), digest of the model state,
+                           time, files with size and digest (xxh3-128; format-1 manifests,
+                           read only: sha256)
+    branch.json            the current line of the history (below), one small atomic file
 
 How a save becomes valid (no collective anywhere, so it can finish in a background thread):
 every rank writes its file into ``.step-N.tmp/`` (hashed while written, see
@@ -23,6 +26,18 @@ Ownership: every manifest records the ``run_id`` of the run that wrote it. Pruni
 of the runs this manager owns: its own ``run_id`` (a fresh one unless given) and the run of a
 checkpoint it loaded from its own root (resuming continues that run, and saves under its id).
 A save over another run's ``step-N`` is refused; links are never followed, loaded or replaced.
+
+History with branches (:mod:`train.checkpoint.branches`): resuming from a checkpoint that is not
+the newest of its branch and training on starts a new branch (``step-N.bB``, its manifests say
+``branch: B`` and the fork points ``parents``); ``branch.json`` names the current branch and is
+written atomically by rank 0 before anything trains on it. Automatic resumes
+(:func:`~train.checkpoint.dirs.latest_valid`) take the newest valid checkpoint on the current
+branch's line (the branch, and each ancestor up to its fork point); pruning weighs only that
+line and never deletes a checkpoint another branch's line holds; a save never replaces another
+branch's checkpoint (the names differ). A crash after ``branch.json`` and before the branch's
+first save resumes from the fork point, on the new branch. Manifests without a branch are of
+branch 0: an old history is one implicit branch. Rank 0 decides (train.resume.plan_resume) and
+every rank gets the line with the resume plan: no rank reads another rank's files.
 ``.step-N.tmp`` leftovers are removed by rank 0 when the manager is created, so create the
 manager on every rank before the first collective of the run (a save always follows one).
 
@@ -34,7 +49,8 @@ save in flight.
 
 Modules: :mod:`train.checkpoint.manager` (:class:`CheckpointManager`: save, load, prune, the
 ownership rules), :mod:`train.checkpoint.dirs` (finding valid ``step-N`` directories, never
-following a link), :mod:`train.checkpoint.manifest` (the format: manifests, checks, loading),
+following a link), :mod:`train.checkpoint.branches` (branches, lines, ``branch.json``),
+:mod:`train.checkpoint.manifest` (the format: manifests, checks, loading),
 :mod:`train.checkpoint.write` (files at the disk's speed, hashed inline),
 :mod:`train.checkpoint.digest` (xxh3-128, format-1 sha256 read back), :mod:`train.checkpoint.state`
 (snapshots of the state an asynchronous save writes, RNG states).
@@ -47,6 +63,7 @@ from typing import TYPE_CHECKING
 from train._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from train.checkpoint.branches import Line
     from train.checkpoint.dirs import checkpoint_run_id, checkpoint_step, latest_valid
     from train.checkpoint.manager import CheckpointManager
     from train.checkpoint.manifest import FORMAT_VERSION, LoadedCheckpoint, verify_checkpoint
@@ -54,6 +71,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "CheckpointManager": "manager",
     "FORMAT_VERSION": "manifest",
+    "Line": "branches",
     "LoadedCheckpoint": "manifest",
     "verify_checkpoint": "manifest",
     "checkpoint_run_id": "dirs",
@@ -63,6 +81,7 @@ _EXPORTS = {
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointManager",
+    "Line",
     "LoadedCheckpoint",
     "checkpoint_run_id",
     "checkpoint_step",

@@ -3,7 +3,9 @@
 Rules every function here keeps (issue 14): a symbolic link is never a checkpoint, never
 followed, never deleted through (a leftover link is removed as a link); a checkpoint is only
 pruned or replaced when its manifest proves it belongs to a run in ``owned`` (its ``run_id``);
-a damaged or foreign manifest proves nothing, so such a directory is never touched. Used by
+a damaged or foreign manifest proves nothing, so such a directory is never touched; pruning
+and the search for the newest checkpoint follow the current line of the history and never
+delete anything another branch's line holds (:mod:`train.checkpoint.branches`). Used by
 :class:`train.checkpoint.manager.CheckpointManager`.
 """
 
@@ -19,7 +21,9 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
+from train.checkpoint import branches as _branches
 from train.checkpoint import manifest as _io
+from train.checkpoint.branches import Line
 from train.checkpoint.digest import ALGORITHMS, FORMAT_VERSION
 from train.errors import CheckpointError
 
@@ -44,7 +48,7 @@ log = logging.getLogger("train.checkpoint.manager")
 STEP_RE = _io.STEP_RE
 TMP_RE = re.compile(r"^\.step-(\d+)\.tmp$")
 # directories this code renamed to delete them; ``.corrupt-*`` (set aside) are kept for people
-JUNK_RE = re.compile(r"^\.step-(\d+)\.del-\d+$")
+JUNK_RE = re.compile(r"^\.step-(\d+)(?:\.b\d+)?\.del-\d+$")
 
 
 def checkpoint_run_id(path: str | os.PathLike[str]) -> str | None:
@@ -134,34 +138,42 @@ def prune(
     root: Path,
     owned: Collection[str],
     *,
-    keep: int,
+    keep: Path,
     keep_last: int,
     keep_best: bool,
     best_mode: Literal["max", "min"],
+    line: Line | None = None,
 ) -> list[Path]:
-    """Keep the newest ``keep_last`` checkpoints and the best one; set the others aside.
+    """Keep the newest ``keep_last`` checkpoints of the current line and its best one; set
+    the others aside.
 
-    Only checkpoints of owned runs are candidates (another run's, a damaged one or a link
-    is never deleted). Runs only after checkpoint ``keep`` is complete, so the only good
-    one is never removed. Each doomed ``step-N`` is renamed to ``.step-N.del-*`` (no longer a
-    checkpoint); returns those for :func:`remove_all` (which a caller may run in the
-    background: deleting 50 MB takes longer than renaming it; leftovers go at the next start).
+    Only checkpoints of owned runs on ``line`` (default: the current line,
+    :mod:`train.checkpoint.branches`) are candidates, and of those none that another branch's
+    line holds (the abandoned branch, the fork point it grew from): another run's checkpoint,
+    a damaged one, a link or anything of another branch is never deleted. Runs only after
+    checkpoint ``keep`` is complete, so the only good one is never removed. Each doomed
+    ``step-N`` is renamed to ``.step-N.del-*`` (no longer a checkpoint); returns those for
+    :func:`remove_all` (which a caller may run in the background: deleting 50 MB takes longer
+    than renaming it; leftovers go at the next start).
     """
-    dirs = owned_dirs(root, owned)
-    kept = {s for s, _, _ in dirs[:keep_last]} | {keep}
+    line = line if line is not None else _branches.current(root)
+    held, protected = _branches.prune_candidates(_branches.entries(root), line)
+    mine = [e for e in held if e.manifest.get("run_id") in owned]
+    kept = {e.path for e in mine[:keep_last]} | {keep} | protected
     if keep_best:
-        best: tuple[float, int] | None = None
-        for s, _, manifest in dirs:
-            metric = manifest.get("metric")
+        best: tuple[float, Path] | None = None
+        for e in mine:
+            metric = e.manifest.get("metric")
             if isinstance(metric, int | float):
                 score = float(metric) if best_mode == "max" else -float(metric)
                 if best is None or score > best[0]:
-                    best = (score, s)
+                    best = (score, e.path)
         if best is not None:
             kept.add(best[1])
     doomed = []
-    for s, p, _ in dirs:
-        if s in kept or p.is_symlink():
+    for e in mine:
+        p = e.path
+        if p in kept or p.is_symlink():
             continue
         # rename first: a half-deleted directory must never look like a checkpoint
         aside = p.with_name(f".{p.name}.del-{time.time_ns()}")
@@ -267,16 +279,24 @@ def checkpoint_step(path: str | os.PathLike[str]) -> int | None:
         return None
 
 
-def latest_valid(root: str | os.PathLike[str]) -> Path | None:
-    """The newest checkpoint under ``root`` that verifies completely (read-only: creates and
-    removes nothing; a missing ``root`` has none). Invalid newer ones are skipped with a
-    warning."""
+def latest_valid(root: str | os.PathLike[str], line: Line | None = None) -> Path | None:
+    """The newest checkpoint on ``line`` (default: the current line,
+    :mod:`train.checkpoint.branches`) under ``root`` that verifies completely (read-only:
+    creates and removes nothing; a missing ``root`` has none). Invalid newer ones are skipped
+    with a warning; checkpoints of other branches are not candidates."""
     root = Path(root)
     if not root.is_dir():
         return None
+    line = line if line is not None else _branches.current(root)
     dirs = step_dirs(root)
     warn_skipped(root, dirs[0][0] if dirs else -1)
-    for _, p in dirs:
+    candidates = []
+    for step, p in dirs:
+        m = STEP_RE.match(p.name)
+        branch = int(m.group(2) or 0) if m else 0
+        if line.holds(branch, step):  # by its name; verifying checks the manifest agrees
+            candidates.append((step, line.depth(branch), p))
+    for _, _, p in sorted(candidates, key=lambda c: (-c[0], c[1])):
         try:
             _io.verify_checkpoint(p)
         except CheckpointError as exc:

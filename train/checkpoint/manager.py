@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
+from train.checkpoint import branches as _branches
 from train.checkpoint import dirs as _dirs
 from train.checkpoint import manifest as _io
 from train.checkpoint import write as _write
+from train.checkpoint.branches import Line
 from train.checkpoint.dirs import checkpoint_run_id, checkpoint_step, latest_valid
 from train.checkpoint.manifest import (
     FORMAT_VERSION,
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointManager",
+    "Line",
     "LoadedCheckpoint",
     "capture_rng_state",
     "checkpoint_run_id",
@@ -79,6 +82,8 @@ class CheckpointManager:
     ``metric`` is better for ``keep_best``. ``run_id``: recorded in every manifest; only
     checkpoints of owned runs are pruned or replaced (see the module docstring). Give every
     rank the same one; None: a fresh id (this manager owns only what it writes or resumes).
+    ``line``: the branch it saves on and follows (:mod:`train.checkpoint.branches`); None: the
+    current one (``ROOT/branch.json``; rank 0 alone falls back to the manifests without it).
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class CheckpointManager:
         best_mode: Literal["max", "min"] = "max",
         marker_timeout_s: float = 600.0,
         run_id: str | None = None,
+        line: Line | None = None,
     ) -> None:
         if keep_last < 1:
             raise CheckpointError(f"keep_last must be >= 1, got {keep_last}")
@@ -120,6 +126,7 @@ class CheckpointManager:
         self._pool: ThreadPoolExecutor | None = None
         self._deleting: Future[None] | None = None
         self.root.mkdir(parents=True, exist_ok=True)
+        self.line = line if line is not None else _branches.current(self.root, scan=rank == 0)
         if async_save:  # start the worker now, not on the training path of the first save
             self._saver_pool().submit(lambda: None).result()
         if rank == 0:
@@ -174,14 +181,16 @@ class CheckpointManager:
         self.wait()
         if step == self._last_step:
             return None
-        final = self.root / f"step-{step}"
+        final = self.path_for(step)
         shared: dict[str, Any] | None = None
         if self.rank == 0:
             shared = {str(k): v for k, v in shared_state.items() if k != "model"}
             shared["model"] = model_state_dict(model)
             shared = make_weights_only_safe(shared, "shared_state")
         rank_payload = make_weights_only_safe(dict(rank_state), "rank_state")
-        meta = {"step": step, "epoch": epoch, "epoch_step": epoch_step, "metric": metric}
+        meta: dict[str, Any] = {"step": step, "epoch": epoch, "epoch_step": epoch_step}
+        meta["metric"] = metric
+        meta.update(self.line.to_json())  # branch and parents: train.checkpoint.branches
         self._last_step = step
         self._saved = True
         if not self.async_save:
@@ -289,17 +298,36 @@ class CheckpointManager:
         for r in range(1, self.world_size):
             (tmp / _io.marker_file(r)).unlink(missing_ok=True)
         _phase("manifest")
-        _dirs.commit(tmp, self.root / f"step-{step}", self._owned)
+        line = _branches.parse_line(meta, "checkpoint")
+        final = self.root / _branches.dir_name(step, line.branch)
+        _dirs.commit(tmp, final, self._owned)
         doomed = _dirs.prune(
             self.root,
             self._owned,
-            keep=step,
+            keep=final,
             keep_last=self.keep_last,
             keep_best=self.keep_best,
             best_mode=self.best_mode,
+            line=line,
         )
         if doomed:  # renamed away already; the deletion itself need not block a save
             self._deleting = pool.submit(_dirs.remove_all, doomed)
+
+    def path_for(self, step: int) -> Path:
+        """Where this manager's checkpoint of ``step`` is (or will be): ``step-N`` on branch 0,
+        ``step-N.bB`` on branch ``B``."""
+        return self.root / _branches.dir_name(step, self.line.branch)
+
+    def follow(self, line: Line, *, record: bool = False, resumed_from: str | None = None) -> None:
+        """Save on and follow ``line`` from now on; call before the first save on it.
+        ``record`` (rank 0, once): make it the current line first (``branch.json``, atomic:
+        see :mod:`train.checkpoint.branches`), with the checkpoint an explicit resume started
+        from (``resumed_from``, its name). The session sets the line rank 0 chose on every
+        rank."""
+        self.wait()
+        if record:
+            _branches.write_current(self.root, line, resumed_from)
+        self.line = line
 
     # -- finding and loading -----------------------------------------------------------------
     def foreign_checkpoints(self) -> list[Path]:
@@ -312,9 +340,10 @@ class CheckpointManager:
         return [p for _, p in _dirs.step_dirs(self.root)]
 
     def latest_valid(self) -> Path | None:
-        """The newest checkpoint that verifies completely; invalid newer ones (damaged, half
-        written, links) are skipped with a warning. None when there is none (start fresh)."""
-        return latest_valid(self.root)
+        """The newest checkpoint on this manager's line that verifies completely; invalid
+        newer ones (damaged, half written, links) are skipped with a warning, other branches
+        are not candidates. None when there is none (start fresh)."""
+        return latest_valid(self.root, self.line)
 
     def load(self, path: str | os.PathLike[str], rank: int | None = None) -> LoadedCheckpoint:
         """Verify and load checkpoint ``path`` for ``rank`` (default: this manager's rank).

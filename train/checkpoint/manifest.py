@@ -33,12 +33,14 @@ from train.checkpoint.digest import (
     state_digest,
 )
 from train.errors import CheckpointError
+from train.runfiles import open_text
 
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "SHARED_FILE",
     "LoadedCheckpoint",
+    "check_line",
     "check_manifest",
     "fsync_dir",
     "marker_file",
@@ -52,9 +54,10 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.pt"
-# Test hook: seconds to sleep between the files of a save, so a test can SIGKILL a process in
-# the middle of writing a checkpoint. Never set in production.
-STEP_RE = re.compile(r"^step-(\d+)$")
+# ``step-N`` (branch 0) or ``step-N.bB`` (branch B: train.checkpoint.branches)
+STEP_RE = re.compile(r"^step-(\d+)(?:\.b([1-9]\d{0,8}))?$")
+#: at most this many fork points on one line (a damaged manifest cannot make a huge one)
+MAX_DEPTH = 10_000
 # what a file listed in a manifest may be called: a plain name inside the checkpoint directory
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _HEX_RE = re.compile(r"[0-9a-f]+")
@@ -98,7 +101,7 @@ def write_json_atomic(obj: Any, path: Path, *, durable: bool = True) -> None:
     """Write JSON to ``path`` through a rename. ``durable``: fsync the file and its directory
     (False for rank markers: they only coordinate ranks, a crash discards the save anyway)."""
     tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open_text(tmp) as f:  # a link planted there is refused, never written through
         json.dump(obj, f, indent=1, sort_keys=True)
         if durable:
             f.flush()
@@ -149,6 +152,7 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
     for key in ("spec_hash", "run_id"):
         if manifest.get(key) is not None and not isinstance(manifest[key], str):
             raise bad(f"{key} is {manifest[key]!r}, not a string")
+    check_line(manifest, where)
     files = manifest["files"]
     if not isinstance(files, dict) or not files:
         raise bad("files is not a mapping of file names")
@@ -160,6 +164,33 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
         if not is_hex(info.get(algo)):
             raise bad(f"{name}: no {algo}")
     return manifest
+
+
+def check_line(data: dict[str, Any], where: str | Path) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """``branch`` and ``parents`` of a manifest or ``branch.json``
+    (:mod:`train.checkpoint.branches`); absent: branch 0 without parents. CheckpointError naming
+    a field of the wrong type or shape."""
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{where}: damaged branch record: {why}")
+
+    branch = data.get("branch", 0)
+    parents = data.get("parents", [])
+    if not _is_int(branch):
+        raise bad(f"branch is {branch!r}, not a whole number >= 0")
+    if not isinstance(parents, list) or len(parents) > MAX_DEPTH:
+        raise bad("parents is not a list of [branch, step] pairs")
+    out: list[tuple[int, int]] = []
+    for p in parents:
+        if not (isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and _is_int(p[1])):
+            raise bad(f"parents holds {p!r}, not a [branch, step] pair")
+        out.append((p[0], p[1]))
+    seen = [branch, *(b for b, _ in out)]
+    if len(set(seen)) != len(seen):
+        raise bad(f"parents repeat a branch ({seen})")
+    if (branch == 0) != (not out):
+        raise bad("branch 0 and only branch 0 has no parents")
+    return branch, tuple(out)
 
 
 def _refuse_link(path: Path) -> None:
@@ -207,6 +238,8 @@ def verify(path: Path, only: set[str] | None = None) -> tuple[dict[str, Any], di
     m = STEP_RE.match(path.name)
     if m and int(m.group(1)) != manifest["step"]:
         raise CheckpointError(f"{path}: manifest says step {manifest['step']}")
+    if m and int(m.group(2) or 0) != manifest.get("branch", 0):
+        raise CheckpointError(f"{path}: manifest says branch {manifest.get('branch', 0)}")
     if SHARED_FILE not in manifest["files"]:
         raise CheckpointError(f"{path}: {MANIFEST} does not list {SHARED_FILE}")
     algo = ALGORITHMS[manifest["format"]]
