@@ -315,3 +315,16 @@ def test_the_trainer_resumed_from_an_older_step_trains_a_branch_and_keeps_the_ol
         ("resume", "step-12.b1"),
         ("complete", ""),
     ]
+
+
+@pytest.mark.parametrize("command", [True, False])
+def test_a_restart_without_checkpoints_of_ours_says_what_it_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, command: bool
+) -> None:
+    """An entrypoint.command keeps its own checkpoints (Lightning's hpc_ckpt in RUN_DIR): its
+    restart must not claim to start fresh; the built-in trainer's does start fresh."""
+    with caplog.at_level(logging.INFO, logger="train.resume"):
+        plan = plan_resume(True, tmp_path, _config(), lambda line: None, command=command)
+    assert plan.path is None and plan.error is None
+    assert ("starting fresh" in caplog.text) is not command
+    assert ("may resume from its own files" in caplog.text) is command
