@@ -24,6 +24,7 @@ a non-zero exit without a stop is a failure with its exit code and stderr tail).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -111,6 +112,15 @@ class TrainContext:
         """Say that step ``step`` completed on this rank (what a hang watchdog watches)."""
         if self.session is not None:
             self.session.progress(step)
+
+    def busy(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """``with ctx.busy("eval"): ...``: work that is not a step and may last much longer
+        than one (an evaluation, a save of your own): the hang watchdog allows it
+        ``max(timeout, 30 min)`` instead of the step timeout. ``ctx.checkpoints.save`` reports
+        each phase of a save by itself."""
+        if self.session is None:
+            return contextlib.nullcontext()
+        return self.session.busy(what)
 
     def requeue(self, step: int) -> int:
         """After saving: wait for the save, meet at a barrier, requeue; returns the exit code."""

@@ -23,14 +23,15 @@ every rank.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from train.checkpoint.manager import CheckpointManager, Line
+from train.checkpoint.manager import SAVE_PHASE_HOOKS, CheckpointManager, Line
 from train.checkpoint.manifest import read_manifest
 from train.device import DeviceInfo, resolve_device
 from train.env import DistEnv
@@ -172,6 +173,7 @@ class RunSession:
             self.watchdog = start_watchdog(self.requeue, env, self.run_dir)
             if self.watchdog is not None:
                 self.add_progress_listener(self.watchdog.beat)
+                SAVE_PHASE_HOOKS.append(self.watchdog.pulse)  # a save's phases are progress
         return self
 
     def _latest_valid(self, line: Line) -> Path | None:
@@ -189,6 +191,8 @@ class RunSession:
     def close(self) -> None:
         """Finish in-flight saves, restore signal handlers, leave the process group."""
         if self.watchdog is not None:
+            with contextlib.suppress(ValueError):
+                SAVE_PHASE_HOOKS.remove(self.watchdog.pulse)
             self.watchdog.close()
             self.watchdog = None
         try:
@@ -286,6 +290,18 @@ class RunSession:
         for listener in self._listeners:
             listener(step)
 
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Declare ``what`` (``"eval"``, ``"save"``, ...) for the time of the block: work that is
+        not a step and may take much longer than one. The hang watchdog then allows
+        ``max(timeout, train.hang.heartbeat.BUSY_FLOOR_S)`` of silence instead of the step
+        timeout (without a watchdog: nothing)."""
+        if self.watchdog is None:
+            yield
+            return
+        with self.watchdog.busy(what):
+            yield
+
     def should_stop(self, reduce: Callable[[int], int] | None = None) -> bool:
         """Every rank, at the same step boundaries: True when any rank got a stop signal.
         ``reduce`` defaults to a blocking all-reduce (the trainer passes the lagged one)."""
@@ -304,10 +320,11 @@ class RunSession:
             signal=self.guard.signal_name or "on another rank",
             received_at=self.guard.received_at,
         )
-        if save is not None:
-            save()
-        self.ckpt.wait()
-        self.rt.barrier()
+        with self.busy("save"):
+            if save is not None:
+                save()
+            self.ckpt.wait()
+            self.rt.barrier()
         # after the barrier: every rank's part of the checkpoint is complete
         path = self.ckpt.path_for(step)
         if path.is_dir():

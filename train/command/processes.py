@@ -35,6 +35,7 @@ __all__ = [
     "StopPlan",
     "caught_signals",
     "child_environ",
+    "is_launcher",
     "parse_sigmask",
     "plan_stop",
     "process_tree",
@@ -99,12 +100,44 @@ def process_tree(root: int, proc: Path = PROC) -> dict[int, int]:
     return tree
 
 
+#: Launchers whose own writes are not training (torchrun's agent writes a few KB of rendezvous
+#: keep-alive every 5 s, stuck workers or not): a script's name, or a module run with ``-m``.
+LAUNCHER_SCRIPTS = frozenset({"torchrun"})
+LAUNCHER_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+
+
+def is_launcher(argv: Sequence[str]) -> bool:
+    """Whether a process's command line is a known launcher agent (``torchrun ...``,
+    ``python -m torch.distributed.run ...``; the interpreter and its flags may come first)."""
+    head = list(argv[:6])
+    for i, arg in enumerate(head):
+        if os.path.basename(arg) in LAUNCHER_SCRIPTS:
+            return True
+        if arg == "-m" and i + 1 < len(argv):
+            return argv[i + 1] in LAUNCHER_MODULES
+        if not arg.startswith("-") and i > 0:
+            return False  # the script or program the interpreter runs: not a launcher
+    return False
+
+
+def _argv(pid: int, proc: Path) -> list[str]:
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
 def written_bytes(root: int, proc: Path = PROC) -> int:
-    """Bytes the processes of ``root``'s tree have written so far (``wchar`` of
-    ``/proc/PID/io``: files, pipes, and sockets written with write/writev, as gloo does); 0
-    where /proc does not say. A command's progress: it only grows while something is done."""
+    """Bytes the training processes of ``root``'s tree have written so far (``wchar`` of
+    ``/proc/PID/io``: output, files, pipes, and sockets written with write/writev, as gloo
+    does); 0 where /proc does not say. A launcher agent's own writes do not count
+    (:func:`is_launcher`): its workers' do. A command's progress: it only grows while the
+    training does something."""
     total = 0
     for pid in process_tree(root, proc):
+        if is_launcher(_argv(pid, proc)):
+            continue
         try:
             text = (proc / str(pid) / "io").read_text()
         except OSError:
@@ -206,6 +239,7 @@ def child_environ(
     resume_from: Path | None,
     stop_signal: str,
     executable: str = sys.executable,
+    checkpoint_world_size: int | None = None,
 ) -> dict[str, str]:
     """The command's environment: ours plus the documented variables (README, "Bring your own
     training code")."""
@@ -216,8 +250,11 @@ def child_environ(
     child["TRAIN_CHECKPOINT_DIR"] = str(run_dir / "checkpoints")
     child["TRAIN_STOP_SIGNAL"] = stop_signal
     child.pop("TRAIN_RESUME_FROM", None)
+    child.pop("TRAIN_CHECKPOINT_WORLD_SIZE", None)
     if resume_from is not None:
         child["TRAIN_RESUME_FROM"] = str(resume_from)
+        if checkpoint_world_size is not None:  # another size than WORLD_SIZE: reshard
+            child["TRAIN_CHECKPOINT_WORLD_SIZE"] = str(checkpoint_world_size)
     # Lightning reads Trainer defaults from PL_TRAINER_*: its hpc_ckpt_N.ckpt (saved on the
     # requeue signal, restored on the next start) then lives in the run directory.
     child.setdefault("PL_TRAINER_DEFAULT_ROOT_DIR", str(run_dir))

@@ -187,7 +187,7 @@ class CommandRun(StopHandling):
             self._uninstall()
 
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
-        written, beats, next_look = tail.bytes + _stdout_size() + written_bytes(proc.pid), 0, 0.0
+        written, beats, next_look = written_bytes(proc.pid), 0, 0.0
         while True:
             code = proc.poll()
             if self.stops:
@@ -195,10 +195,11 @@ class CommandRun(StopHandling):
             if code is None:
                 now = time.monotonic()
                 if self.watchdog is not None and now >= next_look:
-                    # progress of a command: its processes wrote something (output, files,
-                    # gloo's sockets), see README "Hangs of your own command"
+                    # progress of a command: its training processes wrote something (output,
+                    # files, gloo's sockets), a launcher's own chatter not counted (torchrun's
+                    # keep-alive): see README "Hangs of your own command"
                     next_look = now + _LOOK_S
-                    now_written = tail.bytes + _stdout_size() + written_bytes(proc.pid)
+                    now_written = written_bytes(proc.pid)
                     if now_written != written:
                         written, beats = now_written, beats + 1
                         self.watchdog.beat(beats)
@@ -257,14 +258,6 @@ class CommandRun(StopHandling):
         # that would read as one of ours (75: requeue, 3: budget spent).
         own = 128 - code if code < 0 else code
         return own if own not in (REQUEUE_EXIT_CODE, BUDGET_EXHAUSTED_EXIT_CODE) else 1
-
-
-def _stdout_size() -> int:
-    """Bytes in our stdout (the command's too) when it is a file, as Slurm's task logs are."""
-    try:
-        return os.fstat(1).st_size
-    except OSError:
-        return 0
 
 
 def _request_failure(

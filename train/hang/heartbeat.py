@@ -1,44 +1,71 @@
 """Hang watchdog: a stuck rank becomes a recorded, requeued interruption instead of a burned job.
 
-Progress (torch-free, one ``os.pwrite`` of 16 bytes per optimizer step): every rank writes its
-step and wall time into ``RUN_DIR/.progress/ATTEMPT/rank-R`` (:class:`Heartbeat`), ATTEMPT being
-``JOB-RESTART``. What counts as progress is a completed optimizer step (``RunSession.progress``:
-the built-in trainer and ``entrypoint.function`` code calling ``ctx.progress(step)``). An
-``entrypoint.command``'s supervisor beats when the command's processes write anything (its
-output, files, gloo's sockets), and its watcher works per job instead of per rank (see
-:func:`start_watchdog`).
+Progress, per rank, node-local (torch-free, one ``os.pwrite`` of 32 bytes per beat): every rank
+writes its last completed step, what it is doing (its *phase*), a pulse counter and the wall time
+into ``NODE_DIR/rank-R`` (:class:`Heartbeat`), NODE_DIR being a folder of this node's memory
+file system (``/dev/shm``, else the node's temporary folder; :func:`node_local_dir`), one per
+run, attempt (``JOB-RESTART``) and node. Nothing per step reaches the shared run directory.
 
-Watcher: each rank starts one small process (``python -m train.hang.watcher``, no torch) in its own
-session, so a ``kill -STOP`` of the rank (or of its process group) does not freeze it. Once every
-rank has reported a first step, the watcher polls the heartbeats; when no rank, or some rank,
-has advanced for the hang timeout (``requeue.hang_timeout_s``, or by default
-``max(HANG_FLOOR_S, 20 x the mean step time, 3 x the longest gap seen)``), every watcher:
+What counts as progress (:class:`Watchdog`):
 
-1. asks its rank for its Python stacks (``faulthandler`` is registered on :data:`DUMP_SIGNAL` in
-   each rank, writing into ``.progress/ATTEMPT/rank-R.stacks``, which the watcher copies to
-   ``RUN_DIR/hangs/ATTEMPT/rank-R.stacks``; a rank stopped by SIGSTOP
-   cannot dump: its process state ``T`` is recorded instead);
-2. writes what it saw to ``RUN_DIR/hangs/ATTEMPT/rank-R.json`` (step, age of the last beat,
-   process state, node);
-3. the first watcher to claim ``hangs/ATTEMPT/claimed`` (an exclusive create) waits briefly for
-   the others, names the stuck ranks (stopped processes, else those with the oldest step) and
-   their nodes, and calls :func:`train.stop.act.request_requeue` with kind ``hang``: the ``hang``
-   event, the ``requeue.max_hangs`` budget, ``scontrol requeue``;
-4. every watcher then ends its rank (SIGKILL), which ends the step: Slurm restarts the requeued
-   job and it resumes from the newest valid checkpoint like any interruption.
+- a completed optimizer step (``RunSession.progress``: the built-in trainer, and
+  ``entrypoint.function`` code calling ``ctx.progress(step)``): phase ``train``;
+- a declared *busy* phase (``RunSession.busy(what)``, ``ctx.busy(what)``): the built-in trainer
+  declares ``eval`` (every evaluation), ``save`` (checkpoint saves, the wait for an asynchronous
+  one and rank 0's collection of the other ranks' parts); every rank starts in ``start``
+  (restoring a checkpoint, a first ``torch.compile``, the first step) until its first step;
+- a pulse (:meth:`Watchdog.pulse`): each phase of a checkpoint save
+  (``train.checkpoint.manager.SAVE_PHASE_HOOKS``), whatever thread saves;
+- for an ``entrypoint.command``: what its training processes write (``wchar`` of
+  ``/proc/PID/io``), launcher agents such as torchrun's excluded
+  (:func:`train.command.processes.written_bytes`): its supervisor beats when that grows.
 
-5. after a requeue, the claimant keeps the job off the stuck ranks' nodes (``ExcNodeList``
-   through :meth:`cluster.client.SlurmClient.exclude_nodes`) while the partition keeps enough
-   other usable nodes for it, and records a ``quarantine`` event (the nodes, or why not).
+How long a rank may be silent (:func:`allowance`): in ``train``, the hang timeout T
+(``requeue.hang_timeout_s``, or by default :func:`auto_timeout`: ``max(HANG_FLOOR_S, 20 x the
+mean step, 3 x the longest pause between two steps that no busy phase explains)``); in a busy
+phase ``max(T, BUSY_FLOOR_S)``; a command's ranks ``T`` with a default of
+``max(COMMAND_FLOOR_S, 3 x the longest silence)``.
 
-Not covered: a rank stuck before its first step (the watcher arms once every rank has made
-one; torch's own rendezvous and collective time-outs apply there).
+Watcher: ONE process per node (``python -m train.hang.watcher``, no torch), started by the
+node's first local rank in its own session (a ``kill -STOP`` of the rank or its process group
+does not freeze it). It reads its node's heartbeats (node-local) every poll (T/10, 0.2-5 s) and,
+every :data:`SUMMARY_S`, publishes one small summary of its node
+(``RUN_DIR/.progress/ATTEMPT/nodes/NODE.json``: each local rank's step, phase, silence,
+allowance and process state, and a sequence number) and looks whether a hang was claimed
+(one ``stat``). That is the whole cost on the shared file system while nothing is wrong: one
+file written and one looked at per node every 10 s, whatever the number of ranks.
+
+When a local rank is silent past its allowance (for a command: every local rank), the watcher
+publishes at once, reads every node's summary and waits (at most ``SUMMARY_S + 3`` s) until
+each node published again; a node that does not is *silent* (its watcher is frozen with the
+node). The decision is :func:`train.hang.evidence.judge` (pure): a hang when a node is silent,
+a rank's process is stopped (state ``T``), or ranks are past their allowance while no rank is
+busy within its own; the suspects are the silent nodes, the stopped ranks, else the ranks that
+have not reached the step their peers wait at (the others are its victims), else none. Then:
+
+1. the first watcher to claim ``hangs/ATTEMPT/claimed`` (an exclusive create) decides; every
+   watcher that sees the claim (or reached the verdict itself) asks its local ranks for their
+   Python stacks (``faulthandler`` on :data:`DUMP_SIGNAL`, written node-locally and copied to
+   ``RUN_DIR/hangs/ATTEMPT/rank-R.stacks``; a stopped rank cannot dump: its state ``T`` is
+   recorded; a command's processes are described instead), stops them (SIGSTOP) and writes
+   ``hangs/ATTEMPT/rank-R.json`` (step, phase, silence, state, node);
+2. the claimant calls :func:`train.stop.act.request_requeue` with kind ``hang`` and the
+   suspects' nodes (``suspects=``; none when the evidence names none): the ``hang`` event,
+   the ``requeue.max_hangs`` budget, ``scontrol requeue``, the quarantine of those nodes;
+3. every watcher then ends its local ranks (SIGKILL); Slurm restarts the requeued job and it
+   resumes from the newest valid checkpoint like any interruption.
+
+Each rank also writes ``RUN_DIR/.progress/ATTEMPT/rank-R.json`` once (its pid and node: for
+people and tests). Not covered: a job whose every node freezes at once, and a node that
+freezes alone while nothing waits for it (its ranks then hold the job only at the next
+collective, which is when the others notice).
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import hashlib
 import json
 import logging
 import os
@@ -47,7 +74,10 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -56,56 +86,86 @@ from train.runfiles import open_fd, open_text, write_text
 
 __all__ = [
     "BUDGET_FIELDS",
+    "BUSY_FLOOR_S",
     "COMMAND_FLOOR_S",
     "DUMP_SIGNAL",
     "HANG_FLOOR_S",
+    "PHASES",
+    "SUMMARY_S",
     "Beat",
     "Heartbeat",
     "Watchdog",
+    "allowance",
     "attempt_name",
     "auto_timeout",
     "hang_claimed",
+    "node_local_dir",
     "proc_state",
     "read_beats",
     "start_watchdog",
-    "stuck_ranks",
 ]
 
 log = logging.getLogger(__name__)
 
 #: Each rank dumps its Python stacks (all threads) on this signal; Slurm never sends it.
 DUMP_SIGNAL = signal.SIGRTMIN + 3
-#: The default timeout never goes below this (evaluations and checkpoints pause the steps).
+#: The default timeout of a training step never goes below this.
 HANG_FLOOR_S = 60.0
-#: The same for an ``entrypoint.command``, whose progress is its output (sparser than steps).
+#: A declared busy phase (evaluation, checkpoint save, start-up and first step) may be silent
+#: this long, or the timeout when that is longer.
+BUSY_FLOOR_S = 1800.0
+#: The default timeout of an ``entrypoint.command`` (its writes are sparser than steps).
 COMMAND_FLOOR_S = 1800.0
-_BEAT = struct.Struct("<qd")  # step, wall time
+#: Each node's watcher publishes its summary (and looks for a claimed hang) this often.
+SUMMARY_S = 10.0
+#: What a rank can be doing; a phase not in the list is reported as ``busy``.
+PHASES = ("train", "start", "eval", "save", "compile", "busy")
+_BEAT = struct.Struct("<qdqq")  # step, wall time, phase, pulse counter
 #: The fields of ``requeue:`` the watcher needs (passed to it as JSON).
 BUDGET_FIELDS = ("max_preemptions", "max_timeouts", "max_failures", "max_hangs", "signal_delay_s")
 
 
-def attempt_name(job_id: str | None, restart_count: int) -> str:
-    return f"{job_id or 'local'}-{restart_count}"
+def attempt_name(job_id: str | None, attempt: int | str) -> str:
+    """``JOB-ATTEMPT``: ATTEMPT is the restart count, or ``DistEnv.attempt`` (``2.1``: a
+    restart in place)."""
+    return f"{job_id or 'local'}-{attempt}"
 
 
-def hang_claimed(run_dir: Path | str, job_id: str | None, restart_count: int) -> bool:
+def hang_claimed(run_dir: Path | str, job_id: str | None, attempt: int | str) -> bool:
     """True once a watcher took charge of a hang in this attempt: it records and requeues; a
     rank that comes back to life afterwards (Slurm's SIGCONT at the requeue, a peer's 'connection
     closed') must not record a failure or a stop of its own."""
-    return (Path(run_dir) / "hangs" / attempt_name(job_id, restart_count) / "claimed").exists()
+    return (Path(run_dir) / "hangs" / attempt_name(job_id, attempt) / "claimed").exists()
+
+
+def node_local_dir(run_dir: Path, attempt: str, node: str, root: Path | None = None) -> Path:
+    """This node's heartbeat folder for one attempt of one run: in ``/dev/shm`` (memory) when
+    there is one, else the node's temporary folder; never in the shared run directory."""
+    if root is None:
+        shm = Path("/dev/shm")
+        root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    run = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    return root / f"slurm-train-{os.getuid()}" / f"{run}-{attempt}" / node
 
 
 @dataclass(frozen=True)
 class Beat:
-    """One rank's newest heartbeat: its last completed step and when (wall clock)."""
+    """One rank's newest heartbeat: its last completed step (-1: none yet), what it does now,
+    how many pulses it gave and when it last wrote (wall clock of its node)."""
 
     rank: int
     step: int
     time: float
+    phase: str = "train"
+    pulses: int = 0
+
+
+def _phase_code(name: str) -> int:
+    return PHASES.index(name) if name in PHASES else PHASES.index("busy")
 
 
 class Heartbeat:
-    """A rank's progress file: ``beat(step)`` costs one 16-byte ``pwrite`` (no fsync)."""
+    """A rank's node-local progress file: each write is one 32-byte ``pwrite`` (no fsync)."""
 
     def __init__(self, directory: Path, rank: int, meta: dict[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -113,9 +173,13 @@ class Heartbeat:
         self.path = directory / f"rank-{rank}"
         self._fd: int | None = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
 
-    def beat(self, step: int) -> None:
+    def write(self, step: int, phase: str = "train", pulses: int = 0) -> None:
         if self._fd is not None:
-            os.pwrite(self._fd, _BEAT.pack(step, time.time()), 0)
+            os.pwrite(self._fd, _BEAT.pack(step, time.time(), _phase_code(phase), pulses), 0)
+
+    def beat(self, step: int) -> None:
+        """A completed step (phase ``train``)."""
+        self.write(step)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -123,18 +187,28 @@ class Heartbeat:
             self._fd = None
 
 
-def read_beats(directory: Path, world_size: int) -> dict[int, Beat]:
-    """The ranks that reported at least one step (a missing or short file: not yet)."""
+def read_beat(path: Path, rank: int) -> Beat | None:
+    """A rank's heartbeat, None when missing, short or foreign."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_BEAT.size)
+    except OSError:
+        return None
+    if len(raw) != _BEAT.size:
+        return None
+    step, t, phase, pulses = _BEAT.unpack(raw)
+    name = PHASES[phase] if 0 <= phase < len(PHASES) else "busy"
+    return Beat(rank, step, t, name, pulses)
+
+
+def read_beats(directory: Path, ranks: Any) -> dict[int, Beat]:
+    """The heartbeats of ``ranks`` (an iterable, or a count: 0..N-1) found in ``directory``."""
+    wanted = range(ranks) if isinstance(ranks, int) else ranks
     beats: dict[int, Beat] = {}
-    for rank in range(world_size):
-        try:
-            with open(directory / f"rank-{rank}", "rb") as f:
-                raw = f.read(_BEAT.size)
-        except OSError:
-            continue
-        if len(raw) == _BEAT.size:
-            step, t = _BEAT.unpack(raw)
-            beats[rank] = Beat(rank, step, t)
+    for rank in wanted:
+        beat = read_beat(directory / f"rank-{rank}", rank)
+        if beat is not None:
+            beats[rank] = beat
     return beats
 
 
@@ -145,13 +219,12 @@ def auto_timeout(
     return max(floor, 20.0 * (mean_step_s or 0.0), 3.0 * longest_gap_s)
 
 
-def stuck_ranks(beats: dict[int, Beat], now: float, timeout: float) -> list[int]:
-    """Ranks whose last step is older than ``timeout`` (empty: no hang).
-
-    With DDP one stuck rank soon blocks every other in a collective, so all of them stall;
-    which of them stopped *first* is decided later from their process states and steps.
-    """
-    return sorted(r for r, b in beats.items() if now - b.time > timeout)
+def allowance(phase: str, timeout: float, *, command: bool = False) -> float:
+    """How long a rank in ``phase`` may be silent: the timeout while it trains (or runs a
+    command), ``max(timeout, BUSY_FLOOR_S)`` in a declared busy phase."""
+    if command or phase == "train":
+        return timeout
+    return max(timeout, BUSY_FLOOR_S)
 
 
 def proc_state(pid: int) -> str | None:
@@ -167,7 +240,8 @@ def proc_state(pid: int) -> str | None:
 
 
 class Watchdog:
-    """In a rank: the heartbeat, the stack-dump handler, and the watcher process it started."""
+    """In a rank: the node-local heartbeat, the stack-dump handler and, on the node's first local
+    rank, the node's watcher process."""
 
     def __init__(
         self,
@@ -181,43 +255,85 @@ class Watchdog:
         budgets: dict[str, int],
         poll_s: float | None = None,
         node: str | None = None,
+        local_rank: int = 0,
+        local_world_size: int = 1,
         command_pid: int | None = None,
+        local_root: Path | None = None,
+        summary_s: float | None = None,
+        in_place: int = 0,
     ) -> None:
-        attempt = attempt_name(job_id, restart_count)
-        self.progress_dir = run_dir / ".progress" / attempt
+        attempt = attempt_name(job_id, f"{restart_count}.{in_place}" if in_place else restart_count)
         node = node or socket.gethostname().split(".")[0]
-        self.heartbeat = Heartbeat(
-            self.progress_dir, rank, {"rank": rank, "pid": os.getpid(), "node": node}
-        )
-        # in the hidden progress folder: an attempt that ends without a hang (or is killed by
-        # a preemption) leaves no RUN_DIR/hangs behind
-        self.stacks_path = self.progress_dir / f"rank-{rank}.stacks"
+        self.local_dir = node_local_dir(run_dir, attempt, node, local_root)
+        meta = {"rank": rank, "pid": os.getpid(), "node": node, "command_pid": command_pid}
+        # once per rank and attempt in the shared run directory: who ran where
+        shared = run_dir / ".progress" / attempt
+        shared.mkdir(parents=True, exist_ok=True)
+        write_text(shared / f"rank-{rank}.json", json.dumps(meta))
+        self.heartbeat = Heartbeat(self.local_dir, rank, meta)
+        self._lock = threading.Lock()
+        self._step, self._phase, self._pulses = -1, "start", 0
+        self._write()
+        self.stacks_path = self.local_dir / f"rank-{rank}.stacks"
         self._stacks: IO[str] | None = open_text(self.stacks_path, "w")
         faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True, chain=False)
+        self._watcher: subprocess.Popen[bytes] | None = None
+        if local_rank != 0:
+            return
         cmd = [
             sys.executable, "-m", "train.hang.watcher",
-            "--run-dir", str(run_dir), "--attempt", attempt, "--rank", str(rank),
-            "--world-size", str(world_size), "--pid", str(os.getpid()),
+            "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
+            "--local-dir", str(self.local_dir), "--world-size", str(world_size),
+            "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),
             "--budgets", json.dumps(budgets), "--job-id", job_id or "",
-            "--restart-count", str(restart_count),
+            "--restart-count", str(restart_count), "--in-place", str(in_place),
         ]  # fmt: skip
-        if command_pid is not None:  # see watch_command
-            cmd += ["--command-pid", str(command_pid)]
+        if command_pid is not None:
+            cmd += ["--command"]
         if timeout_s:
             cmd += ["--timeout", str(timeout_s)]
         if poll_s:
             cmd += ["--poll", str(poll_s)]
+        if summary_s:
+            cmd += ["--summary", str(summary_s)]
         # Own session: a signal to the rank's process group does not reach the watcher.
-        self._watcher: subprocess.Popen[bytes] | None = subprocess.Popen(
-            cmd, start_new_session=True, stdin=subprocess.DEVNULL
-        )
+        self._watcher = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
+
+    def _write(self) -> None:
+        self.heartbeat.write(self._step, self._phase, self._pulses)
 
     def beat(self, step: int) -> None:
         """A completed step (a progress listener of :class:`train.session.RunSession`)."""
-        self.heartbeat.beat(step)
+        with self._lock:
+            self._step, self._phase = step, "train"
+            self._write()
+
+    def pulse(self, *_: object) -> None:
+        """Work goes on within the current phase (a phase of a checkpoint save): any thread."""
+        with self._lock:
+            self._pulses += 1
+            self._write()
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Declare ``what`` (``eval``, ``save``, ...) for the time of the block: the rank may be
+        silent for :func:`allowance` of a busy phase; then back to the phase it was in."""
+        with self._lock:
+            before, self._phase = self._phase, what
+            self._write()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._phase = before if self._phase == what else self._phase
+                self._write()
+
+    @property
+    def phase(self) -> str:
+        return self._phase
 
     def close(self) -> None:
-        """The run ended on its own: stop the watcher, remove an unused stacks file."""
+        """The run ended on its own: stop the watcher, remove this rank's node-local files."""
         if self._watcher is not None:
             with contextlib.suppress(OSError):
                 self._watcher.terminate()
@@ -228,10 +344,11 @@ class Watchdog:
         if self._stacks is not None:
             self._stacks.close()
             self._stacks = None
-            with contextlib.suppress(OSError):
-                if self.stacks_path.stat().st_size == 0:
-                    self.stacks_path.unlink()
         self.heartbeat.close()
+        rank = self.heartbeat.path.name
+        for name in (rank, f"{rank}.json", f"{rank}.stacks"):
+            with contextlib.suppress(OSError):
+                (self.local_dir / name).unlink()
 
 
 def start_watchdog(
@@ -240,11 +357,11 @@ def start_watchdog(
     """The watchdog for this rank, or None when ``requeue.hang_watchdog`` is off.
 
     ``command_pid``: this rank supervises ``entrypoint.command`` (that child, in its own
-    session): its progress is what it writes, the job hangs when NO rank's command wrote
-    anything for the timeout (``requeue.hang_timeout_s``, default :data:`COMMAND_FLOOR_S`: a
-    program's writes are sparser than steps), and at a hang the watcher records
-    the command's processes (state, kernel wait channel, kernel stack where readable) instead
-    of Python stacks and ends the command's process group with the rank."""
+    session): its progress is what its training processes write, the job hangs when NO rank's
+    command wrote anything for the timeout (``requeue.hang_timeout_s``, default
+    :data:`COMMAND_FLOOR_S`), and at a hang the watcher describes the command's processes
+    (state, kernel wait channel, kernel stack where readable) instead of Python stacks and
+    ends the command's process group with the rank."""
     if not getattr(requeue, "hang_watchdog", True):
         return None
     return Watchdog(
@@ -253,7 +370,10 @@ def start_watchdog(
         world_size=env.world_size,
         job_id=env.job_id,
         restart_count=env.restart_count,
+        in_place=int(getattr(env, "in_place", 0) or 0),
         node=env.node_name,
+        local_rank=env.local_rank,
+        local_world_size=env.local_world_size,
         timeout_s=getattr(requeue, "hang_timeout_s", None),
         budgets={k: int(getattr(requeue, k)) for k in BUDGET_FIELDS if hasattr(requeue, k)},
         command_pid=command_pid,

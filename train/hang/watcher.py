@@ -1,11 +1,11 @@
-"""The hang watcher process of :mod:`train.hang.heartbeat` (``python -m train.hang.watcher``, no
-torch).
+"""The node's hang watcher (``python -m train.hang.watcher``, no torch): see
+:mod:`train.hang.heartbeat` for the protocol and :mod:`train.hang.evidence` for the verdict.
 
-Started by each rank in its own session, so freezing the rank does not freeze it. It polls the
-heartbeats of every rank and, on a hang, asks its rank for its stacks, records what it saw, and
-(the first watcher to claim the attempt) records the ``hang`` event and requeues
-within ``requeue.max_hangs``; then it ends its rank. See :mod:`train.hang.heartbeat` for the whole
-protocol.
+Started by the node's first local rank in its own session, so freezing that rank does not
+freeze it. It reads its node's heartbeats (node-local) every poll, publishes one summary of its
+node every ``SUMMARY_S`` into ``RUN_DIR/.progress/ATTEMPT/nodes/``, and when a local rank is
+silent past its allowance reads the other nodes' summaries, judges, and on a hang records,
+requeues (the first to claim the attempt) and ends its node's ranks.
 """
 
 from __future__ import annotations
@@ -15,22 +15,25 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train.hang.evidence import NodeView, RankView, Verdict, judge, node_view
 from train.hang.heartbeat import (
     COMMAND_FLOOR_S,
     DUMP_SIGNAL,
+    SUMMARY_S,
     Beat,
+    allowance,
     auto_timeout,
     proc_state,
-    read_beats,
-    stuck_ranks,
+    read_beat,
 )
 from train.runfiles import open_fd, write_text
 
@@ -38,137 +41,355 @@ __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 
+_RANK_FILE = re.compile(r"rank-(\d+)")
+#: ``observed`` in the hang event lists every rank up to this many, else the suspects only.
+_OBSERVED_MAX = 64
+
 
 @dataclass(frozen=True)
 class _Args:
     run_dir: Path
     attempt: str
-    rank: int
+    node: str
+    local_dir: Path
     world_size: int
-    pid: int
+    local_world_size: int
+    pid: int  # the rank that started this watcher (its parent)
     timeout: float | None
     poll: float | None
+    summary: float
     budgets: dict[str, int]
     job_id: str | None
     restart_count: int
-    command_pid: int | None = None  # the rank supervises this entrypoint.command
+    command: bool = False  # the ranks supervise an entrypoint.command
+    in_place: int = 0  # restarts in place within the same allocation (DistEnv.in_place)
+
+    @property
+    def shared(self) -> Path:
+        return self.run_dir / ".progress" / self.attempt
+
+    @property
+    def hangs(self) -> Path:
+        return self.run_dir / "hangs" / self.attempt
+
+
+@dataclass
+class _Track:
+    """One local rank as this watcher saw it (its own monotonic clock for silences)."""
+
+    rank: int
+    pid: int | None = None
+    command_pid: int | None = None
+    beat: Beat | None = None
+    changed: float = field(default_factory=time.monotonic)
+    busy_since_step: bool = False
+
+    def idle(self, now: float) -> float:
+        return now - self.changed
+
+
+class _Node:
+    """The node's ranks, the timeout they imply, and its published summary."""
+
+    def __init__(self, a: _Args) -> None:
+        self.a = a
+        self.tracks: dict[int, _Track] = {}
+        self.steps = 0
+        self.span = 0.0
+        self.longest_gap = 0.0
+        self.seq = 0
+
+    # -- the node's heartbeats (node-local) -----------------------------------------------------
+    def poll(self, now: float) -> None:
+        if len(self.tracks) < self.a.local_world_size:
+            self._discover()
+        for t in self.tracks.values():
+            beat = read_beat(self.a.local_dir / f"rank-{t.rank}", t.rank)
+            if beat is None:
+                continue
+            prev = t.beat
+            key = (beat.step, beat.phase, beat.pulses)
+            if prev is not None and key == (prev.step, prev.phase, prev.pulses):
+                continue
+            t.changed = now
+            if beat.phase != "train" and not self.a.command:
+                t.busy_since_step = True
+            if prev is not None and beat.step > prev.step and prev.step >= 0:
+                gap = beat.time - prev.time
+                # a pause that a busy phase explains is not a step's time (an evaluation, a save)
+                if not t.busy_since_step and prev.phase == "train" and gap >= 0:
+                    self.steps += beat.step - prev.step
+                    self.span += gap
+                    self.longest_gap = max(self.longest_gap, gap)
+                t.busy_since_step = beat.phase != "train" and not self.a.command
+            t.beat = beat
+
+    def _discover(self) -> None:
+        try:
+            names = os.listdir(self.a.local_dir)
+        except OSError:
+            return
+        for name in names:
+            m = _RANK_FILE.fullmatch(name)
+            if m is None or int(m.group(1)) in self.tracks:
+                continue
+            meta = _read_json(self.a.local_dir / f"{name}.json")
+            pid = meta.get("pid")
+            cpid = meta.get("command_pid")
+            self.tracks[int(m.group(1))] = _Track(
+                int(m.group(1)),
+                pid if isinstance(pid, int) else None,
+                cpid if isinstance(cpid, int) else None,
+            )
+
+    def timeout(self) -> float:
+        if self.a.timeout:
+            return self.a.timeout
+        if self.a.command:
+            return auto_timeout(None, self.longest_gap, COMMAND_FLOOR_S)
+        return auto_timeout(self.span / self.steps if self.steps else None, self.longest_gap)
+
+    def suspicious(self, now: float) -> bool:
+        """A local rank is silent past its allowance (a command: every local rank that wrote)."""
+        timeout = self.timeout()
+        seen = [t for t in self.tracks.values() if t.beat is not None]
+        if self.a.command:
+            written = [t for t in seen if t.beat is not None and t.beat.phase != "start"]
+            return bool(written) and all(t.idle(now) > timeout for t in written)
+        return any(
+            t.idle(now) > allowance(t.beat.phase, timeout) for t in seen if t.beat is not None
+        )
+
+    # -- the summary (shared) ----------------------------------------------------------------
+    def view(self, now: float, *, full: bool = False) -> NodeView:
+        timeout = self.timeout()
+        ranks = []
+        for t in sorted(self.tracks.values(), key=lambda t: t.rank):
+            if t.beat is None:
+                continue
+            state = None
+            if self.a.command and t.command_pid is not None:
+                state = _command_state(t.command_pid, full)
+            elif t.pid is not None:
+                state = proc_state(t.pid)
+            phase = t.beat.phase
+            ranks.append(
+                RankView(
+                    rank=t.rank, node=self.a.node, step=t.beat.step, phase=phase,
+                    idle_s=t.idle(now), allowed_s=allowance(phase, timeout, command=self.a.command),
+                    timeout_s=timeout, state=state, pid=t.pid,
+                )
+            )  # fmt: skip
+        return NodeView(self.a.node, tuple(ranks))
+
+    def publish(self, now: float, *, ended: bool = False, full: bool = False) -> NodeView:
+        """Write this node's summary (one small file, replaced whole)."""
+        view = self.view(now, full=full)
+        self.seq += 1
+        data = {
+            "node": self.a.node, "seq": self.seq, "ended": ended, "command": self.a.command,
+            "ranks": [{**r.to_json(), "timeout_s": round(r.timeout_s, 1), "pid": r.pid}
+                      for r in view.ranks],
+        }  # fmt: skip
+        folder = self.a.shared / "nodes"
+        name = _safe(self.a.node)
+        try:
+            tmp = folder / f".{name}.json.tmp"
+            write_text(tmp, json.dumps(data))
+            tmp.replace(folder / f"{name}.json")
+        except OSError as exc:
+            log.warning("could not publish the node's summary: %s", exc)
+        return view
+
+
+def _safe(node: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", node) or "node"
+
+
+def _command_state(pid: int, full: bool) -> str | None:
+    """The command's state: ``T`` when any of its processes is stopped (``full``: the whole
+    tree, a /proc scan; else only its first process)."""
+    state = proc_state(pid)
+    if full:
+        from train.command.processes import process_tree  # torch-free
+
+        if any(proc_state(p) == "T" for p in process_tree(pid)):
+            return "T"
+    return state
+
+
+def _read_summaries(a: _Args) -> dict[str, tuple[int, dict[str, Any]]]:
+    folder = a.shared / "nodes"
+    out: dict[str, tuple[int, dict[str, Any]]] = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        data = _read_json(folder / name)
+        node, seq = data.get("node"), data.get("seq")
+        if isinstance(node, str) and isinstance(seq, int):
+            out[node] = (seq, data)
+    return out
+
+
+def _confirm(a: _Args, node: _Node) -> list[NodeView]:
+    """Publish now, then wait (at most one summary period and a bit) until every other node's
+    watcher published again: the views to judge, a node that did not marked silent."""
+    node.publish(time.monotonic(), full=True)
+    before = _read_summaries(a)
+    advanced = {a.node}
+    deadline = time.monotonic() + a.summary + 3.0
+    current = before
+    while True:
+        for name, (seq, data) in current.items():
+            if name not in before or seq != before[name][0] or data.get("ended"):
+                advanced.add(name)
+        if set(current) <= advanced or time.monotonic() > deadline:
+            break
+        time.sleep(min(1.0, a.poll or 1.0))
+        current = _read_summaries(a)
+    views = [node.view(time.monotonic(), full=True)]
+    for name, (_, data) in current.items():
+        if name == a.node:
+            continue
+        view = node_view(data, alive=name in advanced)
+        if view is not None:
+            views.append(view)
+    return views
 
 
 def _watch(a: _Args) -> int:
-    """Poll the heartbeats until the rank ends (0) or a hang is handled (1)."""
-    progress = a.run_dir / ".progress" / a.attempt
-    first: dict[int, Beat] = {}
-    last_change: dict[int, float] = {}
-    last_seen: dict[int, Beat] = {}
-    longest_gap = 0.0
-    while True:
-        if os.getppid() != a.pid or proc_state(a.pid) in (None, "Z"):
-            return 0  # the rank (this process's parent) is gone
-        now = time.time()
-        beats = read_beats(progress, a.world_size)
-        for r, b in beats.items():
-            first.setdefault(r, b)
-            prev = last_seen.get(r)
-            if prev is None or b.step != prev.step:
-                if prev is not None:
-                    longest_gap = max(longest_gap, b.time - prev.time)
-                # when THIS watcher saw the step change: its own clock, so a skew between the
-                # nodes' clocks cannot fake or hide a hang
-                last_change[r] = now
-            last_seen[r] = b
-        if a.command_pid is not None and beats:
-            # a command: armed once any rank's command wrote something; a hang is NO rank's
-            # command writing anything for the timeout (often only rank 0 prints)
-            timeout = a.timeout or auto_timeout(None, longest_gap, COMMAND_FLOOR_S)
-            if now - max(last_change.values()) > timeout:
-                _handle_hang(a, beats, timeout, now)
-                return 1
-            poll = a.poll or min(5.0, max(0.2, timeout / 10))
-        elif len(beats) == a.world_size:  # armed once every rank made a first step
-            steps = sum(b.step - first[r].step for r, b in beats.items())
-            span = sum(b.time - first[r].time for r, b in beats.items())
-            mean = span / steps if steps > 0 else None
-            timeout = a.timeout or auto_timeout(mean, longest_gap)
-            observed = {r: Beat(r, b.step, last_change[r]) for r, b in beats.items()}
-            stuck = stuck_ranks(observed, now, timeout)
-            if stuck:
-                _handle_hang(a, beats, timeout, now)
-                return 1
-            poll = a.poll or min(5.0, max(0.2, timeout / 10))
-        else:
-            poll = a.poll or 1.0
-        time.sleep(poll)
+    """Watch the node until its first rank ends (0) or a hang is handled (1)."""
+    node = _Node(a)
+    (a.shared / "nodes").mkdir(parents=True, exist_ok=True)
+    next_publish = next_judge = 0.0
+    ended = True  # the node's ranks end on their own (or are stopped by Slurm): say so
+    try:
+        while True:
+            if os.getppid() != a.pid or proc_state(a.pid) in (None, "Z"):
+                return 0  # the rank (this process's parent) is gone
+            now = time.monotonic()
+            node.poll(now)
+            if now >= next_publish:
+                node.publish(now)
+                next_publish = now + a.summary
+                if (a.hangs / "claimed").exists():  # another node's watcher took charge
+                    ended = False
+                    _handle_hang(a, node, None, [])
+                    return 1
+            if now >= next_judge and node.suspicious(now):
+                views = _confirm(a, node)
+                verdict = judge(views, command=a.command)
+                if verdict.hang:
+                    ended = False
+                    _handle_hang(a, node, verdict, views)
+                    return 1
+                log.info("ranks %s silent, not a hang: %s", verdict.stalled, verdict.why)
+                next_judge = time.monotonic() + a.summary
+                next_publish = time.monotonic() + a.summary
+            timeout = node.timeout()
+            time.sleep(a.poll or min(5.0, max(0.2, timeout / 10)))
+    finally:
+        if ended:
+            with contextlib.suppress(Exception):
+                node.publish(time.monotonic(), ended=True)
+        shutil.rmtree(a.local_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            a.local_dir.parent.rmdir()  # the attempt's folder, once no node of it is left
 
 
-def _handle_hang(a: _Args, beats: dict[int, Beat], timeout: float, now: float) -> None:
+def _handle_hang(a: _Args, node: _Node, verdict: Verdict | None, views: list[NodeView]) -> None:
     # `scontrol requeue` makes Slurm SIGTERM every process of the step, this one included, at
     # once (SIGKILL only after KillWait): finish the record and the quarantine first.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    hangs = a.run_dir / "hangs" / a.attempt
-    hangs.mkdir(parents=True, exist_ok=True)
-    meta = _read_json(a.run_dir / ".progress" / a.attempt / f"rank-{a.rank}.json")
-    command = a.command_pid if a.command_pid is not None and _ours(a.command_pid, a.pid) else None
-    state = proc_state(command if command is not None else a.pid)
-    written = a.run_dir / ".progress" / a.attempt / f"rank-{a.rank}.stacks"
-    stacks = hangs / f"rank-{a.rank}.stacks"
-    dumped = False
-    if command is not None:
-        # not our Python: what the kernel says of each of the command's processes
-        dumped = _describe_processes(command, stacks)
-        with contextlib.suppress(OSError):
-            os.killpg(command, signal.SIGSTOP)  # its own session: pgid == its pid
-    elif state != "T":
-        with contextlib.suppress(OSError):
-            os.kill(a.pid, DUMP_SIGNAL)
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and not dumped:
-            time.sleep(0.1)
-            dumped = written.exists() and written.stat().st_size > 0
-        if dumped:
-            time.sleep(0.3)  # faulthandler writes from its signal handler: let it finish
-        # Freeze it until it is ended: a live rank must not react to its peers' end (a
-        # 'connection closed' failure) before the hang is recorded.
-        with contextlib.suppress(OSError):
-            os.kill(a.pid, signal.SIGSTOP)
-        if dumped:
-            try:
-                shutil.copyfile(written, stacks)
-            except OSError as exc:
-                log.warning("could not copy %s to %s: %s", written, stacks, exc)
-                dumped = False
-    mine = beats.get(a.rank)
-    seen = {
-        "rank": a.rank,
-        "node": meta.get("node"),
-        "pid": a.pid,
-        "state": state,
-        "stopped": state == "T",
-        "step": mine.step if mine else None,
-        "idle_s": round(now - mine.time, 1) if mine else None,
-        "stacks": str(stacks) if dumped else None,
-    }
-    tmp = hangs / f".rank-{a.rank}.json.tmp"
-    write_text(tmp, json.dumps(seen))
-    tmp.replace(hangs / f"rank-{a.rank}.json")
-    try:
-        fd = open_fd(hangs / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        os.close(fd)
-        claimed = True
-    except FileExistsError:
-        claimed = False
+    a.hangs.mkdir(parents=True, exist_ok=True)
+    claimed = False
+    if verdict is not None:
+        try:
+            os.close(open_fd(a.hangs / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            claimed = True
+        except FileExistsError:
+            pass
+    _record_local(a, node)
     if claimed:
-        _record_and_requeue(a, hangs, timeout)
+        assert verdict is not None
+        _record_and_requeue(a, node, verdict, views)
     else:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (hangs / "decided").exists():
+        while time.monotonic() < deadline and not (a.hangs / "decided").exists():
             time.sleep(0.2)
     # End the step: the job is requeued (or its budget is spent); nothing of this attempt may
     # go on. A stopped rank dies of SIGKILL too; so does the command it supervises.
-    if command is not None and _ours(command, a.pid):
+    for t in node.tracks.values():
+        if t.command_pid is not None and t.pid is not None and _ours(t.command_pid, t.pid):
+            with contextlib.suppress(OSError):
+                os.killpg(t.command_pid, signal.SIGKILL)
+        if t.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(t.pid, signal.SIGKILL)
+
+
+def _record_local(a: _Args, node: _Node) -> None:
+    """Each local rank's stacks (or its command's processes) and what this watcher saw of it;
+    then the ranks are frozen until they are ended."""
+    now = time.monotonic()
+    views = {v.rank: v for v in node.view(now, full=True).ranks}
+    dumped: dict[int, bool] = {}
+    asked: list[_Track] = []
+    for t in node.tracks.values():
+        if t.pid is None:
+            continue
+        stacks = a.hangs / f"rank-{t.rank}.stacks"
+        command = t.command_pid
+        if command is not None and not _ours(command, t.pid):
+            command = None
+        if command is not None:
+            # not our Python: what the kernel says of each of the command's processes
+            dumped[t.rank] = _describe_processes(command, stacks)
+            with contextlib.suppress(OSError):
+                os.killpg(command, signal.SIGSTOP)  # its own session: pgid == its pid
+        elif proc_state(t.pid) != "T":
+            with contextlib.suppress(OSError):
+                os.kill(t.pid, DUMP_SIGNAL)
+            asked.append(t)
+    written = {t.rank: a.local_dir / f"rank-{t.rank}.stacks" for t in asked}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not all(_nonempty(p) for p in written.values()):
+        time.sleep(0.1)
+    if any(_nonempty(p) for p in written.values()):
+        time.sleep(0.3)  # faulthandler writes from its signal handler: let it finish
+    for t in asked:
+        # Freeze it until it is ended: a live rank must not react to its peers' end (a
+        # 'connection closed' failure) before the hang is recorded.
         with contextlib.suppress(OSError):
-            os.killpg(command, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.kill(a.pid, signal.SIGKILL)
+            os.kill(t.pid or 0, signal.SIGSTOP)
+        dumped[t.rank] = False
+        if _nonempty(written[t.rank]):
+            try:
+                shutil.copyfile(written[t.rank], a.hangs / f"rank-{t.rank}.stacks")
+                dumped[t.rank] = True
+            except OSError as exc:
+                log.warning("could not copy the stacks of rank %s: %s", t.rank, exc)
+    for t in node.tracks.values():
+        v = views.get(t.rank)
+        seen = {
+            **(v.to_json() if v is not None else {"rank": t.rank, "node": a.node}),
+            "pid": t.pid,
+            "stacks": str(a.hangs / f"rank-{t.rank}.stacks") if dumped.get(t.rank) else None,
+        }
+        tmp = a.hangs / f".rank-{t.rank}.json.tmp"
+        write_text(tmp, json.dumps(seen))
+        tmp.replace(a.hangs / f"rank-{t.rank}.json")
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _ours(pid: int, parent: int) -> bool:
@@ -210,51 +431,52 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _record_and_requeue(a: _Args, hangs: Path, timeout: float) -> None:
-    deadline = time.monotonic() + 5
+def _record_and_requeue(a: _Args, node: _Node, verdict: Verdict, views: list[NodeView]) -> None:
+    # the live nodes' watchers record their ranks too (they see the claim within a summary
+    # period, or reached the verdict themselves): wait a little for them
+    expected = {r.rank for v in views if v.alive and not v.ended for r in v.ranks}
+    deadline = time.monotonic() + a.summary + 3.0
     while time.monotonic() < deadline:
-        if all((hangs / f"rank-{r}.json").exists() for r in range(a.world_size)):
+        if all((a.hangs / f"rank-{r}.json").exists() for r in expected):
             break
-        time.sleep(0.1)
-    seen = [_read_json(hangs / f"rank-{r}.json") for r in range(a.world_size)]
-    known = [s for s in seen if isinstance(s.get("rank"), int)]
-    stopped = [s for s in known if s.get("stopped")]
-    if a.command_pid is not None and not stopped:
-        pass  # a command's output says nothing of which rank stopped first: no node named
-    elif not stopped and known:
-        low = min(s["step"] for s in known if isinstance(s.get("step"), int))
-        stopped = [s for s in known if s.get("step") == low]
-    ranks = sorted(s["rank"] for s in stopped)
-    nodes = sorted({str(s.get("node")) for s in stopped})
-    step = min((s["step"] for s in known if isinstance(s.get("step"), int)), default=None)
-    if a.command_pid is not None:
-        step = None  # a command's beats count its writes, not training steps
+        time.sleep(0.2)
+    ranks = sorted({r.rank for v in views for r in v.ranks})
+    no_stacks = [r for r in ranks if not (a.hangs / f"rank-{r}.stacks").exists()]
+    observed = [r.to_json() for v in views for r in v.ranks]
+    if len(observed) > _OBSERVED_MAX:
+        observed = [o for o in observed if o["rank"] in verdict.ranks]
+    known_steps = [r.step for v in views for r in v.ranks if r.step >= 0]
+    step = None if a.command or not known_steps else min(known_steps)
+    timeout = node.timeout()
     details = {
-        "ranks": ranks,
-        "nodes": nodes,
+        "ranks": list(verdict.ranks),
+        "nodes": list(verdict.nodes),
+        "evidence": verdict.evidence,
+        "why": verdict.why,
+        "stalled": list(verdict.stalled),
         "timeout_s": round(timeout, 1),
-        "stacks_dir": str(hangs),
-        "no_stacks": sorted(s["rank"] for s in known if not s.get("stacks")),
-        "observed": known,
+        "stacks_dir": str(a.hangs),
+        "no_stacks": no_stacks,
+        "observed": sorted(observed, key=lambda o: int(o["rank"])),
     }
     log.error(
-        "hang: rank(s) %s on %s made no progress for %.0f s (stacks in %s)",
-        ranks, nodes, timeout, hangs,
+        "hang: suspects rank(s) %s on %s (%s); stacks in %s",
+        list(verdict.ranks), list(verdict.nodes), verdict.why, a.hangs,
     )  # fmt: skip
     from train.stop.act import request_requeue  # torch-free
 
     # the one stop decision: the hang event, its budget, the requeue and the suspects' nodes
     code = request_requeue(
-        _MainEnv(a.job_id, a.restart_count, a.world_size),
+        _MainEnv(a.job_id, a.restart_count, a.world_size, a.in_place),
         a.run_dir,
         _Budget(a.budgets),
         "hang",
         step=step,
         details=details,
-        suspects=tuple(nodes),
+        suspects=tuple(verdict.nodes),
         hang_claimed=False,
     )
-    write_text(hangs / "decided", json.dumps({"exit_code": code, **details}))
+    write_text(a.hangs / "decided", json.dumps({"exit_code": code, **details}))
 
 
 @dataclass(frozen=True)
@@ -264,7 +486,13 @@ class _MainEnv:
     job_id: str | None
     restart_count: int
     world_size: int
+    in_place: int = 0
     is_main: bool = True
+
+    @property
+    def attempt(self) -> str:
+        """As :attr:`train.env.DistEnv.attempt`."""
+        return f"{self.restart_count}.{self.in_place}" if self.in_place else str(self.restart_count)
 
 
 _DEFAULT_BUDGETS = {
@@ -288,7 +516,7 @@ class _Budget:
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -297,23 +525,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.hang.watcher", description=__doc__)
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--attempt", required=True)
-    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--node", required=True)
+    p.add_argument("--local-dir", type=Path, required=True)
     p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--local-world-size", type=int, default=1)
     p.add_argument("--pid", type=int, required=True)
     p.add_argument("--timeout", type=float)
     p.add_argument("--poll", type=float)
+    p.add_argument("--summary", type=float, default=SUMMARY_S)
     p.add_argument("--budgets", type=json.loads, default={})
     p.add_argument("--job-id", default="")
     p.add_argument("--restart-count", type=int, default=0)
-    p.add_argument("--command-pid", type=int)
+    p.add_argument("--in-place", type=int, default=0)
+    p.add_argument("--command", action="store_true")
     ns = p.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s [watchdog {ns.rank}] %(message)s", datefmt="%X"
+        level=logging.INFO, format=f"%(asctime)s [watchdog {ns.node}] %(message)s", datefmt="%X"
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     args = _Args(
-        ns.run_dir, ns.attempt, ns.rank, ns.world_size, ns.pid, ns.timeout, ns.poll,
-        ns.budgets, ns.job_id or None, ns.restart_count, ns.command_pid,
+        ns.run_dir, ns.attempt, ns.node, ns.local_dir, ns.world_size, ns.local_world_size,
+        ns.pid, ns.timeout, ns.poll, ns.summary, ns.budgets, ns.job_id or None,
+        ns.restart_count, ns.command, ns.in_place,
     )  # fmt: skip
     return _watch(args)
 

@@ -175,15 +175,16 @@ class _Loop:
         }
         if self.tracker is not None:  # every step up to this checkpoint is on disk first
             self.tracker.flush()
-        path = self.ckpt.save(
-            self.step,
-            shared,
-            rank_state,
-            epoch=self.epoch,
-            epoch_step=self.epoch_step,
-            model=self.strat.model,
-            metric=metric,
-        )
+        with self.session.busy("save"):  # and rank 0's collection of the other ranks' parts
+            path = self.ckpt.save(
+                self.step,
+                shared,
+                rank_state,
+                epoch=self.epoch,
+                epoch_step=self.epoch_step,
+                model=self.strat.model,
+                metric=metric,
+            )
         # None: this step was already saved (an interval save right before a stop signal).
         self.result.checkpoint = path or self.result.checkpoint
         if path is not None:  # what the save cost training (the goodput ledger, jobs/goodput.py)
@@ -200,14 +201,15 @@ class _Loop:
         """Evaluate on the held-out set; record test loss/accuracy. True: a new best."""
         self.timer.pause()
         began = time.perf_counter()
-        loss, acc = evaluate(
-            self.strat.eval_module,
-            self.test_set,
-            self.aug,
-            self.env,
-            max(self.micro * 2, 256),
-            self.out_dev,
-        )
+        with self.session.busy("eval"):  # no step for as long as it takes: not a hang
+            loss, acc = evaluate(
+                self.strat.eval_module,
+                self.test_set,
+                self.aug,
+                self.env,
+                max(self.micro * 2, 256),
+                self.out_dev,
+            )
         improved = self.best is None or acc > self.best
         self.best = acc if self.best is None else max(self.best, acc)
         self.result.test_loss, self.result.test_accuracy = loss, acc
@@ -348,7 +350,8 @@ class _Loop:
         if not self.metrics.records or self.metrics.records[-1]["kind"] != "eval":
             self.run_eval(stop_at)
         self.save(metric=self.result.test_accuracy)
-        self.ckpt.wait()
+        with self.session.busy("save"):
+            self.ckpt.wait()
         self.session.complete(self.step, test_accuracy=self.result.test_accuracy)
         return self.finish()
 
