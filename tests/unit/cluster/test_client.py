@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,13 +139,25 @@ def test_missing_command(tmp_path: Path) -> None:
     assert not client.installed() and not client.ping()
 
 
+class _RecordedSleeps:
+    """cluster.client's ``time``: its sleeps are recorded, not slept; the rest is the real
+    module. (Patching ``time.sleep`` itself also recorded subprocess's own polls while it waited
+    for the stub to exit: [2.0, 0.001, 0.002, ...] when the machine was busy.)"""
+
+    def __init__(self, slept: list[float]) -> None:
+        self.sleep = slept.append
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def test_release_waits_for_the_requeue_to_settle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A release at once after a requeue gets the job killed by slurmctld ("Job credential
     revoked"): the release waits first, then asks for StartTime=now."""
     slept: list[float] = []
-    monkeypatch.setattr("cluster.client.time.sleep", slept.append)
+    monkeypatch.setattr("cluster.client.time", _RecordedSleeps(slept))
     _stub(tmp_path, "scontrol", "")
     _client(tmp_path).release("7")
     assert slept == [2.0]
