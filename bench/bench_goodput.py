@@ -1,0 +1,511 @@
+"""Goodput against the peers on the real local cluster, under one schedule of preemptions.
+
+The same workload for every row (``bench/goodput_work.py``: DDP over gloo, 2 nodes x 1 task,
+``STEPS`` steps padded to ``STEP_S`` seconds each), the same schedule: ``PREEMPTIONS`` times,
+``AFTER_S`` seconds after the job is seen RUNNING, a job in partition ``urgent`` asks for one of
+its nodes (``PreemptMode=REQUEUE``, ``preempt_send_user_signal``: the job's ``--signal`` goes
+out, SIGTERM follows after the partition's GraceTime). Every requeue hold is released the same
+way for every row: as soon as the job is seen PENDING again, ``scontrol update JobId=..
+StartTime=now`` (:meth:`cluster.client.SlurmClient.release`, after its settle of
+``SETTLE_S``). Rows:
+
+- ``ours: built-in trainer``: ``python -m jobs submit`` of a spec (tinycnn, synthetic data,
+  each step padded by ``bench/goodput_hook``);
+- ``ours: entrypoint.command``: the README's recipe for a plain script, under ``jobs submit``;
+- ``Lightning auto_requeue``: plain sbatch, ``srun python ...``, ``--signal=SIGUSR1@90``,
+  ``SLURMEnvironment(auto_requeue=True)`` (as its documentation shows);
+- ``submitit Checkpointable``: ``submitit.AutoExecutor``, a ``Checkpointable`` that saves in
+  ``checkpoint()``;
+- ``sbatch trap``: ``#SBATCH --signal=B:USR1@90``, ``trap 'scontrol requeue ...'``, saves
+  every ``SAVE_EVERY`` steps;
+- ``physical limit``: one uninterrupted run of the workload (plain sbatch, no stop handling)
+  plus, per preemption, what no tool avoids: Slurm's own preempt-requeue-restart of a trivial
+  job under the same schedule (to its batch script's first line) and ``python -c "import
+  torch"``, both measured in this run.
+
+Per row: completed, goodput = STEPS x STEP_S / wall time (Slurm's Submit of the first attempt to
+End of the last, ``sacct -D``), steps redone (step lines written more than once), and the median
+seconds from the preemption (the urgent job's submission) to the first step after the restart.
+The goal: our two rows ahead of every peer and within 10% of the physical limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, Figure, Goal, Options, bench_env, median, run_command, skipped
+from train.history import read_jsonl
+
+__all__ = ["run"]
+
+SECTION = "Goodput under preemption (local Slurm cluster)"
+STEP_S = 0.1
+SAVE_EVERY = 50
+SETTLE_S = 1.0
+HOOK = REPO / "bench" / "goodput_hook"
+
+
+class Skip(Exception):
+    """This row cannot run here; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    steps: int
+    preemptions: int
+    after_s: float
+
+
+@dataclass
+class Row:
+    name: str
+    completed: bool = False
+    goodput: float | None = None
+    wall_s: float | None = None
+    redone: int = 0
+    restart_s: list[float] = field(default_factory=list)
+    preempted: int = 0
+    note: str = ""
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Skip(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+class Bench:
+    """The cluster, the schedule and the bench's working directory."""
+
+    def __init__(self, opts: Options, client: Any, env: dict[str, str], sched: Schedule) -> None:
+        self.opts, self.client, self.env, self.sched = opts, client, env, sched
+        self.root = opts.workdir / "goodput"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def state(self, job_id: str) -> tuple[str, str]:
+        info = self.client.poll_states([job_id]).get(job_id)
+        return (info.state, info.nodelist) if info is not None else ("UNKNOWN", "")
+
+    def sbatch(self, run: Path, body: str, options: list[str]) -> str:
+        script = run / "job.sbatch"
+        lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in options), body]
+        script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return str(self.client.submit(script, cwd=run))
+
+    def urgent(self, node: str, run: Path) -> str:
+        script = run / "urgent.sbatch"
+        script.write_text("#!/bin/bash\nsleep 1\n", encoding="utf-8")
+        return str(
+            self.client.submit(
+                script,
+                [
+                    "--partition=urgent",
+                    f"--nodelist={node}",
+                    "--nodes=1",
+                    "--ntasks=1",
+                    "--cpus-per-task=2",
+                    "--time=2",
+                    "--job-name=bench-urgent",
+                    f"--output={run}/urgent-%j.out",
+                ],
+            )
+        )
+
+    def drive(self, job_id: str, run: Path, timeout: float) -> list[float]:
+        """Apply the schedule to ``job_id``, wait for its end; the preemption times."""
+        preempts: list[float] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() > deadline:
+                raise Skip(f"job {job_id} did not finish in {timeout:.0f} s")
+            state, nodes = self.state(job_id)
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
+                return preempts
+            if state == "PENDING" and preempts:
+                with contextlib.suppress(Exception):  # not requeued yet: next poll
+                    self.client.release(job_id, settle_s=SETTLE_S)
+                _wait_not(self, job_id, "PENDING", 30)
+                continue
+            if state == "RUNNING" and len(preempts) < self.sched.preemptions:
+                seen = time.monotonic()
+                while time.monotonic() - seen < self.sched.after_s:
+                    time.sleep(0.25)
+                    state, nodes = self.state(job_id)
+                    if state != "RUNNING":
+                        break
+                if state != "RUNNING":
+                    continue
+                node = _first_node(nodes)
+                preempts.append(time.time())
+                urgent = self.urgent(node, run)
+                self.opts.log(f"goodput: {run.name}: preempt #{len(preempts)} (urgent {urgent})")
+                _wait(
+                    f"job {job_id} to leave RUNNING",
+                    lambda: self.state(job_id)[0] != "RUNNING",
+                    60,
+                )
+                continue
+            time.sleep(0.25)
+
+    def row(self, name: str, run: Path, job_id: str, preempts: list[float]) -> Row:
+        lines = [r for r in read_jsonl(run / "progress.jsonl") if isinstance(r.get("time"), float)]
+        steps = [r for r in lines if isinstance(r.get("step"), int) and "event" not in r]
+        done = any(r.get("event") == "done" for r in lines)
+        attempts = self.client.attempt_times(job_id)
+        first = attempts[0].submit if attempts else None
+        last = attempts[-1].end if attempts else None
+        row = Row(name, preempted=len(preempts))
+        distinct = {int(r["step"]) for r in steps}
+        row.completed = done and max(distinct, default=0) >= self.sched.steps
+        row.redone = len(steps) - len(distinct)
+        if first is not None and last is not None and row.completed:
+            row.wall_s = last - first
+            row.goodput = self.sched.steps * STEP_S / row.wall_s
+        for t in preempts:
+            later = [float(r["time"]) for r in steps if float(r["time"]) > t]
+            # the first step of the next attempt (steps of the stopping attempt come first)
+            after = [
+                float(r["time"])
+                for r in steps
+                if float(r["time"]) > t and r.get("attempt", 0) > _attempt_at(steps, t)
+            ]
+            if after:
+                row.restart_s.append(after[0] - t)
+            elif later:
+                row.note = "a preemption did not restart the job"
+        if not row.completed:
+            row.note = row.note or f"did not complete ({len(distinct)} distinct steps)"
+        return row
+
+
+def _attempt_at(steps: list[dict[str, Any]], t: float) -> int:
+    before = [int(r.get("attempt", 0)) for r in steps if float(r["time"]) <= t]
+    return max(before, default=-1)
+
+
+def _wait_not(b: Bench, job_id: str, state: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and b.state(job_id)[0] == state:
+        time.sleep(0.25)
+
+
+def _first_node(nodelist: str) -> str:
+    from cluster.hostlist import expand_hostlist
+
+    try:
+        return expand_hostlist(nodelist)[0]
+    except Exception:
+        return nodelist.split(",")[0]
+
+
+SBATCH_2x1 = ["--partition=debug", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
+              "--time=00:15:00", "--requeue", "--open-mode=append"]  # fmt: skip
+
+
+def _python() -> str:
+    return shlex.quote(sys.executable)
+
+
+def _exports(run: Path) -> str:
+    path = shlex.quote(str(REPO))
+    return f"export PYTHONPATH={path}\nexport OMP_NUM_THREADS=1\ncd {shlex.quote(str(run))}\n"
+
+
+def _work(habit: str, run: Path, steps: int) -> str:
+    return (
+        f"{_python()} -m bench.goodput_work {habit} {shlex.quote(str(run))} --steps {steps} "
+        f"--step-time {STEP_S} --save-every {SAVE_EVERY}"
+    )
+
+
+def row_trap(b: Bench, run: Path) -> tuple[str, list[float]]:
+    body = (
+        _exports(run) + "trap 'scontrol requeue $SLURM_JOB_ID; exit 0' USR1\n"
+        f"srun --kill-on-bad-exit=1 {_work('trap', run, b.sched.steps)} &\nwait\n"
+    )
+    job = b.sbatch(run, body, [*SBATCH_2x1, "--signal=B:USR1@90", f"--output={run}/out-%j.txt"])
+    return job, b.drive(job, run, 600)
+
+
+def row_lightning(b: Bench, run: Path) -> tuple[str, list[float]]:
+    body = _exports(run) + f"srun {_work('lightning', run, b.sched.steps)}\n"
+    job = b.sbatch(run, body, [*SBATCH_2x1, "--signal=SIGUSR1@90", f"--output={run}/out-%j.txt"])
+    return job, b.drive(job, run, 600)
+
+
+def row_limit(b: Bench, run: Path) -> tuple[str, list[float]]:
+    body = _exports(run) + f"srun --kill-on-bad-exit=1 {_work('nosignal', run, b.sched.steps)}\n"
+    job = b.sbatch(run, body, [*SBATCH_2x1, f"--output={run}/out-%j.txt"])
+    sched, b.sched = b.sched, Schedule(b.sched.steps, 0, 0.0)
+    try:
+        return job, b.drive(job, run, 600)
+    finally:
+        b.sched = sched
+
+
+def trivial_restarts(b: Bench, run: Path) -> list[float]:
+    """Slurm's own preempt -> requeue -> restart of a trivial job, to its first line."""
+    body = (
+        f"echo $(date +%s.%N) ${{SLURM_RESTART_COUNT:-0}} >> {shlex.quote(str(run))}/starts.txt\n"
+        "trap 'scontrol requeue $SLURM_JOB_ID; exit 0' USR1\n"
+        f"if [ ${{SLURM_RESTART_COUNT:-0}} -lt {b.sched.preemptions} ]; then sleep 600 & wait; fi\n"
+    )
+    job = b.sbatch(run, body, [*SBATCH_2x1, "--signal=B:USR1@90", f"--output={run}/out-%j.txt"])
+    preempts = b.drive(job, run, 300)
+    starts = [ln.split() for ln in (run / "starts.txt").read_text().splitlines() if ln.strip()]
+    out = []
+    for k, t in enumerate(preempts, 1):
+        again = [float(s) for s, n in starts if int(n) == k]
+        if again:
+            out.append(again[0] - t)
+    return out
+
+
+def row_submitit(b: Bench, run: Path) -> tuple[str, list[float]]:
+    import submitit
+
+    from bench.goodput_work import SubmititWork
+
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = b.env["SLURM_CONF"]
+    try:
+        ex = submitit.AutoExecutor(folder=str(run / "submitit"), cluster="slurm")
+        ex.update_parameters(
+            nodes=2,
+            tasks_per_node=1,
+            cpus_per_task=1,
+            timeout_min=15,
+            slurm_partition="debug",
+            slurm_signal_delay_s=90,
+            slurm_setup=[f"export PYTHONPATH={shlex.quote(str(REPO))}", "export OMP_NUM_THREADS=1"],
+        )
+        job = ex.submit(SubmititWork(str(run), b.sched.steps, STEP_S))
+    finally:
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+    return str(job.job_id), b.drive(str(job.job_id), run, 600)
+
+
+OURS_SPEC = """\
+name: goodput-{what}
+resources: {{partition: debug, nodes: 2, ntasks_per_node: 1, cpus_per_task: 1, time: "00:15:00"}}
+environment:
+  variables: {{OMP_NUM_THREADS: 1, BENCH_STEP_S: "{step_s}", PYTHONPATH: "{pythonpath}"}}
+requeue: {{signal: USR2, signal_delay_s: 90, max_preemptions: 20}}
+"""
+OURS_TRAIN = """\
+train:
+  model: tinycnn
+  width: 4
+  data: {{kind: synthetic, train_size: 512, test_size: 32}}
+  batch_size: 16
+  max_steps: {steps}
+  optimizer: {{name: sgd, lr: 0.05, schedule: constant}}
+  checkpoint: {{interval_steps: {save_every}, keep_last: 2, keep_best: false}}
+  log_interval: 1000000
+  eval_every_epochs: 1000000
+"""
+OURS_COMMAND = """\
+entrypoint:
+  command: [{python}, -m, bench.goodput_work, plain, "{run}", --steps, "{steps}",
+            --step-time, "{step_s}"]
+  stop_signal: USR1
+"""
+
+
+def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
+    text = OURS_SPEC.format(what=what, step_s=STEP_S, pythonpath=f"{HOOK}:{REPO}")
+    if what == "trainer":
+        text += OURS_TRAIN.format(steps=b.sched.steps, save_every=SAVE_EVERY)
+    else:
+        text += OURS_COMMAND.format(
+            python=sys.executable, run=run / "task", steps=b.sched.steps, step_s=STEP_S
+        )
+    spec = run / "spec.yaml"
+    spec.write_text(text, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs", "submit", str(spec), "--json", "--runs-dir", str(run)],
+        env=b.env, cwd=str(REPO), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise Skip(f"jobs submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    sub = json.loads(proc.stdout.strip().splitlines()[-1])
+    job, run_dir = str(sub["job_id"]), Path(sub["run_dir"])
+    if what == "command":
+        (run / "task").mkdir(exist_ok=True)
+        link = run / "task"
+    else:
+        link = run_dir
+    preempts = b.drive(job, run, 600)
+    if link != run:
+        src = link / "progress.jsonl"
+        if src.exists():
+            (run / "progress.jsonl").write_bytes(src.read_bytes())
+    (run / "ours_run_dir").write_text(str(run_dir), encoding="utf-8")
+    return job, preempts
+
+
+def _import_torch(env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    run_command([sys.executable, "-c", "import torch"], env=env, timeout=120)
+    return time.perf_counter() - t0
+
+
+ROWS: dict[str, Callable[[Bench, Path], tuple[str, list[float]]]] = {
+    "ours: built-in trainer": lambda b, r: _ours(b, r, "trainer"),
+    "ours: entrypoint.command": lambda b, r: _ours(b, r, "command"),
+    "Lightning auto_requeue": row_lightning,
+    "submitit Checkpointable": row_submitit,
+    "sbatch trap": row_trap,
+}
+
+
+def _table(rows: list[Row], limit: Row) -> str:
+    head = "| row | completed | goodput | wall s | steps redone | preemption -> training (s) |"
+    out = [head, "|---|---|---|---|---|---|"]
+    for r in [*rows, limit]:
+        g = f"{r.goodput:.3f}" if r.goodput is not None else "-"
+        w = f"{r.wall_s:.0f}" if r.wall_s is not None else "-"
+        rs = ", ".join(f"{x:.1f}" for x in r.restart_s) or "-"
+        out.append(
+            f"| {r.name} | {'yes' if r.completed else 'no'} | {g} | {w} | {r.redone} | {rs} |"
+        )
+    return "\n".join(out)
+
+
+def run(opts: Options) -> list[Figure]:
+    """Every row under the same schedule, one after another; figures against the peers."""
+    name = "goodput vs peers"
+    if not opts.slurm_conf:
+        return [skipped(SECTION, name, "no local cluster config (python -m cluster up)")]
+    from cluster.client import SlurmClient
+
+    env = bench_env(threads=None)
+    env["SLURM_CONF"] = opts.slurm_conf
+    client = SlurmClient(environ=env, timeout=30)
+    if not client.ping():
+        return [skipped(SECTION, name, "no Slurm controller answers (python -m cluster up)")]
+    sched = Schedule(steps=200, preemptions=2, after_s=10.0) if opts.quick else Schedule(
+        steps=int(os.environ.get("BENCH_GOODPUT_STEPS", "400")), preemptions=3, after_s=12.0
+    )  # fmt: skip
+    only = [s for s in os.environ.get("BENCH_GOODPUT_ROWS", "").split(",") if s]
+    b = Bench(opts, client, env, sched)
+    rows: list[Row] = []
+    for i, (row_name, start) in enumerate(ROWS.items()):
+        if only and not any(o in row_name for o in only):
+            continue
+        run_dir = b.root / f"row{i}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        job = ""
+        try:
+            job, preempts = start(b, run_dir)
+            rows.append(b.row(row_name, run_dir, job, preempts))
+        except Exception as exc:
+            rows.append(Row(row_name, note=f"error: {exc}"[:200]))
+        finally:
+            if job:
+                with contextlib.suppress(Exception):
+                    client.cancel([job], no_requeue=True)
+        opts.log(f"goodput: {rows[-1]}")
+    # the physical limit: one uninterrupted run + what no tool avoids per preemption
+    limit = Row("physical limit")
+    floor = [_import_torch(env) for _ in range(2)][1:]
+    try:
+        job, _ = row_limit(b, _mkdir(b.root / "limit"))
+        base = b.row("uninterrupted", b.root / "limit", job, [])
+        opts.log(f"goodput: {base}")
+        trivial = trivial_restarts(b, _mkdir(b.root / "trivial"))
+        floor.append(_import_torch(env))
+        t_restart, t_torch = median(trivial), median(floor)
+        if base.wall_s is not None and t_restart is not None and t_torch is not None:
+            per = t_restart + t_torch
+            limit.wall_s = base.wall_s + sched.preemptions * per
+            limit.goodput = sched.steps * STEP_S / limit.wall_s
+            limit.completed = True
+            limit.restart_s = [per]
+            limit.note = (
+                f"uninterrupted {base.wall_s:.0f} s + {sched.preemptions} x (Slurm restart of "
+                f"a trivial job {t_restart:.1f} s + import torch {t_torch:.1f} s)"
+            )
+    except Exception as exc:
+        limit.note = f"error: {exc}"[:200]
+    table = _table(rows, limit)
+    opts.log("goodput:\n" + table)
+    (opts.workdir.parent / "goodput.md").write_text(table + "\n", encoding="utf-8")
+    return _figures(rows, limit, sched)
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _figures(rows: list[Row], limit: Row, sched: Schedule) -> list[Figure]:
+    note_s = (
+        f"{sched.steps} steps x {STEP_S} s, 2 nodes x 1 task (gloo), {sched.preemptions} "
+        f"preemptions {sched.after_s:.0f} s into each attempt; every requeue hold released at "
+        f"once ({SETTLE_S:.0f} s settle) for every row"
+    )
+    figures = []
+    peers = [r for r in rows if not r.name.startswith("ours") and r.goodput is not None]
+    best = max(peers, key=lambda r: r.goodput or 0.0, default=None)
+    base = [limit.goodput] if limit.goodput is not None else None
+    for r in rows:
+        detail = (
+            f"completed {'yes' if r.completed else 'no'}, steps redone {r.redone}, "
+            f"preemption -> training {', '.join(f'{x:.1f}' for x in r.restart_s) or '-'} s"
+            + (f"; {r.note}" if r.note else "")
+        )
+        if r.goodput is None:
+            figures.append(skipped(SECTION, f"goodput: {r.name}", detail))
+            continue
+        ours = r.name.startswith("ours")
+        figures.append(
+            Figure.measured(
+                SECTION,
+                f"goodput: {r.name}",
+                "",
+                [r.goodput],
+                base,
+                baseline_name="the physical limit",
+                goal=Goal(">=", 0.9) if ours and base else None,
+                note=f"{detail}; {note_s}",
+            )
+        )
+        if ours and best is not None and best.goodput is not None:
+            figures.append(
+                Figure.measured(
+                    SECTION,
+                    f"goodput: {r.name} vs the best peer",
+                    "",
+                    [r.goodput],
+                    [best.goodput],
+                    baseline_name=best.name,
+                    goal=Goal(">", 1.0),
+                    note="ahead of every peer when the ratio is above 1",
+                )
+            )
+    if limit.goodput is not None:
+        figures.append(
+            Figure(SECTION, "goodput: physical limit", "", ours=limit.goodput, note=limit.note)
+        )
+    else:
+        figures.append(skipped(SECTION, "goodput: physical limit", limit.note))
+    return figures
