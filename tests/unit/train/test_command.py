@@ -617,3 +617,48 @@ def test_a_rank_whose_command_dies_while_rank_0_trains_is_a_failure(
     code = CommandRun(config, env, tmp_path, None).run()
     assert code != 0
     assert "failure" in _events(tmp_path)  # recorded by this rank, the first to fail
+
+
+@pytest.mark.parametrize(
+    ("argv", "launcher"),
+    [
+        (["/venv/bin/python3", "/venv/bin/torchrun", "--nproc-per-node=2", "train.py"], True),
+        (["torchrun", "--standalone", "train.py"], True),
+        (["python", "-u", "-m", "torch.distributed.run", "train.py"], True),
+        (["python", "-m", "torch.distributed.launch", "train.py"], True),
+        (["python", "train.py", "--torchrun"], False),  # a worker, whatever its arguments
+        (["python", "-m", "mypkg.train"], False),
+        (["bash", "-c", "torchrun train.py"], False),  # the shell: its torchrun child is one
+        ([], False),
+    ],
+)
+def test_which_processes_are_launcher_agents(argv: list[str], launcher: bool) -> None:
+    from train.command.processes import is_launcher
+
+    assert is_launcher(argv) is launcher
+
+
+def _fake_process(proc: Path, pid: int, parent: int, argv: list[str], wchar: int) -> None:
+    d = proc / str(pid)
+    d.mkdir(parents=True)
+    (d / "status").write_text(f"Name:\tx\nPPid:\t{parent}\n")
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (d / "io").write_text(f"rchar: 1\nwchar: {wchar}\nsyscr: 1\n")
+
+
+def test_a_launchers_own_writes_are_not_progress(tmp_path: Path) -> None:
+    """Issue 25: torchrun's agent writes rendezvous keep-alive every 5 s whether its workers
+    train or hang; only the workers' writes count."""
+    from train.command.processes import written_bytes
+
+    proc = tmp_path / "proc"
+    _fake_process(proc, 10, 1, ["python", "/venv/bin/torchrun", "train.py"], 5_000)
+    _fake_process(proc, 11, 10, ["python", "-u", "train.py"], 300)
+    _fake_process(proc, 12, 10, ["python", "-u", "train.py"], 200)
+    _fake_process(proc, 13, 11, ["python", "-c", "dataloader worker"], 7)
+    _fake_process(proc, 99, 1, ["python", "other.py"], 1_000_000)  # not of the command
+    assert written_bytes(10, proc) == 507
+    (proc / "10" / "io").write_text("rchar: 1\nwchar: 9000\n")  # the agent chatters on
+    assert written_bytes(10, proc) == 507  # no progress
+    _fake_process(tmp_path / "p2", 20, 1, ["python", "train.py"], 42)  # no launcher: itself
+    assert written_bytes(20, tmp_path / "p2") == 42
