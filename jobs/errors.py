@@ -5,6 +5,7 @@
     │   ├── PreflightError        [2] the spec does not fit the live cluster
     │   │                             (partition, MaxTime, nodes, gres)
     │   ├── RunNotFoundError      [2] no recorded run or job matches what was asked for
+    │   ├── RunDirBusyError       [2] the run directory belongs to a run that is not over
     │   └── UsageError            [2] command-line flags that do not go together
     └── SubmitError               [1] submission or a local launch failed after validation
 
@@ -30,6 +31,7 @@ __all__ = [
     "JobsError",
     "OverrideError",
     "PreflightError",
+    "RunDirBusyError",
     "RunNotFoundError",
     "SpecError",
     "SubmitError",
@@ -51,6 +53,10 @@ class PreflightError(InputError):
 
 class RunNotFoundError(InputError):
     """No run directory or job id matches."""
+
+
+class RunDirBusyError(InputError):
+    """The run directory belongs to a live or pending run (or that cannot be proven otherwise)."""
 
 
 class UsageError(InputError):

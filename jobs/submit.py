@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -210,8 +211,12 @@ def submit_slurm(
     run at any time over all of them. All arrays go in or none: when one sbatch fails, the
     arrays already submitted are cancelled. Returns the saved record (one run).
     """
-    plan = _claim(plan)  # the run directory, created exclusively
-    files = write_run_files(loaded, plan, lazy=True)
+    plan = _claim(plan, lambda: client)  # before anything is written into it
+    try:
+        files = write_run_files(loaded, plan, lazy=True)
+    except SubmitError:
+        _release(plan)
+        raise
     folder = submitit_folder(plan.run_dir)
     size = array_limit if loaded.is_array and array_limit else len(files)
     groups = [files[i : i + size] for i in range(0, len(files), size)]
@@ -237,6 +242,8 @@ def submit_slurm(
         shutil.rmtree(pending, ignore_errors=True)
         if not plan_is_explicit(loaded):
             shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing of it runs
+        else:
+            _release(plan)
         if isinstance(exc, ClusterError):
             raise SubmitError(f"sbatch failed: {_last_line(exc)}") from exc
         raise SubmitError(f"{plan.run_dir}: cannot write the submission: {exc}") from exc
@@ -244,6 +251,7 @@ def submit_slurm(
         pending.rmdir()
     record = new_record(loaded, plan, "slurm", files)
     record.job_id = job_ids[0]
+    record.cluster = client.cluster_name()
     if len(job_ids) > 1:
         record.array_job_ids = job_ids
         record.array_chunk = size
@@ -279,8 +287,12 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     """Run the job on this machine: a detached supervisor starts the ranks (torchrun-style env)."""
     import subprocess
 
-    plan = _claim(plan)  # the run directory, created exclusively
-    files = write_run_files(loaded, plan)
+    plan = _claim(plan, _slurm_client)  # before anything is written into it
+    try:
+        files = write_run_files(loaded, plan)
+    except SubmitError:
+        _release(plan)
+        raise
     record = new_record(loaded, plan, "local", files)
     records.save_record(record)  # the supervisor reads it
     log = (plan.run_dir / "slurm" / "supervisor.log").open("ab")
@@ -306,11 +318,27 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     return record
 
 
-def _claim(plan: Plan) -> Plan:
+def _slurm_client() -> SlurmClient:
+    from cluster.client import SlurmClient
+
+    return SlurmClient()
+
+
+def _claim(plan: Plan, client: Callable[[], SlurmClient]) -> Plan:
+    """The run directory, this submission's from now on (:mod:`jobs.claim`): refused in one line
+    when it belongs to a run that is not over."""
+    from jobs.claim import claim
+
     try:
-        return plan.claim()
+        return claim(plan, client)
     except OSError as exc:
         raise SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc}") from None
+
+
+def _release(plan: Plan) -> None:
+    from jobs.claim import release
+
+    release(plan)
 
 
 def _save(record: records.RunRecord) -> None:
