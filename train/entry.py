@@ -15,9 +15,13 @@ within ``requeue.max_failures`` like one of the built-in trainer. See
                 return ctx.requeue(step)                           # wait + barrier + requeue
         return 0
 
+A checkpoint written at another world size (a run requeued on fewer nodes, or resumed with
+another shape) is the function's to reshard: ``ctx.checkpoint_world_size`` says the size it was
+written at (``examples/reshard_train.py`` reshards with ``torch.distributed.checkpoint``).
+
 ``entrypoint: {command: [argv...]}``: the command runs as a child process supervised by
 :mod:`train.command.supervisor` (the torchrun variables, RUN_DIR, TRAIN_RESTART_COUNT,
-TRAIN_RESUME_FROM
+TRAIN_RESUME_FROM and TRAIN_CHECKPOINT_WORLD_SIZE (the world size it was written at)
 exported; the stop signal it listens for sent once; requeued after a preemption or time limit;
 a non-zero exit without a stop is a failure with its exit code and stderr tail).
 """
@@ -97,6 +101,18 @@ class TrainContext:
     def is_main(self) -> bool:
         """Global rank 0: the one that logs and writes shared files."""
         return self.env.is_main
+
+    @property
+    def checkpoint_world_size(self) -> int | None:
+        """The world size the checkpoint to resume from was written at (None on a fresh start):
+        when it differs from ``env.world_size`` per-rank state must be resharded."""
+        if self.session is not None:
+            return self.session.checkpoint_world_size
+        if self.resume_from is None:
+            return None
+        from train.checkpoint.manifest import read_manifest
+
+        return int(read_manifest(self.resume_from)["world_size"])
 
     def load_resume(self) -> LoadedCheckpoint | None:
         """The checkpoint to resume from (``--resume``, or a Slurm restart), or None."""
@@ -191,7 +207,12 @@ def run_entrypoint(
             from train.command.supervisor import run_command as supervise_command
 
             return supervise_command(
-                config, env, session.run_dir, session.resume_from, early=session.guard
+                config,
+                env,
+                session.run_dir,
+                session.resume_from,
+                early=session.guard,
+                checkpoint_world_size=session.checkpoint_world_size,
             )
         assert fn is not None  # EntrypointConfig guarantees exactly one
         ctx = TrainContext(

@@ -91,11 +91,13 @@ class CommandRun(StopHandling):
         client: Any = None,
         proc_root: Path = PROC,
         early: Any = None,
+        checkpoint_world_size: int | None = None,
     ) -> None:
         entry = config.entrypoint
         if entry is None or entry.command is None:
             raise EntrypointError("the spec has no entrypoint.command")
         self.config, self.env, self.run_dir, self.resume_from = config, env, run_dir, resume_from
+        self.checkpoint_world_size = checkpoint_world_size
         self.argv = resolve_argv(entry.command)
         self.stop_signal = str(getattr(entry, "stop_signal", "auto"))
         # the command must be gone before the time limit: Slurm's signal comes signal_delay_s
@@ -154,7 +156,12 @@ class CommandRun(StopHandling):
             if self.stops:  # stopped while we were starting: nothing to run, only to requeue
                 return self._after_stop(None, None)
             env = child_environ(
-                os.environ, self.env, self.run_dir, self.resume_from, self.stop_signal
+                os.environ,
+                self.env,
+                self.run_dir,
+                self.resume_from,
+                self.stop_signal,
+                checkpoint_world_size=self.checkpoint_world_size,
             )
             try:
                 proc = subprocess.Popen(  # the user's own argv, no shell
@@ -274,10 +281,15 @@ def run_command(
     resume_from: Path | None = None,
     *,
     early: Any = None,
+    checkpoint_world_size: int | None = None,
 ) -> int:
     """Run ``config.entrypoint.command`` under supervision; return the task's exit code.
 
     ``early``: the run's :class:`train.stop.signals.PreemptionGuard` for the job's signal and TERM,
     installed while the run was set up; a stop it caught then is acted on at once.
+    ``checkpoint_world_size``: the world size ``resume_from`` was written at
+    (TRAIN_CHECKPOINT_WORLD_SIZE).
     """
-    return CommandRun(config, env, run_dir, resume_from, early=early).run()
+    return CommandRun(
+        config, env, run_dir, resume_from, early=early, checkpoint_world_size=checkpoint_world_size
+    ).run()

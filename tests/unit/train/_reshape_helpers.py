@@ -62,3 +62,50 @@ def global_batches(attempts: list[list[dict[str, Any]]]) -> dict[int, list[int]]
             assert step not in out, f"step {step} was computed twice"
             out[step] = sorted(ids)
     return out
+
+
+def stopping_reshard_main(ctx: Any) -> int:
+    """examples.reshard_train:main whose rank 0 'receives' the stop signal at the 4th check
+    when TEST_STOP_AT is set (a test's stand-in for a preemption)."""
+    import os
+
+    from examples import reshard_train
+
+    if os.environ.get("TEST_STOP_AT"):
+        guard, calls = ctx.guard, [0]
+        should_stop = guard.should_stop
+
+        def stop_at(reduce: Any) -> bool:
+            calls[0] += 1
+            if calls[0] == int(os.environ["TEST_STOP_AT"]) and ctx.env.rank == 0:
+                guard.trigger("USR2")
+            return bool(should_stop(reduce))
+
+        guard.should_stop = stop_at
+    return int(reshard_train.main(ctx))
+
+
+def _entry_worker(rank: int, world: int, port: int, spec: dict, run_dir: str, opts: dict) -> None:
+    import os
+
+    from train.entry import run_entrypoint
+    from train.spec.config import RunConfig
+
+    os.environ.pop("TEST_STOP_AT", None)
+    if opts.get("stop_at"):
+        os.environ["TEST_STOP_AT"] = str(opts["stop_at"])
+    env = DistEnv.from_env(torchrun_env(rank, world, port))
+    code = run_entrypoint(RunConfig.model_validate(spec), env, Path(run_dir), opts.get("resume"))
+    Path(run_dir, f"entry-{opts['attempt']}-rank-{rank}.json").write_text(json.dumps(code))
+
+
+def run_entry_attempt(spec: dict, run_dir: Path, world: int, attempt: int, **opts: Any) -> list:
+    """One attempt of an entrypoint.function run on ``world`` ranks; each rank's exit code."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opts = {**opts, "attempt": attempt}
+    mp.spawn(
+        _entry_worker, args=(world, free_port(), spec, str(run_dir), opts), nprocs=world, join=True
+    )
+    return [
+        json.loads((run_dir / f"entry-{attempt}-rank-{r}.json").read_text()) for r in range(world)
+    ]
