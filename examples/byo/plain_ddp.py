@@ -6,8 +6,11 @@ under ``torchrun --nproc-per-node=2 examples/byo/plain_ddp.py``, or alone. What 
 1. ``init_process_group("gloo" or "nccl", init_method="env://")``: RANK, WORLD_SIZE, MASTER_ADDR
    and MASTER_PORT are set by the job (or by torchrun);
 2. a handler for SIGUSR1 only sets a flag (the job sends it once, ``entrypoint.stop_signal:
-   auto`` finds the handler); at a step boundary the ranks agree on it (all_reduce MAX), rank 0
-   saves, and every rank exits 0: the job then requeues and the next start resumes;
+   auto`` finds the handler); the ranks agree on it without a blocking collective per step:
+   after each step an asynchronous all_reduce (MAX) of the flag starts, and its result is read
+   after the next step (one step late; it overlaps the step, so it costs nothing measurable);
+   when it says stop, rank 0 saves and every rank exits 0: the job then requeues and the next
+   start resumes;
 3. the checkpoint lives in ``$RUN_DIR`` (written to a temporary name, then renamed: never a
    half-written file), and the next start loads it when it exists.
 
@@ -41,6 +44,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--step-time", type=float, default=0.0)
+    p.add_argument("--log-every", type=int, default=10)
     args = p.parse_args()
 
     signal.signal(signal.SIGUSR1, _on_stop)
@@ -86,6 +90,8 @@ def main() -> int:
             dist.barrier()
 
     record(event="start", step=step)
+    agreed: dist.Work | None = None  # the stop flag's all_reduce in flight
+    flag = torch.zeros(1)
     epoch = step // len(loader)
     while step < args.steps:
         sampler.set_epoch(epoch)
@@ -98,22 +104,34 @@ def main() -> int:
             opt.step()
             step += 1
             time.sleep(args.step_time)
-            metric = loss.detach().clone()
-            stop = torch.tensor([1.0 if STOP else 0.0])
-            if world > 1:  # the mean loss over ranks, and whether any rank must stop
-                dist.all_reduce(metric)
-                metric /= world
-                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-            record(step=step, loss=round(float(metric), 5))
-            if stop.item() > 0:
+            if step % args.log_every == 0:  # the mean loss over ranks, now and then
+                metric = loss.detach().clone()
+                if world > 1:
+                    dist.all_reduce(metric)
+                    metric /= world
+                record(step=step, loss=round(float(metric), 5))
+            # Whether any rank must stop, agreed one step late: wait for the all_reduce started
+            # after the previous step (it ran while this step did), then start the next one.
+            if agreed is not None:
+                agreed.wait()
+                if flag.item() > 0:
+                    save()
+                    record(event="saved", step=step)
+                    return 0  # the job requeues us; the next start resumes from `ckpt`
+            flag = torch.tensor([1.0 if STOP else 0.0])
+            if world > 1:
+                agreed = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+            elif STOP:
                 save()
                 record(event="saved", step=step)
-                return 0  # the job requeues us; the next start resumes from `ckpt`
+                return 0
             if step % args.save_every == 0 or step == args.steps:
                 save()
             if step >= args.steps:
                 break
         epoch += 1
+    if agreed is not None:
+        agreed.wait()  # every rank started the same collectives: finish them before leaving
     record(event="done", step=step)
     if world > 1:
         dist.destroy_process_group()
