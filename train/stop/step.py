@@ -130,10 +130,9 @@ def after_step(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.stop.step", description=__doc__)
-    p.add_argument("--run-dir", type=Path, required=True)
-    p.add_argument(
-        "--config", help="the spec (its requeue: section); default: RUN_DIR/resolved.yaml"
-    )
+    p.add_argument("--run-dir", type=Path, help="default: as python -m train chooses it")
+    p.add_argument("--config", help="the spec (its requeue: section); default DIR/resolved.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--exit-code", type=int, required=True)
     p.add_argument("--job-id", default="")
     p.add_argument("--restart-count", type=int, default=0)
@@ -141,13 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[after step] %(message)s", stream=sys.stderr)
     try:
+        from train.cli import default_run_dir
         from train.spec.config import load_run_config
 
-        config = ns.config or ns.run_dir / "resolved.yaml"
-        requeue = load_run_config(config if Path(config).is_file() else None).requeue
+        if ns.config is None and ns.run_dir is None:
+            raise ValueError("give --config or --run-dir")
+        spec = ns.config or ns.run_dir / "resolved.yaml"
+        config = load_run_config(spec if Path(spec).is_file() else None, ns.set)
+        run_dir = ns.run_dir or default_run_dir(config, ns.job_id or None)
         code = after_step(
-            ns.run_dir,
-            requeue,
+            run_dir,
+            config.requeue,
             job_id=ns.job_id or None,
             restart_count=ns.restart_count,
             in_place=ns.in_place,
