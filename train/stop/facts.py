@@ -26,6 +26,7 @@ __all__ = [
     "StopKind",
     "classify_from_job_info",
     "classify_stop",
+    "end_time",
     "gather",
     "node_failure",
     "preemption_grace_s",
@@ -124,6 +125,20 @@ def classify_stop(
     kind = classify_from_job_info(info, signal_delay_s, now, restart_count)
     log.warning("job %s: stop is a %s", job_id, kind)
     return kind
+
+
+def end_time(job_id: str, client: Any = None) -> float | None:
+    """When Slurm ends job ``job_id`` (its EndTime: the time limit), from one ``scontrol show
+    job``; None when Slurm cannot say or the job has no limit."""
+    try:
+        if client is None:
+            from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+
+            client = SlurmClient(timeout=10)
+        return _parse_slurm_timestamp(client.show_job(job_id).get("EndTime"))
+    except Exception as exc:  # controller busy or gone: no early stop
+        log.debug("cannot read job %s's EndTime (%s)", job_id, exc)
+        return None
 
 
 def preemption_grace_s(job_id: str, client: Any) -> int | None:

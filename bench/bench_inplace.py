@@ -1,0 +1,193 @@
+"""Restart in place on the real local cluster (issue 26): ``kill -9`` of a rank -> training again.
+
+A 2-node DDP run of the built-in trainer (tiny CNN, synthetic data, one step per metrics line)
+is submitted the way users submit (``python -m jobs submit``: the script restarts a failed step
+in the same allocation). Once it has checkpointed, rank 1's process is killed with SIGKILL from
+outside. Measured from the kill to the first training step of the restarted step (its
+``metrics.jsonl`` line), against what any restart pays at least, timed in the same run:
+``python -c "import torch"`` plus loading that checkpoint's files (``torch.load``). Goal: at most
+2x, the same job id, never PENDING (no requeue, no BeginTime hold). Repeated ``rounds`` times in
+one job (each kill is one more restart in place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, Figure, Goal, Options, bench_env, skipped
+from train.history import read_jsonl
+
+__all__ = ["run"]
+
+SECTION = "Restart in place (local Slurm cluster)"
+NAME = "kill -9 of a rank -> first training step again"
+
+SPEC = """\
+name: bench-inplace
+resources: {partition: debug, nodes: 2, cpus_per_task: 1, time: "00:15:00"}
+environment: {variables: {OMP_NUM_THREADS: "1"}}
+train:
+  model: tinycnn
+  width: 8
+  data: {kind: synthetic, train_size: 2048, test_size: 128}
+  batch_size: 64
+  max_steps: 100000
+  optimizer: {name: sgd, lr: 0.05, schedule: constant}
+  checkpoint: {interval_steps: 20, keep_last: 2, keep_best: false}
+  log_interval: 1
+  eval_every_epochs: 100000
+requeue: {max_restarts_in_place: 10, max_infra_failures: 10}
+"""
+
+
+class Skip(Exception):
+    """The benchmark cannot run here; the message is the reason."""
+
+
+def _wait(what: str, check: Any, timeout: float, poll: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Skip(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _rank_pid(job: str, rank: int) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        env = _environ(int(entry.name))
+        if env.get("SLURM_JOB_ID") == job and env.get("SLURM_PROCID") == str(rank):
+            try:
+                if b"submitit.core._submit" in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def _floor(env: dict[str, str], checkpoint: Path) -> float:
+    """``import torch`` + loading the checkpoint's files: what any restart pays at least."""
+    files = [str(p) for p in sorted(checkpoint.glob("*.pt"))]
+    code = (
+        "import sys, torch\n"
+        "for f in sys.argv[1:]:\n"
+        "    torch.load(f, map_location='cpu', weights_only=True)\n"
+    )
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, *files], env=env, timeout=120, check=True)
+    return time.perf_counter() - t0
+
+
+def run(opts: Options) -> list[Figure]:
+    if not opts.slurm_conf:
+        return [skipped(SECTION, NAME, "no local cluster config (python -m cluster up)")]
+    from cluster.client import SlurmClient
+
+    env = bench_env(threads=None)
+    env["SLURM_CONF"] = opts.slurm_conf
+    work = opts.workdir / "inplace"
+    env["SLURM_TRAIN_STATE_DIR"] = str(work / "state")
+    env["SLURM_TRAIN_RUNS_DIR"] = str(work / "runs")
+    client = SlurmClient(environ=env, timeout=30)
+    if not client.ping():
+        return [skipped(SECTION, NAME, "no Slurm controller answers (python -m cluster up)")]
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / "spec.yaml"
+    spec.write_text(SPEC, encoding="utf-8")
+    rounds = 1 if opts.quick else 3
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs", "submit", str(spec), "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        return [skipped(SECTION, NAME, f"jobs submit failed: {proc.stderr.strip()[-200:]}")]
+    data = json.loads(proc.stdout)
+    job, run_dir = str(data["job_id"]), Path(data["run_dir"])
+    states: set[str] = set()
+    ours: list[float] = []
+    floor: list[float] = []
+    try:
+
+        def state() -> str:
+            s = client.show_job(job).get("JobState", "")
+            states.add(s)
+            if s in ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                raise Skip(f"the job ended {s}")
+            return s
+
+        def train_steps() -> list[dict[str, Any]]:
+            return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
+
+        for k in range(1, rounds + 1):
+            done = len(train_steps())
+            _wait(
+                "25 more steps and a checkpoint",
+                lambda d=done: (
+                    state()
+                    and len(train_steps()) >= d + 25
+                    and any((run_dir / "checkpoints").glob("step-*"))
+                ),
+                300,
+            )
+            pid = _wait("rank 1's process", lambda: _rank_pid(job, 1), 60)
+            killed = time.time()
+            os.kill(pid, signal.SIGKILL)
+            opts.log(f"inplace: killed rank 1 (pid {pid}) of job {job}, round {k}")
+
+            def first_after(k: int = k) -> dict[str, Any] | None:
+                state()
+                resumes = [
+                    e
+                    for e in read_jsonl(run_dir / "events.jsonl")
+                    if e.get("event") == "resume" and e.get("in_place") == k
+                ]
+                if not resumes:
+                    return None
+                later = [r for r in train_steps() if float(r["time"]) >= resumes[0]["time"]]
+                return later[0] if later else None
+
+            first = _wait("the first step after the restart in place", first_after, 300)
+            ours.append(float(first["time"]) - killed)
+            latest = max(
+                (p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()),
+                key=lambda p: int(p.name[5:]),
+            )
+            floor.append(min(_floor(env, latest) for _ in range(2)))
+    except Skip as exc:
+        return [skipped(SECTION, NAME, str(exc))]
+    finally:
+        client.cancel([job], no_requeue=True)
+    restarts = client.show_job(job).get("Restarts", "?")
+    kept = "PENDING" not in states and restarts == "0"
+    note = (
+        f"job {job}: states seen {sorted(states)}, Slurm restarts {restarts} "
+        f"(same job id, never PENDING: {'yes' if kept else 'NO'})"
+    )
+    fig = Figure.measured(
+        SECTION, NAME, "s", ours, floor,
+        baseline_name='python -c "import torch" + torch.load of the checkpoint',
+        goal=Goal("<=", 2.0), note=note,
+    )  # fmt: skip
+    if not kept:
+        fig.status = "fail"
+    return [fig]
