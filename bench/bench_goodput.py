@@ -402,8 +402,8 @@ def run(opts: Options) -> list[Figure]:
     client = SlurmClient(environ=env, timeout=30)
     if not client.ping():
         return [skipped(SECTION, name, "no Slurm controller answers (python -m cluster up)")]
-    sched = Schedule(steps=200, preemptions=2, after_s=10.0) if opts.quick else Schedule(
-        steps=int(os.environ.get("BENCH_GOODPUT_STEPS", "400")), preemptions=3, after_s=12.0
+    sched = Schedule(steps=300, preemptions=2, after_s=18.0) if opts.quick else Schedule(
+        steps=int(os.environ.get("BENCH_GOODPUT_STEPS", "450")), preemptions=3, after_s=18.0
     )  # fmt: skip
     only = [s for s in os.environ.get("BENCH_GOODPUT_ROWS", "").split(",") if s]
     b = Bench(opts, client, env, sched)

@@ -11,7 +11,7 @@ machine. Rank 0 appends one line per step to ``RUN/progress.jsonl`` (``time``, `
     python -m bench.goodput_work nosignal RUN ...       # no stop handling at all (the limit)
 
 submitit's row pickles :class:`SubmititWork` (a ``submitit.helpers.Checkpointable``). The
-built-in trainer's row pads ``train.loop.trainer.Trainer.train_step`` the same way
+built-in trainer's row pads ``train.loop.trainer._Loop.train_step`` the same way
 (``bench/goodput_hook/sitecustomize.py``).
 """
 

@@ -1,7 +1,7 @@
 """Bench hook (``bench/bench_goodput.py``): pads the built-in trainer's steps to a fixed time.
 
 With ``BENCH_STEP_S`` set and this folder on ``PYTHONPATH``, every
-``train.loop.trainer.Trainer.train_step`` is padded with a sleep to that many seconds (the
+``train.loop.trainer._Loop.train_step`` is padded with a sleep to that many seconds (the
 same workload as the other rows, ``bench/goodput_work.py``), and rank 0 appends the step to
 ``RUN_DIR/progress.jsonl`` as the other rows do. Nothing of the project is imported at start-up:
 the hook waits for ``train.loop.trainer`` to be imported (as ``tests/hooks/sitecustomize.py``).
@@ -23,7 +23,7 @@ _TARGET = "train.loop.trainer"
 
 
 def _pad(module: ModuleType, seconds: float) -> None:
-    trainer = module.Trainer
+    trainer = module._Loop  # the built-in loop (train/loop/trainer.py)
     step = trainer.train_step
 
     def train_step(self: Any, order: Any) -> None:
