@@ -62,14 +62,16 @@ def test_local_run_cancel(tmp_path: Path) -> None:
 
 # -- the requeue contract and no orphans (issue 14.4) ---------------------------------------------
 REPO = Path(__file__).resolve().parents[3]
-# A step takes a few ms here. The tests act on the run's progress (metrics.jsonl), which it
-# writes every step (log_interval=1): at the default 50, the first progress a test could see was
-# step 50, and a 60-step run could end before the test's signal reached it.
+# A step takes a few ms here (one thread: tests run beside each other). The tests act on the
+# run's progress (metrics.jsonl), which it writes every step (log_interval=1): at the default 50,
+# the first progress a test could see was step 50, and a 60-step run could end before the
+# test's signal reached it.
 TRAIN = [
     "--set", "resources.nodes=1", "--set", "train.max_steps=400", "--set", "train.width=4",
     "--set", "train.batch_size=16", "--set", "train.data.train_size=1024",
     "--set", "train.data.test_size=32", "--set", "train.checkpoint.interval_steps=1000",
     "--set", "train.strategy=single", "--set", "train.log_interval=1",
+    "--set", "train.num_threads=1",
 ]  # fmt: skip
 
 
@@ -91,11 +93,11 @@ def _submit_training(tmp_path: Path, started: list[str], steps: int = 400) -> st
     return started[-1]
 
 
-def _wait(what: Callable[[], bool], timeout: float = 120) -> None:
+def _wait(what: Callable[[], bool], timeout: float = 120, poll: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not what():
         assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+        time.sleep(poll)
 
 
 def _step(run_dir: str) -> int:
@@ -113,11 +115,11 @@ def test_local_requeue_request_restarts_the_run_with_resume(
     from train.history import RunHistory
 
     # The request must reach a run in training: it is sent as soon as the run has done 10 of
-    # its 1000 steps, so that ~990 steps (seconds here) still lie between it and the end.
-    job_id = _submit_training(tmp_path, started, steps=1000)
+    # its 300 steps (it lands near step 20), so that ~280 steps still lie between it and the end.
+    job_id = _submit_training(tmp_path, started, steps=300)
     record = find_run(job_id)
     assert record.pid is not None
-    _wait(lambda: _step(record.run_dir) >= 10)
+    _wait(lambda: _step(record.run_dir) >= 10, poll=0.05)
     os.kill(record.pid, signal.SIGUSR2)  # a requeue request, like Slurm's signal
     _wait(lambda: task_states(record, _no_client)[job_id].state == "COMPLETED", timeout=180)  # type: ignore[arg-type]
     events = [e["event"] for e in RunHistory(record.run_dir).events() if e["event"] != "checkpoint"]
@@ -137,7 +139,7 @@ def test_a_killed_supervisor_leaves_no_rank_training(tmp_path: Path, started: li
     job_id = _submit_training(tmp_path, started)
     record = find_run(job_id)
     assert record.pid is not None
-    _wait(lambda: _step(record.run_dir) >= 5)
+    _wait(lambda: _step(record.run_dir) >= 5, poll=0.05)
     ranks = [ProcHandle.from_json(r) for r in read_state(record.run_dir)["tasks"][job_id]["ranks"]]
     assert ranks and all(r is not None and r.alive() for r in ranks)
     os.kill(record.pid, signal.SIGKILL)
