@@ -6,7 +6,8 @@ node_fail, cancelled) is a dashed vertical line at the step where it stopped; ea
 dot-dash line at the step it resumed from, and the steps between the two (done, lost with the
 interruption, and done again) are shaded. Works on a running job (whatever the files hold so
 far) and on sweeps (``RUN/tasks/N``: one curve per task). Reads ``metrics.jsonl`` and
-``events.jsonl`` with the tolerant reader (a damaged line is skipped). matplotlib is imported
+``events.jsonl`` through their schemas (:mod:`train.schema`: a damaged record is skipped and
+reported in one line). matplotlib is imported
 here only, so no other command pays for it.
 """
 
@@ -18,7 +19,8 @@ from typing import Any
 
 from jobs.errors import UsageError
 from jobs.goodput import LABELS, Ledger
-from train.history import STOP_EVENTS, read_jsonl
+from train.history import STOP_EVENTS
+from train.schema import EVENT, METRIC, read_records
 
 __all__ = ["TaskSeries", "plot_run", "read_series"]
 
@@ -54,7 +56,7 @@ def _num(v: Any) -> float | None:
 def read_series(task_dir: Path, label: str) -> TaskSeries:
     """The curves and events of one task directory (missing files: empty)."""
     s = TaskSeries(label)
-    for rec in read_jsonl(task_dir / "metrics.jsonl"):
+    for rec in read_records(task_dir / "metrics.jsonl", METRIC):
         step, t = _num(rec.get("step")), _num(rec.get("time"))
         if step is None or t is None:
             continue
@@ -63,7 +65,12 @@ def read_series(task_dir: Path, label: str) -> TaskSeries:
         elif rec.get("kind") == "eval" and (acc := _num(rec.get("test_accuracy"))) is not None:
             s.evals.append((int(step), t, acc))
     reached: int | None = None  # the step of the last interruption not yet resumed
-    for ev in read_jsonl(task_dir / "events.jsonl"):
+    for ev in read_records(task_dir / "events.jsonl", EVENT):
+        if ev.get("event") == "restart_in_place" and s.stops:
+            # the interruption went on in the same allocation: say so on its mark
+            kind, at = s.stops[-1]
+            s.stops[-1] = (f"{kind}, restart in place", at)
+            continue
         step = _num(ev.get("step"))
         if step is None:
             continue
@@ -147,7 +154,8 @@ def plot_run(run_dir: Path, out: Path, ledger: Ledger | None = None) -> Path:
 
 def _mark(ax: Any, s: TaskSeries) -> None:
     for kind, step in s.stops:
-        ax.axvline(step, color=_COLORS.get(kind, "k"), linestyle="--", linewidth=1, alpha=0.8)
+        color = _COLORS.get(kind.split(",")[0], "k")
+        ax.axvline(step, color=color, linestyle="--", linewidth=1, alpha=0.8)
         ax.annotate(
             kind,
             (step, 1),
@@ -156,7 +164,7 @@ def _mark(ax: Any, s: TaskSeries) -> None:
             va="top",
             ha="right",
             fontsize="x-small",
-            color=_COLORS.get(kind, "k"),
+            color=color,
         )
     for step in s.resumes:
         ax.axvline(step, color="tab:green", linestyle="-.", linewidth=1, alpha=0.8)

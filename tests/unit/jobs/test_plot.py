@@ -78,3 +78,16 @@ def test_plot_of_a_run_without_metrics_is_one_line(
 def test_other_commands_do_not_import_matplotlib() -> None:
     code = "import sys, jobs.cli; jobs.cli.build_parser(); sys.exit('matplotlib' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_a_restart_in_place_is_named_on_its_interruption(tmp_path: Path) -> None:
+    """Issue 26: the plot says which interruptions went on in the same allocation."""
+    from train.history import RunHistory
+
+    history = RunHistory(tmp_path)
+    history.append("failure", step=40, restart_count=0, job_id="7", failure_class="infra")
+    history.append("restart_in_place", step=None, restart_count=0, job_id="7")
+    history.append("resume", step=30, restart_count=0, job_id="7", in_place=1)
+    s = read_series(tmp_path, "run")
+    assert s.stops == [("failure, restart in place", 40)] and s.resumes == [30]
+    assert s.redone == [(30, 40)]
