@@ -2,6 +2,12 @@
 SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
+# Unit tests run in parallel (pytest-xdist; auto: one worker per core), integration tests serially.
+UNIT_WORKERS ?= auto
+# pytest's exit 5 means it ran no test. A half whose marker selects nothing is fine only when the
+# other half ran tests; no test run at all fails (`make unit` alone: its half must run tests).
+CHECK_RAN = if [ $$u -eq 5 ] && [ $$i -eq 5 ]; then echo "make $@: no tests were collected" >&2; exit 1; fi; \
+	for rc in $$u $$i; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 .PHONY: setup lock demo test unit integration lint format bench cluster-up cluster-down clean
 
@@ -16,14 +22,18 @@ lock:
 demo: setup cluster-up
 	$(PYTHON) -m jobs submit examples/cifar.yaml --follow
 
-## The whole suite: unit tests, then integration tests against the real local cluster.
-## pytest's exit 5 (no tests collected) is a failure, never a pass.
+## The whole suite: unit tests in parallel, then integration tests, one at a time, against the
+## real local cluster. pytest's exit 5 (no tests collected) is a failure, never a pass.
 test: setup
-	@set +e; $(PYTHON) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
+	@set +e; \
+	$(PYTHON) -m pytest -m "not integration" -n $(UNIT_WORKERS) $(PYTEST_ARGS); u=$$?; \
+	$(PYTHON) -m pytest -m integration -p no:xdist $(PYTEST_ARGS); i=$$?; \
+	$(CHECK_RAN)
 
 unit: setup
-	$(PYTHON) -m pytest -m "not integration" $(PYTEST_ARGS)
+	@set +e; \
+	$(PYTHON) -m pytest -m "not integration" -n $(UNIT_WORKERS) $(PYTEST_ARGS); u=$$?; i=5; \
+	$(CHECK_RAN)
 
 integration: setup
 	$(PYTHON) -m pytest -m integration $(PYTEST_ARGS)
