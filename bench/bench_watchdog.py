@@ -1,19 +1,27 @@
-"""Hang watchdog (issue 15): what it costs per step, and how fast it notices a frozen rank.
+"""Hang watchdog (issues 15 and 25): what it costs per step, how fast it notices a frozen rank,
+and what it costs the shared file system.
 
 - Cost: training steps of the example's ``tinycnn`` (batch 128, 1 thread, CPU) with one
-  heartbeat per step (:meth:`train.hang.heartbeat.Heartbeat.beat`, a 16-byte ``pwrite``) against the
-  same steps without, interleaved rounds. Goal: within 1%.
-- Latency: two heartbeat-writing 'rank' processes (no torch) under the real watchers
+  heartbeat per step (:meth:`train.hang.heartbeat.Heartbeat.beat`, a 32-byte ``pwrite`` into
+  node-local memory) against the same steps without, interleaved rounds. Goal: within 1%.
+- Latency: two heartbeat-writing 'rank' processes (no torch) on two simulated nodes, in
+  lockstep through a stand-in for DDP's all-reduce, under the real watchers
   (``python -m train.hang.watcher``); one is frozen with SIGSTOP and the time until the ``hang``
-  event
-  is recorded is compared with the configured timeout. The watcher polls every timeout/10 (at
-  least 0.2 s) and gives a live rank up to 3 s to write its stacks, so about timeout + 1 s.
+  event is recorded is compared with the configured timeout. The watcher polls every
+  timeout/10 (at least 0.2 s) and gives a live rank up to 3 s to write its stacks.
+- File operations on the run directory (issue 25): 4 and 16 simulated ranks (2 per node, each
+  beating every 0.1 s through the real :class:`~train.hang.heartbeat.Watchdog` and node
+  watchers, default settings) run under ``strace -f``; every system call that names a path in
+  the run directory (or an open file there) in a window after start-up is counted. Goal: the
+  count per rank per minute does not grow with the number of ranks, and at most one write
+  (a file created, written or renamed) per rank per 10 s.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,10 +30,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from bench.common import REPO, Figure, Goal, Options, interleave
-from train.hang.heartbeat import read_beats
+from bench.common import REPO, Figure, Goal, Options, interleave, skipped
+from train.hang.heartbeat import SUMMARY_S
 
-SECTION = "Hang watchdog (issue 15)"
+SECTION = "Hang watchdog (issues 15, 25)"
 
 RANK = textwrap.dedent(
     """
@@ -33,15 +41,45 @@ RANK = textwrap.dedent(
     from pathlib import Path
     from train.hang.heartbeat import Watchdog
 
-    wd = Watchdog(Path(sys.argv[1]), rank=int(sys.argv[2]), world_size=2, job_id=None,
-                  restart_count=0, timeout_s=float(sys.argv[3]), budgets={"max_hangs": 9})
+    run, rank = Path(sys.argv[1]), int(sys.argv[2])
+    wd = Watchdog(run, rank=rank, world_size=2, job_id=None, restart_count=0,
+                  timeout_s=float(sys.argv[3]), budgets={"max_hangs": 9}, node=f"n{rank}",
+                  local_root=run / "shm")
+    coll = run / "collective"
+    coll.mkdir(parents=True, exist_ok=True)
     step = 0
     while True:
         time.sleep(0.02)
         step += 1
+        (coll / f"rank-{rank}").write_text(str(step))  # a stand-in for DDP's all-reduce
+        peer = coll / f"rank-{1 - rank}"
+        while not (peer.exists() and peer.read_text().strip() and int(peer.read_text()) >= step):
+            time.sleep(0.005)
         wd.beat(step)
     """
 )
+
+# A rank of the file-operations count: 2 ranks per simulated node, default settings.
+SIM_RANK = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from train.hang.heartbeat import Watchdog
+
+    run, rank, world, shm = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    wd = Watchdog(run, rank=rank, world_size=world, job_id="bench", restart_count=0,
+                  timeout_s=None, budgets={}, node=f"sim{rank // 2}", local_rank=rank % 2,
+                  local_world_size=2, local_root=shm)
+    step = 0
+    while True:
+        time.sleep(0.1)
+        step += 1
+        wd.beat(step)
+    """
+)
+# system calls that create, write or rename (an open counts when it creates)
+_WRITES = ("openat", "open", "creat", "write", "pwrite64", "writev", "rename", "renameat",
+           "renameat2", "mkdir", "mkdirat", "unlink", "unlinkat", "ftruncate")  # fmt: skip
 
 
 def _cost(opts: Options, repeats: int) -> Figure:
@@ -104,9 +142,8 @@ def _latency_once(folder: Path, timeout: float) -> float:
         for r in (0, 1)
     ]
     try:
-        progress = run / ".progress" / "local-0"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(read_beats(progress, 2)) < 2:
+        while time.monotonic() < deadline and len(list((run / "shm").glob("*/*/*/rank-?"))) < 2:
             time.sleep(0.1)
         time.sleep(1.0)  # a few beats, so the watchers are armed
         frozen = time.time()
@@ -143,8 +180,80 @@ def _latency(opts: Options, timeout: float, repeats: int) -> Figure:
     )
 
 
+def _count_file_ops(folder: Path, ranks: int, warmup: float, window: float) -> tuple[int, int]:
+    """(system calls on the run directory, of which writes) of ``ranks`` simulated ranks in
+    ``window`` seconds after ``warmup`` seconds of start-up."""
+    run = folder / f"run-{ranks}-{time.monotonic_ns()}"
+    run.mkdir(parents=True)
+    script = folder / "sim_rank.py"
+    script.write_text(SIM_RANK)
+    trace = folder / f"trace-{ranks}.txt"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
+    launcher = (
+        "import subprocess, sys, time\n"
+        f"ps = [subprocess.Popen([sys.executable, {str(script)!r}, {str(run)!r}, str(r), "
+        f"'{ranks}', {str(folder / 'shm')!r}]) for r in range({ranks})]\n"
+        f"time.sleep({warmup + window + 1})\n"
+        "[p.kill() for p in ps]; [p.wait() for p in ps]\n"
+    )
+    started = time.time()
+    subprocess.run(
+        ["strace", "-f", "-qq", "-ttt", "-y", "-e", "trace=%file,%desc", "-o", str(trace),
+         sys.executable, "-c", launcher],
+        env=env, check=True, timeout=warmup + window + 120,
+    )  # fmt: skip
+    lo, hi = started + warmup, started + warmup + window
+    total = writes = 0
+    needle = str(run)
+    with trace.open(errors="replace") as f:
+        for line in f:
+            parts = line.split(None, 2)  # pid, time, call
+            if len(parts) < 3 or needle not in parts[2] or parts[2].startswith(("+++", "---")):
+                continue
+            try:
+                t = float(parts[1])
+            except ValueError:
+                continue
+            if lo <= t < hi:
+                total += 1
+                call = parts[2].split("(", 1)[0]
+                if call in _WRITES and (call not in ("openat", "open") or "O_CREAT" in parts[2]):
+                    writes += 1
+    return total, writes
+
+
+def _file_ops(opts: Options) -> list[Figure]:
+    name = "file operations on the run directory per rank per minute, 16 ranks vs 4"
+    if shutil.which("strace") is None:
+        return [skipped(SECTION, name, "strace is not installed")]
+    folder = Path(tempfile.mkdtemp(prefix="watchdog-ops-", dir=opts.workdir))
+    window = (3 if opts.quick else 6) * SUMMARY_S
+    per_rank_min: dict[int, float] = {}
+    writes_per_10s: dict[int, float] = {}
+    for ranks in (4, 16):
+        opts.log(f"watchdog: file operations of {ranks} ranks over {window:g} s (strace)")
+        total, writes = _count_file_ops(folder, ranks, 15.0, window)
+        per_rank_min[ranks] = total / ranks / (window / 60)
+        writes_per_10s[ranks] = writes / ranks / (window / 10)
+    return [
+        Figure.measured(
+            SECTION, name, "ops", [per_rank_min[16]], [per_rank_min[4]],
+            baseline_name="the same with 4 ranks",
+            goal=Goal("<=", 1.25),
+            note=f"strace -f of the ranks and the node watchers, {window:g} s after 15 s of "
+            "start-up; 2 ranks per node, heartbeats node-local, one summary per node per "
+            f"{SUMMARY_S:g} s",
+        ),
+        Figure.measured(
+            SECTION, "writes to the run directory per rank per 10 s (16 ranks)", "writes",
+            [writes_per_10s[16]], goal=Goal("<=", 1.0, on="ours"),
+            note=f"4 ranks: {writes_per_10s[4]:.2f}; files created, written or renamed",
+        ),
+    ]  # fmt: skip
+
+
 def run(opts: Options) -> list[Figure]:
-    """Both rows (cost per step, detection latency)."""
+    """All rows (cost per step, detection latency, file operations on the run directory)."""
     opts.workdir.mkdir(parents=True, exist_ok=True)
     repeats = 3 if opts.quick else max(5, opts.repeats)
     opts.log("watchdog: training steps with and without the heartbeat")
@@ -152,6 +261,7 @@ def run(opts: Options) -> list[Figure]:
     for timeout in (3.0,) if opts.quick else (3.0, 10.0):
         opts.log(f"watchdog: detection latency, timeout {timeout:g} s")
         figures.append(_latency(opts, timeout, 2 if opts.quick else 3))
+    figures += _file_ops(opts)
     return figures
 
 

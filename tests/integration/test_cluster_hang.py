@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from cluster.client import SlurmClient
-from train.hang.heartbeat import read_beats
-from train.history import RunHistory
+from train.hang.heartbeat import SUMMARY_S
+from train.history import RunHistory, read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -33,11 +33,14 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10
 
 
-def _submit(env: dict[str, str], *sets: str, name: str = "hang-it") -> tuple[str, Path]:
+def _submit(
+    env: dict[str, str], *sets: str, name: str = "hang-it", timeout: int | None = TIMEOUT_S
+) -> tuple[str, Path]:
     cmd = [sys.executable, "-m", "jobs", "submit", "examples/cifar.yaml", "--set", f"name={name}",
            "--set", "train.epochs=6", "--set", "train.checkpoint.interval_steps=10",
-           "--set", "train.deterministic=true",
-           "--set", f"requeue.hang_timeout_s={TIMEOUT_S}"]  # fmt: skip
+           "--set", "train.deterministic=true"]  # fmt: skip
+    if timeout is not None:
+        cmd += ["--set", f"requeue.hang_timeout_s={timeout}"]
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.run(
@@ -69,20 +72,46 @@ def _attempt(run_dir: Path, job: str) -> Path | None:
 
 
 def _stepping(run_dir: Path, job: str) -> Path | None:
+    """The attempt's progress folder once both nodes' summaries (published every 10 s) show
+    steps of both ranks (heartbeats themselves are node-local)."""
     progress = _attempt(run_dir, job)
     if progress is None:
         return None
-    beats = read_beats(progress, 2)
-    ok = len(beats) == 2 and min(b.step for b in beats.values()) >= 12
-    return progress if ok else None
+    steps = []
+    for summary in (progress / "nodes").glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            steps += [r["step"] for r in json.loads(summary.read_text())["ranks"]]
+    return progress if len(steps) == 2 and min(steps) >= 12 else None
 
 
-def _freeze_rank_1(run_dir: Path, job: str) -> tuple[int, str, float, int]:
-    """SIGSTOP rank 1 once both ranks made a few steps; returns (pid, node, when, restart)."""
+def _watcher_of(pid: int) -> int | None:
+    """The node's hang watcher that rank ``pid`` started (its child)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+            if stat.rsplit(")", 1)[1].split()[1] == str(pid) and b"train.hang.watcher" in cmdline:
+                return int(entry.name)
+    return None
+
+
+def _freeze_rank_1(
+    run_dir: Path, job: str, *, node_wide: bool = False
+) -> tuple[list[int], str, float, int]:
+    """SIGSTOP rank 1 (``node_wide``: and its node's watcher: the whole node stops) once both
+    ranks made a few steps; returns (pids, node, when, restart)."""
     progress = _wait(lambda: _stepping(run_dir, job), 240, "both ranks to make steps")
     meta = json.loads((progress / "rank-1.json").read_text())
-    os.kill(meta["pid"], signal.SIGSTOP)
-    return meta["pid"], meta["node"], time.time(), int(progress.name.rsplit("-", 1)[1])
+    pids = [meta["pid"]]
+    if node_wide:
+        watcher = _watcher_of(meta["pid"])
+        assert watcher is not None, "rank 1 (its node's first rank) started no watcher"
+        pids.insert(0, watcher)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids, meta["node"], time.time(), int(progress.name.rsplit("-", 1)[1])
 
 
 def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
@@ -95,9 +124,9 @@ def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
     job, run_dir = _submit(env)
     # the same run, uninterrupted, beside it: the resumed run must end with its parameters
     ref_job, ref_dir = _submit(env, name="hang-ref")
-    pid = 0
+    pids: list[int] = []
     try:
-        pid, node, frozen_at, restart = _freeze_rank_1(run_dir, job)
+        pids, node, frozen_at, restart = _freeze_rank_1(run_dir, job)
         hang = _wait(lambda: _events(run_dir, "hang"), 120, "the hang event")[0]
         assert hang["ranks"] == [1] and hang["nodes"] == [node]
         assert hang["no_stacks"] == [1] and hang["timeout_s"] == TIMEOUT_S
@@ -118,7 +147,7 @@ def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
         info = slurm_client.wait_for(job, timeout=300)
         ref = slurm_client.wait_for(ref_job, timeout=300)
     finally:
-        if pid:
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)  # never leave a stopped process behind
         for j in (job, ref_job):
@@ -150,13 +179,13 @@ def test_hang_budget_of_one_stops_the_second_hang_with_the_reason(
     job, run_dir = _submit(env, "requeue.max_hangs=1")
     pids: list[int] = []
     try:
-        pids.append(_freeze_rank_1(run_dir, job)[0])  # hang 1: within the budget, requeued
+        pids += _freeze_rank_1(run_dir, job)[0]  # hang 1: within the budget, requeued
         _wait(lambda: _events(run_dir, "requeue"), 120, "the first hang's requeue")
         _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
         time.sleep(3)  # see byo_helpers.ByoRun.release_when_requeued
         slurm_client.release(job)
         _wait(lambda: _events(run_dir, "resume"), 240, "the resumed run")
-        pids.append(_freeze_rank_1(run_dir, job)[0])  # hang 2: over the budget
+        pids += _freeze_rank_1(run_dir, job)[0]  # hang 2: over the budget
         info = slurm_client.wait_for(job, timeout=180)
     finally:
         for pid in pids:
@@ -176,3 +205,59 @@ def test_hang_budget_of_one_stops_the_second_hang_with_the_reason(
         text=True, timeout=60, check=False,
     )  # fmt: skip
     assert "max_hangs=1" in status.stdout, status.stdout + status.stderr
+
+
+def test_a_frozen_node_is_excluded_not_the_healthy_one(
+    env: dict[str, str], slurm_client: SlurmClient
+) -> None:
+    """Issue 25: every process of rank 1's node stops (the rank and the node's watcher: a kernel
+    or file-system stall). Rank 0, idle in the all-reduce, is its victim: its node's watcher
+    must name rank 1's node (its watcher went silent), not its own, and the job is kept off it."""
+    job, run_dir = _submit(env, name="hang-node")
+    pids: list[int] = []
+    try:
+        pids, node, frozen_at, _ = _freeze_rank_1(run_dir, job, node_wide=True)
+        hang = _wait(lambda: _events(run_dir, "hang"), 150, "the hang event")[0]
+        assert hang["nodes"] == [node] and hang["ranks"] == [1], hang
+        assert "watcher is silent" in hang["evidence"][node], hang
+        # the timeout, then at most one summary period for the frozen node's watcher to answer
+        latency = hang["time"] - frozen_at
+        assert TIMEOUT_S <= latency < TIMEOUT_S + SUMMARY_S + 20, latency
+        assert hang["no_stacks"] == [1], hang  # the healthy rank dumped its stacks
+        quarantine = _wait(lambda: _events(run_dir, "quarantine"), 60, "the quarantine event")[0]
+        assert quarantine["nodes"] == [node] and node in quarantine["excluded"], quarantine
+        assert slurm_client.show_job(job)["ExcNodeList"] == node
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if slurm_client.show_job(job).get("JobState") not in {"COMPLETED", "FAILED"}:
+            slurm_client.cancel([job], no_requeue=True)
+    assert "failure" not in [e["event"] for e in RunHistory(run_dir).events()]
+
+
+def test_a_long_evaluation_with_the_default_settings_completes(
+    env: dict[str, str], slurm_client: SlurmClient
+) -> None:
+    """Issue 25: an evaluation of 98 s (a big test set: each evaluation sleeps first, a test
+    hook) under the default hang timeout (max(60 s, ...)): the ranks declare it, so it is no
+    hang and the run completes; it used to be killed at 60 s, on every attempt."""
+    hooks = REPO / "tests" / "hooks"
+    job, run_dir = _submit(
+        env,
+        "train.epochs=1",
+        f"environment.variables.PYTHONPATH={hooks}:{REPO}",
+        "environment.variables.TRAIN_EVAL_TEST_DELAY_S=98",
+        name="hang-long-eval",
+        timeout=None,
+    )
+    try:
+        info = slurm_client.wait_for(job, timeout=400)
+    finally:
+        if slurm_client.show_job(job).get("JobState") not in {"COMPLETED", "FAILED"}:
+            slurm_client.cancel([job], no_requeue=True)
+    names = [e["event"] for e in RunHistory(run_dir).events()]
+    assert info.state == "COMPLETED", (info, names)
+    assert "hang" not in names and names[-1] == "complete", names
+    evals = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m.get("kind") == "eval"]
+    assert evals, "no evaluation ran"

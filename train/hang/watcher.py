@@ -98,6 +98,7 @@ class _Node:
         self.span = 0.0
         self.longest_gap = 0.0
         self.seq = 0
+        self.size = 0  # bytes of the longest summary written
 
     # -- the node's heartbeats (node-local) -----------------------------------------------------
     def poll(self, now: float) -> None:
@@ -191,12 +192,20 @@ class _Node:
             "ranks": [{**r.to_json(), "timeout_s": round(r.timeout_s, 1), "pid": r.pid}
                       for r in view.ranks],
         }  # fmt: skip
-        folder = self.a.shared / "nodes"
-        name = _safe(self.a.node)
+        # one write system call: rewritten in place, padded to the longest summary so far (a
+        # reader that meets a torn one keeps the last it could read)
+        raw = json.dumps(data).encode()
+        self.size = max(self.size, len(raw))
+        path = self.a.shared / "nodes" / f"{_safe(self.a.node)}.json"
         try:
-            tmp = folder / f".{name}.json.tmp"
-            write_text(tmp, json.dumps(data))
-            tmp.replace(folder / f"{name}.json")
+            try:
+                fd = open_fd(path, os.O_WRONLY | (os.O_CREAT if self.seq == 1 else 0))
+            except FileNotFoundError:
+                fd = open_fd(path, os.O_WRONLY | os.O_CREAT)
+            try:
+                os.pwrite(fd, raw.ljust(self.size), 0)
+            finally:
+                os.close(fd)
         except OSError as exc:
             log.warning("could not publish the node's summary: %s", exc)
         return view
@@ -218,29 +227,38 @@ def _command_state(pid: int, full: bool) -> str | None:
     return state
 
 
-def _read_summaries(a: _Args) -> dict[str, tuple[int, dict[str, Any]]]:
+_Summaries = dict[str, tuple[int, dict[str, Any]]]
+
+
+def _read_summaries(a: _Args, before: _Summaries | None = None) -> _Summaries:
+    """Every node's summary by file name; one that cannot be read (torn while rewritten,
+    damaged) keeps what ``before`` had of it."""
     folder = a.shared / "nodes"
-    out: dict[str, tuple[int, dict[str, Any]]] = {}
+    out: _Summaries = {}
     try:
         names = os.listdir(folder)
     except OSError:
-        return out
+        return dict(before or {})
     for name in names:
         if name.startswith(".") or not name.endswith(".json"):
             continue
         data = _read_json(folder / name)
         node, seq = data.get("node"), data.get("seq")
         if isinstance(node, str) and isinstance(seq, int):
-            out[node] = (seq, data)
+            out[name] = (seq, data)
+        elif before and name in before:
+            out[name] = before[name]
     return out
 
 
-def _confirm(a: _Args, node: _Node) -> list[NodeView]:
+def _confirm(a: _Args, node: _Node) -> list[NodeView] | None:
     """Publish now, then wait (at most one summary period and a bit) until every other node's
-    watcher published again: the views to judge, a node that did not marked silent."""
+    watcher published again: the views to judge, a node that did not marked silent. None: a
+    hang was claimed meanwhile (another watcher decides; this one only records its node)."""
     node.publish(time.monotonic(), full=True)
     before = _read_summaries(a)
-    advanced = {a.node}
+    mine = f"{_safe(a.node)}.json"
+    advanced = {mine}
     deadline = time.monotonic() + a.summary + 3.0
     current = before
     while True:
@@ -250,10 +268,12 @@ def _confirm(a: _Args, node: _Node) -> list[NodeView]:
         if set(current) <= advanced or time.monotonic() > deadline:
             break
         time.sleep(min(1.0, a.poll or 1.0))
-        current = _read_summaries(a)
+        if (a.hangs / "claimed").exists():
+            return None
+        current = _read_summaries(a, current)
     views = [node.view(time.monotonic(), full=True)]
     for name, (_, data) in current.items():
-        if name == a.node:
+        if name == mine:
             continue
         view = node_view(data, alive=name in advanced)
         if view is not None:
@@ -282,10 +302,10 @@ def _watch(a: _Args) -> int:
                     return 1
             if now >= next_judge and node.suspicious(now):
                 views = _confirm(a, node)
-                verdict = judge(views, command=a.command)
-                if verdict.hang:
+                verdict = judge(views, command=a.command) if views is not None else None
+                if verdict is None or verdict.hang:
                     ended = False
-                    _handle_hang(a, node, verdict, views)
+                    _handle_hang(a, node, verdict, views or [])
                     return 1
                 log.info("ranks %s silent, not a hang: %s", verdict.stalled, verdict.why)
                 next_judge = time.monotonic() + a.summary
