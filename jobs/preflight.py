@@ -121,7 +121,7 @@ def preflight(
             "training resumes across shorter jobs)"
         )
     members = [n for n in nodes if n.name in set(part.nodes)]
-    if res.nodes > len(members):
+    if res.max_nodes > len(members):
         raise PreflightError(
             f"{loc(('resources', 'nodes'))}: resources.nodes: {res.nodes} nodes but partition "
             f"{part.name} has {len(members)} ({', '.join(n.name for n in members)}); "
@@ -130,7 +130,7 @@ def preflight(
     gpus = res.gpus
     cpus = spec.ntasks_per_node * (res.cpus_per_task or 1)
     fitting = [n for n in members if n.usable and n.gres.get("gpu", 0) >= gpus and n.cpus >= cpus]
-    if len(fitting) < res.nodes:
+    if len(fitting) < res.min_nodes:
         best_gpus = max((n.gres.get("gpu", 0) for n in members), default=0)
         best_cpus = max((n.cpus for n in members), default=0)
         if gpus > best_gpus:
@@ -152,3 +152,37 @@ def preflight(
             "another partition)"
         )
     return part.name
+
+
+def shapes_note(spec: JobSpec, state: ClusterState) -> str | None:
+    """For ``resources.nodes: "MIN-MAX"``: the shapes the job may run at, and how many nodes of
+    its partition could take one of its tasks now (from the preflight's ``sinfo``); None for a
+    fixed node count."""
+    res = spec.resources
+    if res.min_nodes == res.max_nodes:
+        return None
+    part = next(
+        (
+            p
+            for p in state.partitions
+            if p.name == res.partition or (not res.partition and p.default)
+        ),
+        None,
+    )
+    if part is None:
+        return None
+    cpus = spec.ntasks_per_node * (res.cpus_per_task or 1)
+    members = [n for n in state.nodes if n.name in set(part.nodes)]
+    fitting = [
+        n for n in members if n.usable and n.gres.get("gpu", 0) >= res.gpus and n.cpus >= cpus
+    ]
+    tasks = spec.ntasks_per_node
+    shapes = ", ".join(
+        f"{n} node{'s' * (n > 1)} x {tasks} (world size {n * tasks})"
+        for n in range(res.min_nodes, res.max_nodes + 1)
+    )
+    return (
+        f"jobs: resources.nodes {res.nodes}: runs as {shapes}; partition {part.name} has "
+        f"{len(fitting)} of {len(members)} node(s) usable for it now. A requeued run resumes on "
+        "the nodes free then (same global batch; tasks per node and the train section fixed)"
+    )

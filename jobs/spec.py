@@ -21,6 +21,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from cluster.timefmt import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
@@ -48,6 +49,7 @@ _GPU_GRES_RE = re.compile(r"^gpu(?::[A-Za-z0-9_.-]+)?:([0-9]{1,6})$", re.ASCII)
 _MEM_RE = re.compile(r"^[0-9]{1,15}[KMGT]?$", re.IGNORECASE | re.ASCII)
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_&|\[\]*():,.-]+$", re.ASCII)
 _VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
+_NODES_RE = re.compile(r"^\s*([0-9]{1,6})\s*(?:-\s*([0-9]{1,6})\s*)?$", re.ASCII)
 _SRUN_WORD_RE = re.compile(r"^[A-Za-z0-9_:,.=-]+$", re.ASCII)
 
 
@@ -63,7 +65,14 @@ class Resources(StrictModel):
     partition: Annotated[
         str | None, Field(description="partition (default: the cluster's default partition)")
     ] = None
-    nodes: Annotated[int, Field(description="number of nodes", ge=1, le=100_000)] = 1
+    nodes: Annotated[
+        int | str,
+        Field(
+            description='number of nodes, or a range "MIN-MAX" (Slurm\'s --nodes=1-2): the job '
+            "starts on what the cluster can give, and a requeued run resumes on the nodes free "
+            "then (the tasks per node stay as given)"
+        ),
+    ] = 1
     ntasks_per_node: Annotated[
         int | None,
         Field(description="tasks per node (default: GPUs per node for ddp, else 1)", ge=1, le=1024),
@@ -84,6 +93,43 @@ class Resources(StrictModel):
     qos: Annotated[str | None, Field(description="quality of service")] = None
     constraint: Annotated[str | None, Field(description="node features, e.g. a100&ib")] = None
     exclusive: Annotated[bool, Field(description="whole nodes only (--exclusive)")] = False
+
+    @field_validator("nodes", mode="plain")
+    @classmethod
+    def _nodes(cls, value: Any) -> int | str:
+        """A count (an int, as before), or ``"MIN-MAX"``; a range of one count is that count.
+        Errors keep pydantic's kinds for a count, so they read as every other number's."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not 1 <= value <= 100_000:
+                kind, bound = (
+                    ("greater_than_equal", 1) if value < 1 else ("less_than_equal", 100_000)
+                )
+                word = "greater" if value < 1 else "less"
+                raise PydanticCustomError(
+                    kind, f"Input should be {word} than or equal to {bound}", {"bound": bound}
+                )
+            return value
+        if not isinstance(value, str) or "-" not in value:
+            raise PydanticCustomError("int_type", "Input should be a valid integer")
+        m = _NODES_RE.match(value)
+        if m is None:
+            raise ValueError(f'{value!r} is not a number of nodes or a range MIN-MAX (e.g. "1-2")')
+        low, high = int(m.group(1)), int(m.group(2) or m.group(1))
+        if not 1 <= low <= high <= 100_000:
+            raise ValueError(
+                f'nodes {value!r}: give 1 <= MIN <= MAX <= 100000 (e.g. "1-2": 1 or 2 nodes)'
+            )
+        return low if low == high else f"{low}-{high}"
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes the job may run on (``nodes`` when it is a count)."""
+        return int(str(self.nodes).split("-")[0])
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes the job may run on."""
+        return int(str(self.nodes).split("-")[-1])
 
     @field_validator("partition", "account", "qos")
     @classmethod
@@ -294,7 +340,7 @@ class JobSpec(StrictModel):
                 f"strategy {strategy} runs one task per node that uses all its devices "
                 "(set ntasks_per_node: 1, or train.strategy: ddp)",
             )
-        if strategy in ("dp", "single") and res.nodes != 1:
+        if strategy in ("dp", "single") and res.max_nodes != 1:
             raise FieldIssue(
                 "resources.nodes",
                 f"strategy {strategy} runs in one process on one node "
@@ -315,6 +361,16 @@ class JobSpec(StrictModel):
                 f"{self.world_size} ranks x {self.train.grad_accum} micro-steps "
                 f"(use a multiple of {self.world_size * self.train.grad_accum})",
             )
+        if self.train is not None:
+            # fewer nodes: the same global batch, more micro-steps (train.loop.order)
+            odd = [w for w in self.world_sizes if self.train.batch_size % w]
+            if odd:
+                raise FieldIssue(
+                    "train.batch_size",
+                    f"global batch {self.train.batch_size} does not split over {odd[0]} ranks, "
+                    f"one of the shapes resources.nodes {res.nodes!r} allows (use a multiple "
+                    f"of every world size in {list(self.world_sizes)})",
+                )
         time_s = res.time_s
         if time_s is not None and self.requeue.signal_delay_s >= time_s:
             raise FieldIssue(
@@ -339,4 +395,12 @@ class JobSpec(StrictModel):
 
     @property
     def world_size(self) -> int:
-        return self.resources.nodes * self.ntasks_per_node
+        """Ranks at the most nodes the spec allows (``train.grad_accum`` is for this size)."""
+        return self.resources.max_nodes * self.ntasks_per_node
+
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        """Every world size the job may run at: each node count of ``resources.nodes`` times
+        the tasks per node (fixed: Slurm gives every node the same number)."""
+        res = self.resources
+        return tuple(n * self.ntasks_per_node for n in range(res.min_nodes, res.max_nodes + 1))

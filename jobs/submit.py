@@ -187,10 +187,14 @@ def submit(
             return submit_local(loaded, plan)
     limit = None
     if preflight:
-        from jobs.preflight import array_limit, cluster_limits
+        from jobs.preflight import array_limit, cluster_limits, shapes_note
         from jobs.preflight import preflight as check
 
+        state = state or client.cluster_state()  # the one sinfo of this submission
         check(loaded.spec, client, loaded.where, state=state)
+        note = shapes_note(loaded.spec, state)  # resources.nodes "MIN-MAX": which shapes
+        if note:
+            print(note, file=sys.stderr)
         if loaded.is_array:
             limits = cluster_limits(client, records.state_dir())
             limit = array_limit(len(loaded.tasks), limits, loaded.where)

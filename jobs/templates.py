@@ -98,7 +98,7 @@ def sbatch_options(
     signal in the batch shell (``B:``), ``array`` adds ``--array`` for ``tasks``.
     """
     res = spec.resources
-    if name == "dataparallel" and res.nodes != 1:
+    if name == "dataparallel" and res.max_nodes != 1:
         raise UsageError(
             f"--template dataparallel runs one task on one node but resources.nodes is "
             f"{res.nodes} (set nodes: 1, or use --template ddp)"

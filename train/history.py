@@ -57,6 +57,22 @@ EVENTS = (
 STOP_EVENTS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")
 
 
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _shape_change(event: Mapping[str, Any]) -> str | None:
+    """``on 1 node (was 2)`` (or ``on 2 ranks (was 4)`` when the node count stayed or is not
+    known) for a resume on another world size (train.session writes the fields); else None."""
+    now, was = _whole(event.get("world_size")), _whole(event.get("was_world_size"))
+    if now is None or was is None or now == was:
+        return None
+    nodes, was_nodes = _whole(event.get("num_nodes")), _whole(event.get("was_num_nodes"))
+    if nodes is not None and was_nodes is not None and nodes != was_nodes:
+        return f"on {nodes} node{'s' * (nodes != 1)} (was {was_nodes})"
+    return f"on {now} rank{'s' * (now != 1)} (was {was})"
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file, oldest first; a missing file has none, and a line
     that does not parse (being written, torn by a crash, a foreign or non-UTF-8 byte) is skipped
@@ -209,6 +225,8 @@ class RunHistory:
             "requeues": counts["requeue"],
             "resumes": len(resumes),
             "resumed_at_step": resumes[-1].get("step") if resumes else None,
+            # "on 1 node (was 2)": the newest resume ran on another shape than its checkpoint's
+            "resumed_shape": _shape_change(resumes[-1]) if resumes else None,
             "last_event": last["event"] if last else None,
             "last_step": next((e["step"] for e in reversed(events) if "step" in e), None),
             "complete": final is not None and final["event"] == "complete",
@@ -246,7 +264,8 @@ class RunHistory:
                 parts.append(f"{label} {d[key]}x")
         parts.extend(d["quarantined"])
         if d["resumed_at_step"] is not None:
-            parts.append(f"resumed at step {d['resumed_at_step']}")
+            shape = f" {d['resumed_shape']}" if d["resumed_shape"] else ""
+            parts.append(f"resumed at step {d['resumed_at_step']}{shape}")
         # a command entrypoint's events have no step (step None): "complete", not "at step None"
         at = f" at step {d['last_step']}" if d["last_step"] is not None else ""
         if d["complete"]:

@@ -252,13 +252,13 @@ class RunSession:
             explain_previous_attempt(self.run_dir, self.env.job_id, self.env.restart_count)
         # the shape this attempt runs on (jobs status: "resumed at step N on 1 node (was 2)")
         fields.setdefault("world_size", self.env.world_size)
-        fields.setdefault("nodes", self.env.num_nodes)
+        fields.setdefault("num_nodes", self.env.num_nodes)  # ("nodes" names hosts)
         if self.resume_from is None:
             self.event("start", step, **fields)
             return
         was = self.checkpoint_world_size
         if was is not None and was != self.env.world_size:
-            fields.update(was_world_size=was, was_nodes=self._nodes_at(was))
+            fields.update(was_world_size=was, was_num_nodes=self._nodes_at(was))
             log.warning(
                 "resuming on %s rank(s) from a checkpoint written on %s", self.env.world_size, was
             )
@@ -276,7 +276,7 @@ class RunSession:
             return None
         for e in reversed(self.history.events()):
             if e["event"] in ("start", "resume") and e.get("world_size") == world_size:
-                nodes = e.get("nodes")
+                nodes = e.get("num_nodes")
                 return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
         return None
 

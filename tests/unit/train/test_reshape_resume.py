@@ -140,4 +140,4 @@ def test_a_batchnorm_model_resumed_on_another_size_says_it_is_not_exact(tmp_path
 def test_first_start_records_the_shape(tmp_path: Path) -> None:
     run_attempt(cfg(max_steps=1), tmp_path, 2, 0)
     start = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "start"]
-    assert [(e["world_size"], e["nodes"]) for e in start] == [(2, 1)]
+    assert [(e["world_size"], e["num_nodes"]) for e in start] == [(2, 1)]
