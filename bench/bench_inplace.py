@@ -98,6 +98,24 @@ def _floor(env: dict[str, str], checkpoint: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _copy_latest(run_dir: Path, dest: Path) -> Path:
+    """A copy of the newest checkpoint (the run goes on pruning its own while we measure)."""
+    import shutil
+
+    for _ in range(5):
+        steps = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+        if not steps:
+            break
+        latest = max(steps, key=lambda p: int(p.name[5:]))
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            shutil.copytree(latest, dest)
+            return dest
+        except (OSError, shutil.Error):
+            time.sleep(0.2)  # pruned while copied: take the next newest
+    raise Skip("no checkpoint to time the floor with")
+
+
 def run(opts: Options) -> list[Figure]:
     if not opts.slurm_conf:
         return [skipped(SECTION, NAME, "no local cluster config (python -m cluster up)")]
@@ -168,11 +186,7 @@ def run(opts: Options) -> list[Figure]:
 
             first = _wait("the first step after the restart in place", first_after, 300)
             ours.append(float(first["time"]) - killed)
-            latest = max(
-                (p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()),
-                key=lambda p: int(p.name[5:]),
-            )
-            floor.append(min(_floor(env, latest) for _ in range(2)))
+            floor.append(min(_floor(env, _copy_latest(run_dir, work / "floor")) for _ in range(2)))
     except Skip as exc:
         return [skipped(SECTION, NAME, str(exc))]
     finally:

@@ -29,13 +29,15 @@ from typing import Any
 
 import pytest
 import yaml
-from slow_saves import slow_saves
 
 from cluster.hostlist import expand_hostlist
 from train.checkpoint.manager import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
 from train.spec.config import load_run_config
+
+sys.path.insert(0, str(Path(__file__).parent))
+from slow_saves import slow_saves
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -367,6 +369,7 @@ def test_scancel_checkpoints_and_is_not_requeued(
 FAIL_STEP = 6
 INJECT = f"""
 import os
+
 if os.environ.get("SLURM_PROCID") == "1" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
     import train.loop.trainer as trainer
 

@@ -10,6 +10,8 @@ so every spec sets ``train.allow_cpu_fallback`` and the runs train on CPU.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
 from slow_saves import slow_saves
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -385,3 +389,51 @@ def test_rendered_template_from_jobs_cli(
     assert done and done[-1]["step"] == 3, _events(run_dir)
     logs = sorted(p.name for p in (run_dir / "logs").glob("*.out"))
     assert logs == [f"tpl-rendered-{job}-rank0.out", f"tpl-rendered-{job}-rank1.out"], logs
+
+
+def _rank_pid(job: str) -> int | None:
+    """The training process (python -m train) of ``job``'s rank 0."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        env = dict(i.split(b"=", 1) for i in raw.split(b"\0") if b"=" in i)
+        mine = env.get(b"SLURM_JOB_ID") == job.encode() and env.get(b"SLURM_PROCID") == b"0"
+        if mine and b"-m\0train\0" in cmd:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_requeue_template_restarts_a_killed_step_in_place(
+    jobs: Jobs, tmp_path: Path, slurm_client: Any
+) -> None:
+    """Issue 26: the requeue template runs its step in a loop; a rank killed from outside is
+    restarted in the same allocation (python -m train.stop.step), never requeued."""
+    spec = _spec(tmp_path, max_steps=40, interval=5)
+    run_dir = tmp_path / "run-inplace"
+    job = jobs.sbatch(
+        "requeue",
+        ["-N1", "--ntasks-per-node=1", "--gres=gpu:1", "-c1", "--time=10"],
+        [str(spec)],
+        env={"RUN_DIR": str(run_dir), **slow_saves(0.2)},
+    )
+    jobs.wait(job, {"RUNNING"}, timeout=120)
+    deadline = time.monotonic() + 120
+    while not _checkpoints(run_dir) or _rank_pid(job) is None:
+        assert time.monotonic() < deadline, f"no checkpoint yet:\n{jobs.logs()}"
+        time.sleep(0.5)
+    pid = _rank_pid(job)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    jobs.wait(job, {"COMPLETED"}, timeout=240)
+    batch_log = next(tmp_path.glob(f"slurm-*-{job}.out")).read_text()
+    assert "restarting it in place (1)" in batch_log, batch_log
+    kinds = _kinds(run_dir)
+    assert "restart_in_place" in kinds and "requeue" not in kinds, kinds
+    assert kinds[-1] == "complete", kinds
+    assert slurm_client.show_job(job).get("Restarts") == "0"
