@@ -39,7 +39,8 @@ from typing import IO, TYPE_CHECKING, Any
 from cluster.models import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
-from train.history import RunHistory, read_jsonl
+from train.history import RunHistory
+from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
@@ -105,6 +106,11 @@ def _slurm_time(value: str | None) -> float | None:
         return None
 
 
+def _time(event: dict[str, Any]) -> float:
+    """An event's time (typed by train.schema: a finite number, or absent: 0)."""
+    return float(event.get("time") or 0.0)
+
+
 def _as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -146,12 +152,12 @@ class Drill:
         return int(value) if value.isdigit() else 0
 
     def events(self, since: float = 0.0) -> list[dict[str, Any]]:
-        return [e for e in RunHistory(self.run_dir).events() if float(e.get("time", 0)) >= since]
+        return [e for e in RunHistory(self.run_dir).events() if _time(e) >= since]
 
     def train_steps(self) -> list[tuple[float, int]]:
         """(time, step) of the run's training records (``metrics.jsonl``)."""
         out = []
-        for rec in read_jsonl(self.run_dir / "metrics.jsonl"):
+        for rec in read_records(self.run_dir / "metrics.jsonl", METRIC):
             step, when = _as_int(rec.get("step")), rec.get("time")
             if rec.get("kind") == "train" and step is not None and isinstance(when, int | float):
                 out.append((float(when), step))
@@ -216,7 +222,7 @@ class Drill:
         ]
         if not starts:
             return None
-        after = starts[0]["time"]
+        after = _time(starts[0])
         if self._command():
             return starts[0]
         return starts[0] if any(t >= after for t, _ in self.train_steps()) else None
@@ -310,9 +316,9 @@ class Drill:
             signal = next((e for e in events if e["event"] == "signal"), {})
             arrived = signal.get("received_at")
             since = float(arrived) if isinstance(arrived, int | float) else t0
-            r.signal_to_checkpoint_s = round(float(checkpoint["time"]) - since, 2)
+            r.signal_to_checkpoint_s = round(_time(checkpoint) - since, 2)
         resumed = self._resumed(t0, restarts) if self.kind != "cancel" else None
-        until = float(resumed["time"]) if resumed else time.time()
+        until = _time(resumed) if resumed else time.time()
         before = [s for t, s in self.train_steps() if t < until]
         stop_step = _as_int(stop.get("step")) if stop else None
         known = [*before, *([stop_step] if stop_step is not None else [])]
@@ -327,7 +333,7 @@ class Drill:
         if r.resumed_from_step is not None and r.last_completed_step is not None:
             r.steps_lost = r.last_completed_step - r.resumed_from_step
         start = _slurm_time(self.job().get("StartTime"))
-        first = min((t for t, _ in self.train_steps() if t >= float(resumed["time"])), default=None)
+        first = min((t for t, _ in self.train_steps() if t >= _time(resumed)), default=None)
         if start is not None and first is not None:
             r.restart_to_first_step_s = round(first - start, 2)
         r.outcome = (

@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from cluster.models import JobInfo
 from jobs.records import RunRecord
+from train.schema import EVENT, check_lines, report
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
@@ -114,6 +115,7 @@ class LogTail:
         self.path = path
         self.offset = 0
         self.partial = b""
+        self.lines = 0  # complete lines returned so far
 
     def read(self) -> list[str]:
         try:
@@ -126,6 +128,7 @@ class LogTail:
         data = self.partial + data
         lines = data.split(b"\n")
         self.partial = lines.pop()
+        self.lines += len(lines)
         return [ln.decode("utf-8", "replace") for ln in lines]
 
     def flush(self) -> list[str]:
@@ -179,7 +182,8 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
         return f"{what}{at}{ckpt}"
     if name == "failure":
         return f"failed{at}: {event.get('error', 'unknown error')}"
-    nodes = ",".join(map(str, event.get("nodes") or [])) or "?"
+    hosts = event.get("nodes")  # a list for hang/node_fail (train.schema.EVENT)
+    nodes = ",".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "?"
     if name == "hang":
         ranks = ",".join(map(str, event.get("ranks") or [])) or "?"
         return f"hang{at}: rank(s) {ranks} on {nodes} made no progress{ckpt}"
@@ -245,6 +249,7 @@ class Following:
     filters: dict[str, LineFilter] = field(default_factory=dict)
     last_time: dict[str, float] = field(default_factory=dict)
     final_event: dict[str, bool] = field(default_factory=dict)
+    unfit: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # skipped events
     seq: int = 0
 
     def __post_init__(self) -> None:
@@ -281,12 +286,15 @@ class Following:
         events = self.events.get(jid)
         if events is not None:
             run_dir = events.path.parent
-            for line in events.read():
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # a damaged line costs only itself
-                if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+            first = events.lines + 1
+            lines = events.read()
+            checked = check_lines([ln.encode() for ln in lines] + [b""])  # all complete
+            unfit = self.unfit.setdefault(jid, [])
+            for number, event in checked:
+                why = "not a JSON object" if event is None else EVENT.problem(event)
+                if why is not None or event is None:  # typed (train.schema): skipped, reported
+                    unfit.append((first + number - 1, why or ""))
+                    report(events.path, EVENT.kind, unfit)
                     continue
                 if event["event"] in _HURRY:
                     hurry()

@@ -18,7 +18,7 @@ from cluster.errors import ClusterError
 from cluster.models import JobAttempt
 from jobs.goodput import Ledger, compute, sum_ledgers
 from jobs.records import RunRecord
-from train.history import read_jsonl
+from train.schema import EVENT, METRIC, read_records
 
 __all__ = ["dir_ledger", "run_ledger", "task_ledgers", "write_goodput"]
 
@@ -58,8 +58,8 @@ def task_ledgers(
     for jid, task in zip(ids, record.tasks, strict=False):
         run_dir = Path(task.run_dir)
         ledger = compute(
-            read_jsonl(run_dir / "events.jsonl"),
-            read_jsonl(run_dir / "metrics.jsonl"),
+            read_records(run_dir / "events.jsonl", EVENT),
+            read_records(run_dir / "metrics.jsonl", METRIC),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,
@@ -90,7 +90,9 @@ def dir_ledger(
     except RunNotFoundError:
         now = time.time() if now is None else now
         return compute(
-            read_jsonl(run_dir / "events.jsonl"), read_jsonl(run_dir / "metrics.jsonl"), now=now
+            read_records(run_dir / "events.jsonl", EVENT),
+            read_records(run_dir / "metrics.jsonl", METRIC),
+            now=now,
         )
 
 

@@ -44,6 +44,7 @@ from jobs.pids import ProcHandle
 from jobs.records import RunRecord, load_record
 from train.env import DistEnv
 from train.history import RunHistory
+from train.schema import Schema, report
 
 if TYPE_CHECKING:
     from train.spec.config import RequeueConfig
@@ -65,13 +66,50 @@ def free_port() -> int:
         return port
 
 
+# local_state.json (Supervisor.save writes it) and each of its tasks: their types (train.schema).
+LOCAL_STATE = Schema(
+    "local state",
+    required={"tasks": "dict"},
+    optional={"pid": "int", "supervisor": "dict", "job_id": "str"},
+)
+LOCAL_TASK = Schema(
+    "local task",
+    required={"state": "str"},
+    optional={
+        "exit_codes": "list[int]",
+        "restarts": "count",
+        "ranks": "list[dict]",
+        "reason": "str",
+    },
+)
+
+
 def read_state(run_dir: str | Path) -> dict[str, Any]:
-    """``local_state.json`` ({} when missing, damaged or not an object)."""
+    """``local_state.json`` through :data:`LOCAL_STATE` ({} when missing or damaged; a task
+    entry that does not fit :data:`LOCAL_TASK` is left out). What does not fit is reported in
+    one line (:func:`train.schema.report`)."""
+    path = Path(run_dir) / STATE_FILE
     try:
-        data = json.loads((Path(run_dir) / STATE_FILE).read_bytes().decode("utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError) as exc:
+        report(path, LOCAL_STATE.kind, [(0, f"not JSON ({type(exc).__name__})")])
+        return {}
+    why = LOCAL_STATE.problem(data)
+    if why is not None:
+        report(path, LOCAL_STATE.kind, [(0, why)])
+        return {}
+    tasks, unfit = {}, []
+    for key, entry in data["tasks"].items():
+        why = LOCAL_TASK.problem(entry)
+        if why is None:
+            tasks[key] = entry
+        else:
+            unfit.append((0, f"{key}: {why}"))
+    if unfit:
+        report(path, LOCAL_TASK.kind, unfit)
+    return {**data, "tasks": tasks}
 
 
 def _die_with_parent(parent: int) -> None:

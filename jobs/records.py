@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import RunNotFoundError
-from train.history import read_jsonl_checked
+from train.schema import METRIC, Schema, check_lines, report
 
 STATE_ENV = "SLURM_TRAIN_STATE_DIR"
 RUNS_ENV = "SLURM_TRAIN_RUNS_DIR"
@@ -153,61 +153,61 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> RunRecord:
-        """A record from its JSON; wrong types (a damaged or foreign run.json) raise ValueError."""
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        """A record from its JSON, through :data:`RUN_RECORD`; a damaged or foreign run.json
+        raises ValueError (what does not fit)."""
+        why = RUN_RECORD.problem(data)
+        if why is not None:
+            raise ValueError(why)
+        fields = cls.__dataclass_fields__
+        known = {k: v for k, v in data.items() if k in fields and v is not None}
         for key in ("run_id", "name", "run_dir", "executor"):
-            if not isinstance(known.get(key), str) or not known[key]:
-                raise ValueError(f"{key}: missing or not a string")
-        for key, kind in _FIELD_TYPES.items():
-            if key in known and not _is(known[key], kind):
-                raise ValueError(f"{key}: {known[key]!r} is not {kind}")
-        tasks = known.get("tasks", [])
-        if not isinstance(tasks, list):
-            raise ValueError("tasks: not a list")
-        known["tasks"] = [_task(t) for t in tasks]
+            if not known[key]:
+                raise ValueError(f"{key}: empty")
+        tasks = []
+        for task in known.get("tasks", []):
+            why = TASK_RECORD.problem(task)
+            if why is not None:
+                raise ValueError(f"tasks: {why}")
+            tasks.append(TaskRecord(task["index"], task["run_dir"], task.get("values") or {}))
+        known["tasks"] = tasks
         return cls(**known)
 
 
-_FIELD_TYPES = {
-    "job_id": "str",
-    "array_size": "int|None",
-    "max_parallel": "int",
-    "submitted_at": "number",
-    "spec_path": "str",
-    "overrides": "list",
-    "world_size": "int",
-    "partition": "str",
-    "pid": "int|None",
-    "array_job_ids": "list",
-    "array_chunk": "int",
-    "cluster": "str",
-}
-
-
-def _is(value: Any, kind: str) -> bool:
-    if value is None:
-        return kind.endswith("|None")
-    if isinstance(value, bool):
-        return False
-    return {
-        "str": isinstance(value, str),
-        "int": isinstance(value, int),
-        "int|None": isinstance(value, int),
-        "number": isinstance(value, int | float),
-        "list": isinstance(value, list),
-    }[kind]
-
-
-def _task(data: Any) -> TaskRecord:
-    if not isinstance(data, dict):
-        raise ValueError("tasks: an entry is not an object")
-    index, run_dir, values = data.get("index"), data.get("run_dir"), data.get("values", {})
-    if not _is(index, "int") or not isinstance(run_dir, str) or not isinstance(values, dict):
-        raise ValueError(f"tasks: damaged entry {data!r:.80}")
-    assert isinstance(index, int)
-    return TaskRecord(index, run_dir, values)
+# RUN_DIR/run.json: the fields of RunRecord and their types (train.schema).
+RUN_RECORD = Schema(
+    "run record",
+    required={"run_id": "str", "name": "str", "run_dir": "str", "executor": "str"},
+    optional={
+        "job_id": "str",
+        "array_size": "count",
+        "max_parallel": "count",
+        "submitted_at": "time",
+        "spec_path": "str",
+        "overrides": "list[str]",
+        "tasks": "list[dict]",
+        "world_size": "count",
+        "partition": "str",
+        "pid": "int",
+        "array_job_ids": "list[str]",
+        "array_chunk": "count",
+        "cluster": "str",
+    },
+)
+TASK_RECORD = Schema(
+    "task", required={"index": "count", "run_dir": "str"}, optional={"values": "dict"}
+)
+# One line of $SLURM_TRAIN_STATE_DIR/runs.jsonl (append_index writes it).
+INDEX_ENTRY = Schema(
+    "index entry",
+    required={"run_dir": "str"},
+    optional={
+        "run_id": "str",
+        "name": "str",
+        "job_id": "str",
+        "executor": "str",
+        "submitted_at": "time",
+    },
+)
 
 
 def save_record(record: RunRecord) -> None:
@@ -222,9 +222,13 @@ def load_record(run_dir: str | Path) -> RunRecord:
     """RUN_DIR/run.json; a missing, damaged or foreign one raises RunNotFoundError (one line)."""
     path = Path(run_dir) / RECORD
     try:
-        return RunRecord.from_dict(json.loads(path.read_bytes().decode("utf-8")))
-    except (OSError, ValueError, TypeError) as exc:
+        return _read_record(path)
+    except (OSError, ValueError, TypeError, RecursionError) as exc:
         raise RunNotFoundError(f"{path}: not a readable run record ({exc})") from None
+
+
+def _read_record(path: Path) -> RunRecord:
+    return RunRecord.from_dict(json.loads(path.read_bytes().decode("utf-8")))
 
 
 def append_index(record: RunRecord) -> None:
@@ -254,33 +258,58 @@ def append_index(record: RunRecord) -> None:
 
 
 def read_index(report: bool = True) -> list[dict[str, Any]]:
-    """Index entries, oldest first. A damaged line (a bad byte, torn JSON, a foreign entry) is
-    skipped and, with ``report``, named in one line on stderr; the others are all returned."""
-    entries, bad = read_jsonl_checked(index_path())
-    good = [e for e in entries if isinstance(e.get("run_dir"), str) and e["run_dir"]]
-    skipped = len(entries) - len(good)
-    if report and (bad or skipped):
+    """Index entries, oldest first, each through :data:`INDEX_ENTRY`. A damaged line (a bad
+    byte, torn JSON, a foreign entry, a field of the wrong type) is skipped and, with
+    ``report``, named in one line on stderr; the others are all returned."""
+    try:
+        data = index_path().read_bytes()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return []
+    good: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, entry in check_lines(data.split(b"\n")):
+        if entry is not None and INDEX_ENTRY.problem(entry) is None and entry["run_dir"]:
+            good.append(entry)
+        elif number:  # 0: the last line, still being written
+            bad.append(number)
+    if report and bad:
         where = f" (line {', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''})"
         print(
-            f"jobs: warning: {index_path()}: skipped {len(bad) + skipped} damaged "
-            f"entr{'y' if len(bad) + skipped == 1 else 'ies'}{where if bad else ''}",
+            f"jobs: warning: {index_path()}: skipped {len(bad)} damaged "
+            f"entr{'y' if len(bad) == 1 else 'ies'}{where}",
             file=sys.stderr,
         )
     return good
 
 
 def iter_records() -> Iterator[RunRecord]:
-    """Records of indexed runs whose directory still exists, newest first."""
+    """Records of indexed runs whose directory still exists, newest first; a damaged run.json
+    is reported in one line and skipped (one bad run never hides the others)."""
+    for _, record in _indexed():
+        if isinstance(record, RunRecord):
+            yield record
+        else:
+            report(record.path, "run", [(0, record.why)])
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    path: Path
+    why: str
+
+
+def _indexed() -> Iterator[tuple[dict[str, Any], RunRecord | _Unreadable]]:
     seen: set[str] = set()
     for entry in reversed(read_index()):
         run_dir = entry["run_dir"]
-        if run_dir in seen or not (Path(run_dir) / RECORD).exists():
+        path = Path(run_dir) / RECORD
+        if run_dir in seen or not path.exists():
             continue
         seen.add(run_dir)
         try:
-            yield load_record(run_dir)
-        except RunNotFoundError:
-            continue
+            yield entry, _read_record(path)
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
+            yield entry, _Unreadable(path, str(exc))
 
 
 def find_run(query: str | None) -> RunRecord:
@@ -288,7 +317,12 @@ def find_run(query: str | None) -> RunRecord:
     if query and (Path(query) / RECORD).exists():
         return load_record(query)
     base = query.split("_", 1)[0] if query and query.split("_", 1)[0].isdigit() else None
-    for record in iter_records():
+    for entry, record in _indexed():
+        if isinstance(record, _Unreadable):
+            if query is not None and query in (entry.get(k) for k in ("run_id", "name", "job_id")):
+                raise RunNotFoundError(f"{record.path}: not a readable run record ({record.why})")
+            report(record.path, "run", [(0, record.why)])
+            continue
         if query is None or query in (record.run_id, record.name, record.job_id):
             return record
         if base is not None and base in record.slurm_job_ids():
@@ -311,17 +345,22 @@ def latest_progress(run_dir: str | Path, tail_bytes: int = 16384) -> dict[str, A
     except (FileNotFoundError, NotADirectoryError):
         return {}
     progress: dict[str, Any] = {}
+    unfit: list[tuple[int, str]] = []
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # the first (cut) or last (being written) line
-        if not isinstance(rec, dict):
+        why = METRIC.problem(rec)
+        if why is not None:  # typed (train.schema): a damaged or foreign record is skipped
+            unfit.append((0, why))
             continue
         if rec.get("kind") == "train":
             progress.update(step=rec.get("step"), loss=rec.get("loss"))
         elif rec.get("kind") == "eval" and rec.get("test_accuracy") is not None:
             progress["test_accuracy"] = rec["test_accuracy"]
+    if unfit:
+        report(path, METRIC.kind, unfit)
     return progress
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from train.runfiles import open_fd
+from train.schema import EVENT, read_jsonl_checked, read_records
 
 __all__ = [
     "BUDGETS",
@@ -76,33 +77,9 @@ def _shape_change(event: Mapping[str, Any]) -> str | None:
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file, oldest first; a missing file has none, and a line
     that does not parse (being written, torn by a crash, a foreign or non-UTF-8 byte) is skipped
-    (:func:`read_jsonl_checked` also says which)."""
+    (:func:`read_jsonl_checked` also says which). Records of a known kind are read through
+    their schema instead (:func:`train.schema.read_records`)."""
     return read_jsonl_checked(path)[0]
-
-
-def read_jsonl_checked(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """Like :func:`read_jsonl`, plus the (1-based) numbers of the complete lines that were
-    skipped as damaged. An unterminated last line that does not parse is a line still being
-    written: skipped, not reported. One bad line never costs the others."""
-    try:
-        data = Path(path).read_bytes()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return [], []
-    lines = data.split(b"\n")
-    out: list[dict[str, Any]] = []
-    bad: list[int] = []
-    for number, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except ValueError:  # UnicodeDecodeError is a ValueError too
-            record = None
-        if isinstance(record, dict):
-            out.append(record)
-        elif number < len(lines):  # a complete line (the last piece has no newline)
-            bad.append(number)
-    return out, bad
 
 
 # what consumes a requeue budget (an event, or a failure of one class: train.stop.causes), with
@@ -190,7 +167,7 @@ class RunHistory:
 
     def events(self) -> list[dict[str, Any]]:
         """All events, oldest first; a torn or malformed line (a crash mid-write) is skipped."""
-        return [r for r in read_jsonl(self.path) if isinstance(r.get("event"), str)]
+        return read_records(self.path, EVENT)  # typed (train.schema): the rest is skipped
 
     def counts(self) -> dict[str, int]:
         """Number of events of each kind (every kind present, 0 when absent)."""
@@ -228,9 +205,11 @@ class RunHistory:
             # "on 1 node (was 2)": the newest resume ran on another shape than its checkpoint's
             "resumed_shape": _shape_change(resumes[-1]) if resumes else None,
             "last_event": last["event"] if last else None,
-            "last_step": next((e["step"] for e in reversed(events) if "step" in e), None),
+            "last_step": next(
+                (e["step"] for e in reversed(events) if e.get("step") is not None), None
+            ),
             "complete": final is not None and final["event"] == "complete",
-            "budget_exhausted": final["reason"]
+            "budget_exhausted": final.get("reason") or "budget spent"
             if final is not None and final["event"] == "budget_exhausted"
             else None,
             "cancelled": final is not None and final["event"] == "cancelled",
