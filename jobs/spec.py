@@ -395,7 +395,8 @@ class JobSpec(StrictModel):
 
     @property
     def world_size(self) -> int:
-        """Ranks at the most nodes the spec allows (``train.grad_accum`` is for this size)."""
+        """Ranks at the most nodes the spec allows (the batch must split over it x
+        ``train.grad_accum``; at fewer ranks the trainer keeps the global batch)."""
         return self.resources.max_nodes * self.ntasks_per_node
 
     @property
