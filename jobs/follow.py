@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 import time
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 ClientFactory = Callable[[], "SlurmClient"]
 UNKNOWN_GIVE_UP_S = 60.0
+CHUNK = 1 << 20  # the most of a file one read holds (a GiB of new log: 1024 pieces)
 MIN_POLL_S = 3.0
 MAX_POLL_S = 60.0
 # Events after which Slurm's view of the job changes (or the run is over): ask at once.
@@ -109,31 +111,43 @@ class Poller:
 
 
 class LogTail:
-    """New complete lines of a growing file (survives the file appearing late)."""
+    """New complete lines of a growing file (survives the file appearing late), read in pieces
+    of at most ``chunk`` bytes: following a log that grew by a GiB holds one piece, not the GiB
+    (``more`` says a piece is waiting). A line longer than a piece comes in pieces."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, chunk: int = CHUNK) -> None:
         self.path = path
+        self.chunk = chunk
         self.offset = 0
         self.partial = b""
         self.lines = 0  # complete lines returned so far
+        self.more = False  # the file holds more than was read
 
     def read(self) -> list[str]:
         try:
             with self.path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # truncated (rewritten): from its start again
+                    self.offset, self.partial = 0, b""
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(self.chunk)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            self.more = False
             return []
         self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
+        self.more = self.offset < size
+        lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
+        if len(self.partial) >= self.chunk:  # one enormous line: shown in pieces
+            lines.append(self.partial)
+            self.partial = b""
         self.lines += len(lines)
         return [ln.decode("utf-8", "replace") for ln in lines]
 
     def flush(self) -> list[str]:
+        """The next piece, and the unterminated last line once nothing more waits."""
         rest = self.read()
-        if self.partial:
+        if self.partial and not self.more:
             rest.append(self.partial.decode("utf-8", "replace"))
             self.partial = b""
         return rest
@@ -261,6 +275,11 @@ class Following:
             if task is not None:
                 self.events[jid] = LogTail(Path(task.run_dir) / "events.jsonl")
 
+    def behind(self, jid: str) -> bool:
+        """A piece of the task's log or events is waiting to be read."""
+        events = self.events.get(jid)
+        return self.tails[jid].more or (events is not None and events.more)
+
     def item(self, t: float, text: str, data: dict[str, Any], last: bool = False) -> Item:
         self.seq += 1
         return Item(last, t, self.seq, text, data)
@@ -351,6 +370,7 @@ def follow(
     last: dict[str, str] = {}
     finals_seen: dict[str, int] = {}
     announced: set[str] = set()
+    draining: dict[str, JobInfo] = {}  # over, but its files are not read to the end yet
     states: dict[str, JobInfo] = {}
     unknown_since: float | None = None
     while True:
@@ -362,12 +382,19 @@ def follow(
             ):
                 continue  # over, or no log yet (a big array's pending tasks cost no stat)
             items += f.read(jid, flush=False, pretty=pretty, hurry=poller.hurry)
+        for jid, info in list(draining.items()):
+            if not f.behind(jid):  # read to the end: the final state comes last
+                items += f.read(jid, flush=True, pretty=pretty, hurry=lambda: None)
+                if show_states:
+                    items.append(_state_item(f, info, reason(info), final=True))
+                announced.add(jid)
+                del draining[jid]
         if local or poller.due():
             found = states_many([record], client, ttl_s=min_poll_s, fresh=poller.urgent)
             states = {k: v for k, v in found.items() if k in f.tails}
             changed = confirm = False
             for jid, info in states.items():
-                if jid in announced:
+                if jid in announced or jid in draining:
                     continue
                 moved = last.get(jid) != info.state
                 changed = changed or moved
@@ -381,6 +408,9 @@ def follow(
                 # when the run's history says it is over, or when the next poll agrees.
                 finals_seen[jid] = finals_seen.get(jid, 0) + 1
                 if local or f.final_event.get(jid) or finals_seen[jid] >= 2:
+                    if f.behind(jid):
+                        draining[jid] = info  # announced once its files are read
+                        continue
                     items += f.read(jid, flush=True, pretty=pretty, hurry=lambda: None)
                     if show_states:
                         items.append(_state_item(f, info, reason(info), final=True))
@@ -396,6 +426,7 @@ def follow(
         for it in sorted(items):  # in time order; a state line after the lines before it
             stream.write((json.dumps(it.data, default=str) if as_json else it.text) + "\n")
         stream.flush()
+        del items  # one piece of each file at a time, never the whole backlog
         if states and announced >= set(states):
             return outcome(states)
         if unknown_since is not None and time.monotonic() - unknown_since > UNKNOWN_GIVE_UP_S:
@@ -404,4 +435,5 @@ def follow(
             stream.write("\n")
             stream.flush()
             return 1
-        time.sleep(poll_s)
+        if not any(f.behind(j) for j in f.ids if j not in announced):
+            time.sleep(poll_s)  # caught up; a backlog is read on at once

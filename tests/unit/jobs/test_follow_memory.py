@@ -1,0 +1,69 @@
+"""``logs -f`` follows a log in bounded memory (issue 29: 1 GiB of new log held 3 GB).
+
+A child ``python -m jobs logs -f`` follows a finished local run whose rank-0 log is 1 GiB: 32 MiB
+of ordinary lines, then a sparse hole (one enormous line of NUL bytes, no disk used), then a
+last line. It must print all of it, in order, to the end, and its peak resident memory (the
+kernel's own count for that child, ``wait4``) must stay under 100 MiB. A bound on memory is
+behaviour, not a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from jobs.records import RunRecord, TaskRecord, append_index, save_record
+
+REPO = Path(__file__).resolve().parents[3]
+GIB = 1 << 30
+LIMIT_KIB = 100 * 1024
+
+
+def test_logs_follow_of_a_gib_of_log_stays_under_100_mib(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "big"
+    (run_dir / "slurm").mkdir(parents=True)
+    record = RunRecord(
+        "big", "demo", str(run_dir), "local", job_id="local-1", submitted_at=1.0,
+        tasks=[TaskRecord(0, str(run_dir))],
+    )  # fmt: skip
+    save_record(record)
+    append_index(record)
+    # Over (the supervisor is gone, its last word COMPLETED): the follower reads to the end.
+    state = {"job_id": "local-1", "tasks": {"local-1": {"state": "COMPLETED", "exit_codes": [0]}}}
+    (run_dir / "local_state.json").write_text(json.dumps(state))
+    log = record.log_file("local-1", 0)
+    lines = 0
+    with log.open("wb") as f:
+        block = b"".join(b"%08d step of a long training run, loss 0.123\n" % i for i in range(1000))
+        while f.tell() < 32 << 20:
+            f.write(block)
+            lines += 1000
+        f.truncate(GIB)  # the hole: 1 GiB - 32 MiB of NUL bytes, no newline
+        f.seek(GIB)
+        f.write(b"the last line\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "logs", "-f", "big"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    total = newlines = 0
+    tail = b""
+    for piece in iter(lambda: proc.stdout.read(1 << 20), b""):  # type: ignore[union-attr]
+        total += len(piece)
+        newlines += piece.count(b"\n")
+        tail = (tail + piece)[-64:]
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, err.decode()
+    assert tail.endswith(b"the last line\n")
+    assert total >= log.stat().st_size  # every byte came out (long lines in pieces: + "\n"s)
+    assert newlines > lines
+    assert usage.ru_maxrss < LIMIT_KIB, f"peak RSS {usage.ru_maxrss // 1024} MiB"
