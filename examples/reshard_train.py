@@ -83,11 +83,12 @@ def main(ctx: TrainContext) -> int:
     step = 0
     loaded = ctx.load_resume()
     if loaded is not None:
-        state = dict(zip(("model", "optim"), get_state_dict(model, optimizer), strict=True))
-        dcp.load(state, checkpoint_id=ctx.run_dir / loaded.shared["dcp"])  # reshards
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model_state, optim_state = get_state_dict(model, optimizer)  # this layout's shards
+        dcp.load(  # reads the shards of the size it was written at into this layout
+            {"model": model_state, "optim": optim_state},
+            checkpoint_id=ctx.run_dir / loaded.shared["dcp"],
         )
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
         step = loaded.step
         was = ctx.checkpoint_world_size
         log.info(
@@ -102,9 +103,7 @@ def main(ctx: TrainContext) -> int:
         model_state, optim_state = get_state_dict(model, optimizer)
         name = f"dcp/step-{step}"
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=ctx.run_dir / name)
-        ctx.checkpoints.save(
-            step, {"dcp": name}, {}, epoch=0, epoch_step=step, model=_NO_WEIGHTS
-        )
+        ctx.checkpoints.save(step, {"dcp": name}, {}, epoch=0, epoch_step=step, model=_NO_WEIGHTS)
         ctx.checkpoints.wait()
         if ctx.is_main:  # DCP directories of checkpoints the manager pruned
             kept = {p.name for p in ctx.checkpoints.checkpoints()}

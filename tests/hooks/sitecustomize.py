@@ -71,3 +71,44 @@ if _SAVE_DELAY:
     sys.meta_path.insert(0, _HookWhenImported("train.checkpoint.manager", _slow_saves))
 if _EVAL_DELAY:
     sys.meta_path.insert(0, _HookWhenImported("train.metrics", _slow_evaluations))
+
+
+# With TRAIN_TEST_SAMPLES_DIR set (tests/integration/test_reshape_cluster.py): every rank of the
+# built-in trainer appends, per optimizer step, the training-set indices it computed to
+# DIR/samples-RESTART-RANK.jsonl (the product offers train.loop.trainer.BATCH_HOOKS; the file
+# and its place are the test's).
+_SAMPLES = os.environ.get("TRAIN_TEST_SAMPLES_DIR")
+
+
+class _AddSampleHookWhenImported(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "train.loop.trainer":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            import json
+
+            attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+            rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
+            out = os.path.join(str(_SAMPLES), f"samples-{attempt}-{rank}.jsonl")
+
+            def record(step: int, epoch: int, indices: Any) -> None:
+                line = json.dumps({"step": step, "epoch": epoch, "ids": indices.tolist()})
+                with open(out, "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+
+            module.BATCH_HOOKS.append(record)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if _SAMPLES:
+    sys.meta_path.insert(0, _AddSampleHookWhenImported())
