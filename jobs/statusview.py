@@ -42,6 +42,55 @@ def _slurm_restarts(info: JobInfo, run_dir: str) -> str:
     return "" if recorded else f"restarted {count}x (Slurm)"
 
 
+def attempt_seconds(events: list[dict[str, Any]]) -> dict[int, float]:
+    """Seconds each attempt of a run ran, by its restart count, from its own events (pure):
+    from its process start (the ``start``/``resume`` event's time less its ``startup``
+    seconds) to its last event. Events are typed (:data:`train.schema.EVENT`)."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for e in events:
+        t = e.get("time")
+        if t is None:
+            continue
+        n = e.get("restart_count") or 0
+        began = t
+        startup = e.get("startup")
+        if e["event"] in ("start", "resume") and isinstance(startup, dict):
+            spent = sum(v for v in startup.values() if isinstance(v, int | float) and v > 0)
+            began = t - min(spent, t)
+        first[n] = min(first.get(n, began), began)
+        last[n] = max(last.get(n, t), t)
+    return {n: last[n] - first[n] for n in first}
+
+
+def run_elapsed(info: JobInfo, events: list[dict[str, Any]]) -> tuple[int | None, int]:
+    """(seconds the whole run ran over all its attempts, how many attempts): Slurm's elapsed
+    time of the attempt it knows (the newest) plus what the run's events say of the earlier
+    ones; where Slurm says nothing (a local run), the events alone."""
+    spans = attempt_seconds(events)
+    current = info.restarts if isinstance(info.restarts, int) else max(spans, default=0)
+    earlier = sum(v for n, v in spans.items() if n < current)
+    attempts = len({n for n in spans if n < current}) + 1
+    if info.elapsed_s is not None:
+        return round(info.elapsed_s + earlier), attempts
+    if not spans:
+        return None, 0
+    return round(sum(spans.values())), len(spans)
+
+
+def _run_elapsed(info: JobInfo, run_dir: str) -> tuple[int | None, int]:
+    from train.history import RunHistory
+
+    return run_elapsed(info, RunHistory(run_dir).events())
+
+
+def _elapsed_text(total: int | None, attempts: int) -> str:
+    if not total:
+        return ""
+    over = f" over {attempts} attempts" if attempts > 1 else ""
+    return f"elapsed {_elapsed(total)}{over}"
+
+
 def _failed(info: JobInfo) -> bool:
     """Over without completing (a local run's FAILED included)."""
     return info.state != "COMPLETED" and (info.terminal or info.state == "FAILED")
@@ -60,6 +109,7 @@ def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[
             info = states.get(jid)
             if info is None:
                 continue
+            total, attempts = _run_elapsed(info, t.run_dir) if detail else (info.elapsed_s, 1)
             tasks.append(
                 {
                     "job_id": jid,
@@ -67,7 +117,9 @@ def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[
                     "exit_code": info.exit_code,
                     "reason": reason(info),
                     "nodelist": info.nodelist,
-                    "elapsed_s": info.elapsed_s,
+                    "elapsed_s": info.elapsed_s,  # the attempt Slurm knows (the newest)
+                    "run_elapsed_s": total,  # the whole run: every attempt
+                    "attempts": attempts,
                     "values": t.values,
                     "history": history.get(t.run_dir, ""),
                     "progress": progress.get(t.run_dir, {}),
@@ -118,7 +170,7 @@ def write_status(runs: list[RunRecord], states: dict[str, JobInfo], out: IO[str]
             extra = [
                 f"exit {info.exit_code}" if info.exit_code else "",
                 f"nodes {nodes}" if nodes else "",
-                f"elapsed {_elapsed(info.elapsed_s)}" if info.elapsed_s else "",
+                _elapsed_text(*(_run_elapsed(info, t.run_dir) if detail else (info.elapsed_s, 1))),
                 reason(info),
                 " ".join(f"{k}={v}" for k, v in t.values.items()),
                 describe_progress(progress.get(t.run_dir, {})),
