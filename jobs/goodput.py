@@ -16,7 +16,7 @@ startup    Slurm's Start (else the process start: the start/resume event minus i
 productive the rest of the training window (start/resume -> the stop signal's
            ``received_at``, the stop event, or ``complete``)
 eval       ``eval`` metrics lines' ``seconds`` inside the window
-checkpoint ``checkpoint`` metrics lines' ``blocking_s`` inside the window (interval saves)
+checkpoint ``train`` metrics lines' ``checkpoint_s`` inside the window (interval saves)
 redone     steps trained in this segment beyond the step the next one resumed from, times
            the segment's mean step time (work lost since the last checkpoint)
 hang       a ``hang`` stop: the last metrics line (the last step seen) -> the hang event
@@ -350,7 +350,7 @@ def _training(
     window = max(0.0, stop_at - begin)
     inside = [m for m in metrics if begin < float(m["time"]) <= stop_at]
     evals = sum(_num(m.get("seconds")) or 0.0 for m in inside if m.get("kind") == "eval")
-    saves = sum(_num(m.get("blocking_s")) or 0.0 for m in inside if m.get("kind") == "checkpoint")
+    saves = sum(_num(m.get("checkpoint_s")) or 0.0 for m in inside if m.get("kind") == "train")
     evals = min(evals, window)
     saves = min(saves, window - evals)
     steps = [s for s in (_int(m.get("step")) for m in inside if m.get("kind") == "train") if s]

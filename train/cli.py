@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         env = DistEnv.from_env(os.environ)
         env.export(os.environ)  # libraries that read RANK/WORLD_SIZE/... see the same answer
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config, env.job_id)
-        from train.metrics import setup_logging
+        from train.logsetup import setup_logging
 
         setup_logging(env.rank, run_dir, debug=args.debug)
         if config.entrypoint is not None:

@@ -36,19 +36,21 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from train.checkpoint.manager import CheckpointManager, LoadedCheckpoint
-from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import EntrypointError
-from train.runtime import Runtime
 from train.session import RunSession
 from train.spec.config import RunConfig
 from train.stop.signals import PreemptionGuard
-from train.tracking import Tracker, wandb_options
+
+if TYPE_CHECKING:  # torch is imported by the session when it sets torch up, never for a command
+    import torch
+
+    from train.checkpoint.manager import CheckpointManager, LoadedCheckpoint
+    from train.device import DeviceInfo
+    from train.runtime import Runtime
+    from train.tracking import Tracker
 
 __all__ = ["TrainContext", "load_function", "run_entrypoint"]
 
@@ -78,6 +80,8 @@ class TrainContext:
         again, and what a killed attempt wrote after it is dropped. Call ``tracker.flush()``
         before each checkpoint; it is closed when the function returns."""
         if self._tracker is None:
+            from train.tracking import Tracker, wandb_options
+
             step = None
             if self.resume_from is not None:
                 from train.checkpoint.manager import checkpoint_step

@@ -4,25 +4,24 @@
   step); :meth:`StepMeter.reduce` all-reduces them once per log interval.
 - :class:`MetricsWriter` appends JSON lines to ``RUN_DIR/metrics.jsonl`` when ``is_main``.
 - :class:`StepTimer` times training steps only; :func:`evaluate` runs the held-out set.
-- :func:`setup_logging` prefixes every log line with the rank and also writes
-  ``RUN_DIR/logs/rank-R.log``; :func:`progress_line` is rank 0's human-readable line.
+- :func:`setup_logging` (:mod:`train.logsetup`, torch-free) prefixes every log line with the
+  rank and also writes ``RUN_DIR/logs/rank-R.log``; :func:`progress_line` is rank 0's line.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import sys
 import time
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from train.env import DistEnv
+from train.logsetup import setup_logging
 from train.loop.data import Augmenter, ImageSet
 from train.runfiles import open_text
 
@@ -35,33 +34,6 @@ __all__ = [
     "reduce_sums",
     "setup_logging",
 ]
-
-
-def setup_logging(
-    rank: int, run_dir: Path | None = None, *, debug: bool = False, stream: TextIO | None = None
-) -> None:
-    """Log lines ``TIME [rank R] LEVEL name: message`` to stderr and ``RUN_DIR/logs/rank-R.log``.
-
-    Replaces handlers this function installed before (safe to call again in one process).
-    """
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        if getattr(h, "_train_handler", False):
-            root.removeHandler(h)
-            h.close()
-    fmt = logging.Formatter(
-        f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", "%H:%M:%S"
-    )
-    handlers: list[logging.Handler] = [logging.StreamHandler(stream or sys.stderr)]
-    if run_dir is not None:
-        logs = Path(run_dir) / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(logs / f"rank-{rank}.log"))
-    for h in handlers:
-        h.setFormatter(fmt)
-        h._train_handler = True  # type: ignore[attr-defined]
-        root.addHandler(h)
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
 def reduce_sums(values: torch.Tensor, group: Any = None) -> torch.Tensor:

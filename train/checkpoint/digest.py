@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 import xxhash
 
 __all__ = [
@@ -76,6 +75,8 @@ def state_digest(state_dict: Mapping[str, Any], algo: str = ALGORITHMS[FORMAT_VE
     Each entry contributes its name, dtype, shape and raw bytes, so equal digests mean
     bitwise-equal parameters and buffers.
     """
+    import torch  # here: hashing files needs no torch
+
     h = new_hasher(algo)
     for key in sorted(state_dict):
         value = state_dict[key]

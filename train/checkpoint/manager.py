@@ -12,12 +12,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from torch import nn
-
 from train.checkpoint import branches as _branches
 from train.checkpoint import dirs as _dirs
 from train.checkpoint import manifest as _io
-from train.checkpoint import write as _write
 from train.checkpoint.branches import Line
 from train.checkpoint.dirs import checkpoint_run_id, checkpoint_step, latest_valid
 from train.checkpoint.manifest import (
@@ -27,22 +24,13 @@ from train.checkpoint.manifest import (
     LoadedCheckpoint,
     verify_checkpoint,
 )
-from train.checkpoint.state import (
-    Snapshotter,
-    capture_rng_state,
-    load_model_state,
-    make_weights_only_safe,
-    model_digest,
-    model_state_dict,
-    restore_rng_state,
-    state_digest,
-    strip_module_prefix,
-)
 from train.errors import CheckpointError
 
 if TYPE_CHECKING:
+    from torch import nn
     from typing_extensions import Self
 
+    from train.checkpoint.state import Snapshotter
     from train.spec.config import TrainConfig
 
 __all__ = [
@@ -50,18 +38,39 @@ __all__ = [
     "CheckpointManager",
     "Line",
     "LoadedCheckpoint",
-    "capture_rng_state",
     "checkpoint_run_id",
     "checkpoint_step",
     "latest_valid",
-    "load_model_state",
-    "model_digest",
-    "restore_rng_state",
-    "strip_module_prefix",
     "verify_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
+
+# torch's half of a checkpoint (train/checkpoint/state.py, write.py) is imported when a save or
+# a load needs it: a command's supervisor decides where to resume without importing torch
+# (the command imports it once, itself). Its helpers are still importable from here (PEP 562).
+_STATE_NAMES = frozenset(
+    {
+        "Snapshotter",
+        "capture_rng_state",
+        "load_model_state",
+        "make_weights_only_safe",
+        "model_digest",
+        "model_state_dict",
+        "restore_rng_state",
+        "state_digest",
+        "strip_module_prefix",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STATE_NAMES:
+        from train.checkpoint import state
+
+        return getattr(state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Called with the name of each phase of a save as it completes ("snapshot", "rank file",
 #: "shared file", "manifest"), in the thread that saves: observers (a test's delay, a
@@ -122,7 +131,7 @@ class CheckpointManager:
         self.run_id = run_id or uuid.uuid4().hex
         self._owned = {self.run_id}
         self._saved = False  # until the first save, loading from ROOT adopts that run's id
-        self._snap = Snapshotter()
+        self._snapshotter: Snapshotter | None = None  # made on the first async save
         self._pool: ThreadPoolExecutor | None = None
         self._deleting: Future[None] | None = None
         self.root.mkdir(parents=True, exist_ok=True)
@@ -182,6 +191,8 @@ class CheckpointManager:
         if step == self._last_step:
             return None
         final = self.path_for(step)
+        from train.checkpoint.state import make_weights_only_safe, model_state_dict
+
         shared: dict[str, Any] | None = None
         if self.rank == 0:
             shared = {str(k): v for k, v in shared_state.items() if k != "model"}
@@ -233,11 +244,20 @@ class CheckpointManager:
             self._saver = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-save")
         return self._saver
 
+    @property
+    def _snap(self) -> Snapshotter:
+        if self._snapshotter is None:
+            from train.checkpoint.state import Snapshotter
+
+            self._snapshotter = Snapshotter()
+        return self._snapshotter
+
     def wait_copied(self) -> None:
         """Block until the in-flight asynchronous save has copied the state. Training's own
         forward passes and ``optimizer.step()`` wait for it by themselves; call this before
         changing the model's or optimizer's tensors in place any other way."""
-        self._snap.wait_copied()
+        if self._snapshotter is not None:
+            self._snapshotter.wait_copied()
 
     def _run_background(self, meta: dict[str, Any]) -> None:
         try:
@@ -258,6 +278,9 @@ class CheckpointManager:
     def _write(
         self, meta: dict[str, Any], shared: dict[str, Any] | None, rank_payload: dict[str, Any]
     ) -> None:
+        from train.checkpoint import write as _write
+        from train.checkpoint.state import state_digest
+
         step = int(meta["step"])
         pool = self._io_pool()
         try:
@@ -396,7 +419,8 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
-            self._snap.close()
+            if self._snapshotter is not None:
+                self._snapshotter.close()
             for pool in (self._pool, self._saver):
                 if pool is not None:
                     pool.shutdown()

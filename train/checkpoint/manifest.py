@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from train.checkpoint.digest import (
     ALGORITHMS,
     FORMAT_VERSION,
@@ -112,6 +110,8 @@ def write_json_atomic(obj: Any, path: Path, *, durable: bool = True) -> None:
 
 
 def torch_load(path: Path) -> Any:
+    import torch  # here: choosing a checkpoint (manifests, digests) needs no torch
+
     return torch.load(path, map_location="cpu", weights_only=True)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.checkpoint.manager import capture_rng_state, restore_rng_state
+from train.checkpoint.state import capture_rng_state, restore_rng_state
 from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import TrainingError
@@ -106,6 +106,7 @@ class _Loop:
         self.step = self.epoch = self.epoch_step = 0
         self.best: float | None = None
         self.result = TrainResult(metrics=self.metrics.records)
+        self.saving_s = 0.0  # interval saves' blocking seconds since the last train line
 
     # -- checkpoints ---------------------------------------------------------------------------
     def restore(self, path: Path) -> None:
@@ -159,8 +160,9 @@ class _Loop:
             fields["why"] = "same global batches; sums are reduced in another order"
         return fields
 
-    def save(self, metric: float | None = None) -> None:
-        """Checkpoint the current step (every rank; collective through marker files)."""
+    def save(self, metric: float | None = None, *, interval: bool = False) -> None:
+        """Checkpoint the current step (every rank; collective through marker files).
+        ``interval``: a save during training (its blocking time goes to metrics.jsonl)."""
         self.timer.pause()
         shared = {
             "optimizer": self.optimizer.state_dict(),
@@ -187,10 +189,8 @@ class _Loop:
             )
         # None: this step was already saved (an interval save right before a stop signal).
         self.result.checkpoint = path or self.result.checkpoint
-        if path is not None:  # what the save cost training (the goodput ledger, jobs/goodput.py)
-            self.metrics.write(
-                "checkpoint", step=self.step, blocking_s=round(self.ckpt.last_blocking_s, 4)
-            )
+        if interval and path is not None:  # on the next train line (the goodput ledger)
+            self.saving_s += self.ckpt.last_blocking_s
 
     def event(self, name: str, **fields: Any) -> None:
         """Append to RUN_DIR/events.jsonl (rank 0)."""
@@ -246,7 +246,7 @@ class _Loop:
             return  # the loop ends; the final save follows
         interval_due = cfg.interval_steps and self.step % cfg.interval_steps == 0
         if self.step < stop_at and (interval_due or (improved and cfg.keep_best)):
-            self.save(metric=self.result.test_accuracy if evaluated else None)
+            self.save(metric=self.result.test_accuracy if evaluated else None, interval=True)
         self.timer.start()
 
     def train_step(self, order: torch.Tensor) -> None:
@@ -298,7 +298,9 @@ class _Loop:
             images_per_s=(self.step - since[1])
             * self.config.batch_size
             / max(now - since[0], 1e-9),
+            **({"checkpoint_s": round(self.saving_s, 4)} if self.saving_s else {}),
         )
+        self.saving_s = 0.0
         if self.tracker is not None:
             self.tracker.record(rec)
         self.result.loss, self.result.train_accuracy = stats["loss"], stats["accuracy"]
@@ -340,7 +342,7 @@ class _Loop:
                 # the run's last step: the final save; an epoch's: end_epoch, after its eval
                 last = self.step >= stop_at or self.epoch_step >= spe
                 if interval and self.step % interval == 0 and not last:
-                    self.save()
+                    self.save(interval=True)
                     self.timer.start()
                 # Lagged: the flag's reduce overlaps the next steps (no round trip per check).
                 if poll.due(self.step) and guard.should_stop(self.rt.lagged_max):

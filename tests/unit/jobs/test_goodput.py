@@ -36,7 +36,7 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         [
             *steps(5, 1, 49, dt=1.0),
             {"time": 55.5, "kind": "eval", "step": 50, "seconds": 1.0},
-            {"time": 56.0, "kind": "checkpoint", "step": 50, "blocking_s": 0.5},
+            {"time": 56.0, "kind": "train", "step": 50, "checkpoint_s": 0.5},
         ],
         [A(0, 2, 106)],
         {"queued": 2, "startup": 3, "eval": 1, "checkpoint": 0.5, "productive": 98.5, "stop": 1},
