@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.checkpoint.manager import SAVE_PHASE_HOOKS, CheckpointManager, Line
 from train.checkpoint.manifest import read_manifest
@@ -39,13 +39,15 @@ from train.errors import CheckpointError, ConfigError
 from train.hang.heartbeat import Watchdog, start_watchdog
 from train.history import RunHistory
 from train.resume import ResumePlan, plan_resume, record_config
-from train.runtime import Runtime, configure_torch, setup_runtime
 from train.spec.config import RequeueConfig, TrainConfig
 from train.startup import mark, resume_collector, summary
 from train.stop.act import describe_failure, request_requeue
 from train.stop.decision import Decision
 from train.stop.quarantine import explain_previous_attempt
 from train.stop.signals import PreemptionGuard
+
+if TYPE_CHECKING:
+    from train.runtime import Runtime
 
 __all__ = ["RunSession"]
 
@@ -118,7 +120,9 @@ class RunSession:
         self._opened = True
         env, train = self.env, self.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.process_group:
+        if self.process_group:  # torch: never imported for a command (its child imports it)
+            from train.runtime import configure_torch
+
             configure_torch(train, env)
             if self._devices is None:
                 self._devices = resolve_device(env, train.strategy, train.allow_cpu_fallback)
@@ -149,6 +153,8 @@ class RunSession:
             self.guard.install()
         try:
             if self.process_group:
+                from train.runtime import setup_runtime
+
                 self._rt = setup_runtime(env, self.devices)
                 mark("process_group")
                 box: list[Any] = [plan]
