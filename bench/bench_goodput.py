@@ -359,6 +359,12 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
         if src.exists():
             (run / "progress.jsonl").write_bytes(src.read_bytes())
     (run / "ours_run_dir").write_text(str(run_dir), encoding="utf-8")
+    # our own ledger of the same run (jobs status's line), beside the bench's measure
+    from jobs.goodputview import dir_ledger
+
+    ledger = dir_ledger(run_dir, lambda: b.client)
+    (run / "ledger.json").write_text(json.dumps(ledger.to_dict()), encoding="utf-8")
+    b.opts.log(f"goodput: {run.name}: jobs status says {ledger.line()}: {ledger.to_dict()}")
     return job, preempts
 
 
@@ -417,6 +423,9 @@ def run(opts: Options) -> list[Figure]:
         try:
             job, preempts = start(b, run_dir)
             rows.append(b.row(row_name, run_dir, job, preempts))
+            if (run_dir / "ledger.json").exists():
+                led = json.loads((run_dir / "ledger.json").read_text(encoding="utf-8"))
+                rows[-1].note = f"jobs status: goodput {led['goodput']}, parts {led['parts_s']}"
         except Exception as exc:
             rows.append(Row(row_name, note=f"error: {exc}"[:200]))
         finally:
