@@ -425,7 +425,8 @@ def run(opts: Options) -> list[Figure]:
             rows.append(b.row(row_name, run_dir, job, preempts))
             if (run_dir / "ledger.json").exists():
                 led = json.loads((run_dir / "ledger.json").read_text(encoding="utf-8"))
-                rows[-1].note = f"jobs status: goodput {led['goodput']}, parts {led['parts_s']}"
+                said = f"jobs status: goodput {led['goodput']}, parts {led['parts_s']}"
+                rows[-1].note = "; ".join(n for n in (rows[-1].note, said) if n)
         except Exception as exc:
             rows.append(Row(row_name, note=f"error: {exc}"[:200]))
         finally:
