@@ -97,3 +97,53 @@ def test_frozen_command_rank_is_a_hang_requeued_off_its_node_and_completes(
     starts = [p for p in run.progress() if p.get("event") == "start"]
     assert [s["restart"] for s in starts] == [0, 1] and starts[1]["step"] >= 20  # its own save
     assert run.steps_done() == STEPS
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                    out.append(int(entry.name))
+    return out
+
+
+def test_a_stuck_worker_under_torchrun_is_a_hang(run: ByoRun) -> None:
+    """Issue 25: torchrun's agent writes rendezvous keep-alive every 5 s whether its workers
+    train or not; a worker frozen under it (the other then blocks in its all-reduce) must be
+    seen within the timeout, as fast as without torchrun, and its node named."""
+    argv = ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+            str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", "2000",
+            "--step-time", "0.1", "--save-every", "10"]  # fmt: skip
+    run.submit(
+        {
+            "name": "byo-torchrun-hang",
+            "resources": {"partition": "debug", "nodes": 1, "cpus_per_task": 2, "time": "00:10:00"},
+            "environment": {"variables": {"OMP_NUM_THREADS": 1}},
+            "requeue": {"hang_timeout_s": TIMEOUT_S, "max_hangs": 1},
+            "entrypoint": {"command": argv},
+        }
+    )
+    frozen = 0
+    try:
+        run.wait("step 25", lambda: run.steps_done() >= 25, 300)
+        meta = json.loads(
+            (run.run_dir / ".progress" / f"{run.job_id}-0" / "rank-0.json").read_text()
+        )
+        workers = _children(int(meta["command_pid"]))  # the agent's children
+        assert len(workers) == 2, workers
+        os.kill(workers[-1], signal.SIGSTOP)
+        frozen, frozen_at = workers[-1], time.time()
+        run.wait("the hang", lambda: any(e["event"] == "hang" for e in run.events()), 120)
+    finally:
+        if frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGCONT)
+        run.cleanup()
+    (hang,) = [e for e in run.events() if e["event"] == "hang"]
+    # as fast as the same worker run directly (test above): the timeout, a poll, the records
+    assert TIMEOUT_S <= hang["time"] - frozen_at < TIMEOUT_S + 15, hang
+    assert hang["nodes"] == [meta["node"]], hang  # a process of the command is stopped
+    report = (Path(hang["stacks_dir"]) / "rank-0.stacks").read_text()
+    assert f"pid {frozen} state T" in report and "torch.distributed.run" in report, report
