@@ -364,6 +364,12 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
 
     ledger = dir_ledger(run_dir, lambda: b.client)
     (run / "ledger.json").write_text(json.dumps(ledger.to_dict()), encoding="utf-8")
+    keep = b.opts.workdir.parent / "goodput-runs" / run.name  # the report's dir: kept
+    keep.mkdir(parents=True, exist_ok=True)
+    for name in ("events.jsonl", "metrics.jsonl", "ledger.json", "progress.jsonl"):
+        for src in (run_dir / name, run / name):
+            if src.is_file():
+                (keep / name).write_bytes(src.read_bytes())
     b.opts.log(f"goodput: {run.name}: jobs status says {ledger.line()}: {ledger.to_dict()}")
     return job, preempts
 
