@@ -18,6 +18,7 @@ from pathlib import Path
 from cluster import parse
 from cluster.conf import cluster_name, conf_stamp, find_slurm_conf
 from cluster.errors import (
+    ClusterError,
     JobWaitTimeoutError,
     SlurmCommandError,
     SlurmNotFoundError,
@@ -347,6 +348,25 @@ class SlurmClient:
         Any user may lower their own job's limit; raising it needs an operator (Slurm refuses).
         """
         self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit}"])
+
+    def may_raise_time_limits(self) -> bool:
+        """Whether this user may raise a job's time limit: Slurm lets only root, SlurmUser and
+        accounting operators and administrators (``scontrol show config``, then
+        ``sacctmgr show user``). False when it cannot be told."""
+        import pwd
+
+        uid = os.geteuid()
+        if uid == 0:
+            return True
+        try:
+            if parse.parse_slurm_user_uid(self.run(["scontrol", "show", "config"]).stdout) == uid:
+                return True
+            name = pwd.getpwuid(uid).pw_name
+            cmd = ["sacctmgr", "-n", "-P", "show", "user", name, "format=AdminLevel"]
+            level = parse.parse_admin_level(self.run(cmd).stdout)
+        except (ClusterError, KeyError):
+            return False
+        return level in ("Operator", "Administrator")
 
     def release(self, job_id: str, settle_s: float = RELEASE_SETTLE_S) -> None:
         """Let a requeued job start now instead of after its BeginTime delay.

@@ -193,6 +193,23 @@ def parse_config_limits(text: str) -> ClusterLimits:
     )
 
 
+def parse_slurm_user_uid(text: str) -> int | None:
+    """``scontrol show config``: the uid of SlurmUser (``SlurmUser = slurm(64030)``), or None."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "SlurmUser":
+            uid = value.strip().rpartition("(")[2].rstrip(")")
+            return int(uid) if uid.isdigit() else None
+    return None
+
+
+def parse_admin_level(text: str) -> str:
+    """``sacctmgr -n -P show user NAME format=AdminLevel``: ``None``, ``Operator`` or
+    ``Administrator`` ("" when the user is not in the accounting database)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
 def parse_sbatch_job_id(text: str) -> str:
     """``sbatch --parsable`` prints ``<jobid>`` or ``<jobid>;<cluster>``."""
     line = text.strip().splitlines()[-1] if text.strip() else ""

@@ -103,12 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind",
         required=True,
         choices=("preempt", "timeout", "cancel", "fail"),
-        help="preempt: a job in a higher-priority partition; timeout: a lowered time limit; "
+        help="preempt: a job in a higher-priority partition; timeout: a lowered time limit, "
+        "restored and read back (refused where it cannot be restored); "
         "cancel: scancel; fail: a crash (SIGABRT), then requeue",
     )
     dr.add_argument("--json", action="store_true", help="print the report as JSON")
     dr.add_argument("--timeout", type=float, default=900.0, help="give up after S seconds")
     dr.add_argument("--partition", help="preempt: the partition to submit to (default: found)")
+    dr.add_argument(
+        "--accept-short-limit",
+        action="store_true",
+        help="timeout, where only operators may raise a limit: drill anyway, knowing the job "
+        "keeps the short limit (it times out at every restart until requeue.max_timeouts)",
+    )
     pl = sub.add_parser(
         "plot", help="one picture of a run's life: curves, interruptions, resumes (PNG)"
     )
@@ -328,6 +335,7 @@ def cmd_drill(args: argparse.Namespace, out: IO[str]) -> int:
         timeout_s=args.timeout,
         partition=args.partition,
         progress=sys.stderr,
+        accept_short_limit=args.accept_short_limit,
     )
     if args.json:
         out.write(json.dumps(report.to_dict(), indent=1) + "\n")

@@ -7,9 +7,13 @@ Only what a user may do to their own job (every Slurm command through :mod:`clus
   PriorityTier over the job's first node (``urgent`` on the local cluster; ``--partition``
   chooses), asking for the whole node, so Slurm preempts ours: signal, grace time, requeue.
 - ``timeout``: the job's time limit is lowered to just past ``elapsed + signal lead`` (anyone may
-  lower their own limit), so Slurm sends the time-limit signal within a minute. Once the job is
-  requeued the original limit is put back; Slurm lets only operators raise a limit, so where
-  that is refused the report says so (the restarted job then keeps the short limit).
+  lower their own limit), so Slurm sends the time-limit signal within a minute; once the job is
+  requeued the original limit is put back, and read back to prove it. Slurm lets only root,
+  SlurmUser and accounting operators raise a limit again: anyone else is refused BEFORE anything
+  is done, with what it would cost (the restarted job would keep the short limit and time out
+  again and again until ``requeue.max_timeouts`` is spent), unless they accept that cost
+  (``--accept-short-limit``). A drill that fails or is interrupted after lowering the limit
+  puts it back before it ends.
 - ``cancel``: a plain ``scancel`` (SIGTERM): the run must checkpoint and NOT come back.
 - ``fail``: ``scancel --signal=ABRT``: every process of the job's steps dies at once, as in a
   crash (an abort in native code), with no chance to save. (``--signal=KILL`` would not do: Slurm
@@ -128,6 +132,7 @@ class Drill:
         partition: str | None = None,
         poll_s: float = 1.0,
         say: Callable[[str], None] = lambda line: None,
+        accept_short_limit: bool = False,
     ) -> None:
         if kind not in KINDS:
             raise UsageError(f"drill: --kind {kind!r}: choose one of {', '.join(KINDS)}")
@@ -142,6 +147,9 @@ class Drill:
         self.run_dir = Path(record.tasks[0].run_dir if record.tasks else record.run_dir)
         self.timeout_s, self.partition, self.poll_s, self.say = timeout_s, partition, poll_s, say
         self.report = DrillReport(record.run_id, self.job_id, kind)
+        self.accept_short_limit = accept_short_limit
+        self._original_limit = ""  # set once the drill lowered the limit
+        self._restored = False
 
     # -- reading -----------------------------------------------------------------------------
     def job(self) -> dict[str, str]:
@@ -178,18 +186,23 @@ class Drill:
         self.say(f"waiting for job {self.job_id} to train")
         self.wait("the job to run and train", self._training)
         restarts = self.restarts()
+        if self.kind == "timeout":
+            self._can_restore_limit()  # before anything is done to the job
         t0 = time.time()
-        getattr(self, f"_do_{self.kind}")()
-        self.say(self.report.action)
-        if self.kind == "cancel":
-            self.wait("the job to end", lambda: self.job().get("JobState") in _TERMINAL)
-            self.wait("the run's stop record", lambda: self._stop_event(t0) is not None)
-        else:
-            self.wait("the job to be requeued", lambda: self._requeued(restarts))
-            self._restore_time_limit()
-            self.client.release(self.job_id)
-            self.say("requeued; released from its BeginTime wait")
-            self.wait("the job to train again", lambda: self._resumed(t0, restarts) is not None)
+        try:
+            getattr(self, f"_do_{self.kind}")()
+            self.say(self.report.action)
+            if self.kind == "cancel":
+                self.wait("the job to end", lambda: self.job().get("JobState") in _TERMINAL)
+                self.wait("the run's stop record", lambda: self._stop_event(t0) is not None)
+            else:
+                self.wait("the job to be requeued", lambda: self._requeued(restarts))
+                self._restore_time_limit()
+                self.client.release(self.job_id)
+                self.say("requeued; released from its BeginTime wait")
+                self.wait("the job to train again", lambda: self._resumed(t0, restarts) is not None)
+        finally:
+            self._restore_time_limit()  # a drill that gave up leaves no short limit behind
         self._measure(t0, restarts)
         return self.report
 
@@ -256,10 +269,13 @@ class Drill:
     def _do_timeout(self) -> None:
         info = self.job()
         self._original_limit = info.get("TimeLimit", "")
+        if not self._original_limit:
+            raise DrillError(f"drill: job {self.job_id} shows no TimeLimit; nothing was changed")
         start = _slurm_time(info.get("StartTime")) or time.time()
         lead = self._signal_lead()
         minutes = math.ceil((time.time() - start + lead) / 60) + 1
         self.client.set_time_limit(self.job_id, str(minutes))
+        self._restored = False
         self.report.action = (
             f"lowered the time limit from {self._original_limit} to {minutes} min "
             f"(the {lead:.0f} s signal lead starts within a minute)"
@@ -276,19 +292,47 @@ class Drill:
         except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
             return 90.0
 
-    def _restore_time_limit(self) -> None:
-        original = getattr(self, "_original_limit", "")
-        if self.kind != "timeout" or not original:
+    def _can_restore_limit(self) -> None:
+        """Refuse the timeout drill (one line, before acting) where its short limit could not
+        be put back, unless the user accepts what that costs."""
+        if self.client.may_raise_time_limits():
             return
+        info = self.job()
+        cost = (
+            f"only an operator may raise a time limit again, so job {self.job_id} would keep "
+            f"the short limit (not its {info.get('TimeLimit', '?')}) after the drill and time out "
+            "again at every restart until requeue.max_timeouts is spent"
+        )
+        if not self.accept_short_limit:
+            raise UsageError(
+                f"drill --kind timeout: {cost}; drill --kind preempt instead (the same "
+                "checkpoint, requeue and resume), or add --accept-short-limit to pay that"
+            )
+        self.report.notes.append(f"accepted before acting: {cost}")
+
+    def _restore_time_limit(self) -> None:
+        """Put the original limit back and read it back; the report says when it is not."""
+        original = self._original_limit
+        if self.kind != "timeout" or not original or self._restored:
+            return
+        self._restored = True
         from cluster.errors import ClusterError
+        from cluster.timefmt import parse_slurm_time
 
         try:
             self.client.set_time_limit(self.job_id, original)
-        except ClusterError as exc:
+            now = self.job().get("TimeLimit", "")
+            same = parse_slurm_time(now) == parse_slurm_time(original)
+        except ClusterError as exc:  # a malformed time string too (SlurmTimeError)
+            now, same = f"unknown ({str(exc).splitlines()[0] if str(exc) else exc})", False
+        if same:
+            self.report.notes.append(f"time limit restored to {original} (read back)")
+        else:
             self.report.notes.append(
-                f"could not restore the time limit {original} ({exc}); only an operator may "
-                "raise it: the restarted job keeps the short limit"
+                f"the time limit is {now}, not the original {original}: only an operator may "
+                "raise it; until then every restart times out early"
             )
+            self.say(self.report.notes[-1])
 
     def _do_cancel(self) -> None:
         self.client.cancel([self.job_id])
@@ -356,6 +400,7 @@ def run_drill(
     timeout_s: float = 900.0,
     partition: str | None = None,
     progress: IO[str] | None = None,
+    accept_short_limit: bool = False,
 ) -> DrillReport:
     """Run one drill and return its report (see the module docstring)."""
 
@@ -364,4 +409,13 @@ def run_drill(
             progress.write(f"drill: {line}\n")
             progress.flush()
 
-    return Drill(record, client, kind, timeout_s=timeout_s, partition=partition, say=say).run()
+    drill = Drill(
+        record,
+        client,
+        kind,
+        timeout_s=timeout_s,
+        partition=partition,
+        say=say,
+        accept_short_limit=accept_short_limit,
+    )
+    return drill.run()

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
+from cluster.errors import SlurmCommandError
 from cluster.models import Partition
 from jobs.cli import main
-from jobs.drill import Drill, DrillReport, run_drill
+from jobs.drill import Drill, DrillError, DrillReport, run_drill
 from jobs.errors import UsageError
 from jobs.records import RunRecord, TaskRecord
 
@@ -42,8 +43,10 @@ def _append(path: Path, **rec: Any) -> None:
 class FakeCluster:
     """A job that trains, gets interrupted by the drill's action, is requeued and resumes."""
 
-    def __init__(self, run_dir: Path, kind: str) -> None:
+    def __init__(self, run_dir: Path, kind: str, *, operator: bool = True) -> None:
         self.run_dir, self.kind = run_dir, kind
+        self.operator = operator  # may raise a time limit (root, SlurmUser, an operator)
+        self.limit = "00:20:00"
         self.state, self.restarts = "RUNNING", 0
         self.calls: list[tuple[Any, ...]] = []
         self.events = run_dir / "events.jsonl"
@@ -59,8 +62,12 @@ class FakeCluster:
             "NodeList": "n[1-2]",
             "Partition": "debug",
             "StartTime": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "TimeLimit": "00:20:00",
+            "TimeLimit": self.limit,
         }
+
+    def may_raise_time_limits(self) -> bool:
+        self.calls.append(("may_raise",))
+        return self.operator
 
     def partitions(self) -> list[Partition]:
         nodes = ("n1", "n2")
@@ -83,6 +90,9 @@ class FakeCluster:
 
     def set_time_limit(self, job_id: str, limit: str) -> None:
         self.calls.append(("time_limit", limit))
+        if limit == "00:20:00" and self.limit != limit and not self.operator:
+            raise SlurmCommandError(["scontrol"], 1, "Access/permission denied")
+        self.limit = limit if ":" in limit else f"00:{int(limit):02d}:00"
         if limit != "00:20:00":
             self._stop("timeout")
             self.state, self.restarts = "PENDING", 1
@@ -193,3 +203,41 @@ def test_dry_run_says_which_python_a_command_runs(tmp_path: Path) -> None:
     text = out.getvalue()
     assert f"# entrypoint.command runs as: {sys.executable} train.py --lr 0.1" in text
     assert "interpreter of the environment jobs runs in" in text
+
+
+def test_timeout_drill_where_a_limit_cannot_be_raised_again_is_refused_before_acting(
+    tmp_path: Path,
+) -> None:
+    fake = FakeCluster(tmp_path, "timeout", operator=False)
+    with pytest.raises(UsageError, match=r"^drill --kind timeout: only an operator may raise") as e:
+        Drill(_record(tmp_path), fake, "timeout", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert "time out again at every restart" in str(e.value) and "\n" not in str(e.value)
+    assert [c for c in fake.calls if c[0] == "time_limit"] == [] and fake.limit == "00:20:00"
+
+
+def test_timeout_drill_whose_cost_was_accepted_says_the_limit_stayed_short(tmp_path: Path) -> None:
+    fake = FakeCluster(tmp_path, "timeout", operator=False)
+    drill = Drill(
+        _record(tmp_path), fake, "timeout", poll_s=0.01, timeout_s=5, accept_short_limit=True
+    )  # type: ignore[arg-type]
+    report = drill.run()
+    assert report.stop_event == "timeout"
+    assert report.notes[0].startswith("accepted before acting: only an operator")
+    assert any("not the original 00:20:00" in n for n in report.notes)
+    assert fake.limit != "00:20:00"  # what the user accepted, and what the report says
+
+
+def test_timeout_drill_restores_and_reads_back_the_limit(tmp_path: Path) -> None:
+    fake = FakeCluster(tmp_path, "timeout")
+    report = Drill(_record(tmp_path), fake, "timeout", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert (
+        fake.limit == "00:20:00" and "time limit restored to 00:20:00 (read back)" in report.notes
+    )
+
+
+def test_a_timeout_drill_that_gives_up_puts_the_limit_back(tmp_path: Path) -> None:
+    fake = FakeCluster(tmp_path, "timeout")
+    fake.set_time_limit = lambda job_id, limit: setattr(fake, "limit", limit)  # type: ignore[method-assign]
+    with pytest.raises(DrillError, match="gave up"):
+        Drill(_record(tmp_path), fake, "timeout", poll_s=0.01, timeout_s=0.2).run()  # type: ignore[arg-type]
+    assert fake.limit == "00:20:00"  # never requeued, yet not left short
