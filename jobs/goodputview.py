@@ -36,12 +36,16 @@ def _slurm_attempts(
         return {}, ""
     by_job: dict[str, list[JobAttempt]] = {}
     try:
-        source = client()
+        ask = getattr(client(), "attempt_times", None)
+        if ask is None:  # a client that cannot say (an older one, a stand-in)
+            return by_job, "no Slurm times (the client has no attempt_times)"
         for array_id in record.slurm_job_ids():
-            for a in source.attempt_times(array_id):
+            for a in ask(array_id):
                 by_job.setdefault(a.job_id, []).append(a)
-    except ClusterError as exc:
-        return by_job, f"no Slurm times ({str(exc).splitlines()[0][:120]})"
+    except (ClusterError, OSError, ValueError) as exc:
+        # status still answers: what only Slurm knows is unaccounted
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return by_job, f"no Slurm times ({first[:120]})"
     return by_job, ""
 
 
