@@ -79,12 +79,11 @@ def _kind(trigger: Trigger, facts: StopFacts) -> str:
         return trigger
     if trigger == "cancel" and facts.executor != "slurm":
         return "cancel"  # a caller that knows; under Slurm a cancel is checked with Slurm
-    if facts.executor == "local":
+    if facts.executor in ("local", "none"):
         # the local launcher writes RUN_DIR/.local-stop for a cancel (or is gone); any other
-        # signal, TERM included, is its requeue request
+        # signal, TERM included, is its requeue request; a plain process exits 75 for
+        # whoever launched it
         return "cancel" if facts.local_cancel else "preemption"
-    if facts.executor == "none":
-        return "preemption"  # a plain process: exit 75, whoever launched it may restart it
     # Slurm: what Slurm says (a stop it cannot explain counts as a preemption, never a cancel)
     return facts.slurm_kind if facts.slurm_kind != "unknown" else "preemption"
 

@@ -277,7 +277,8 @@ def gather(
 
     if not job_id:
         local = bool(os.environ.get(LOCAL_SUPERVISOR_ENV))
-        cancel = local and trigger in ("signal", "cancel") and _local_cancel(run_dir)
+        # .local-stop is the local launcher's word, read wherever there is no Slurm job
+        cancel = trigger in ("signal", "cancel") and _local_cancel(run_dir)
         return facts("local" if local else "none", local_cancel=cancel)
     if hang_claimed or trigger not in ("signal", "cancel", "failure"):
         return facts("slurm")
