@@ -12,6 +12,7 @@ one job (each kill is one more restart in place).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, Figure, Goal, Options, bench_env, skipped
+from bench.common import REPO, Figure, Goal, Options, Skip, bench_env, skipped, wait_until
 from train.history import read_jsonl
 
 __all__ = ["run"]
@@ -45,21 +46,6 @@ train:
   eval_every_epochs: 100000
 requeue: {max_restarts_in_place: 10, max_infra_failures: 10}
 """
-
-
-class Skip(Exception):
-    """The benchmark cannot run here; the message is the reason."""
-
-
-def _wait(what: str, check: Any, timeout: float, poll: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Skip(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -148,7 +134,8 @@ def run(opts: Options) -> list[Figure]:
 
         def state() -> str:
             s = client.show_job(job).get("JobState", "")
-            states.add(s)
+            if s == "RUNNING" or states:  # from its first start on: PENDING would be a requeue
+                states.add(s)
             if s in ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
                 raise Skip(f"the job ended {s}")
             return s
@@ -156,36 +143,38 @@ def run(opts: Options) -> list[Figure]:
         def train_steps() -> list[dict[str, Any]]:
             return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
 
+        def trained(done: int) -> bool:
+            enough = bool(state()) and len(train_steps()) >= done + 25
+            return enough and any((run_dir / "checkpoints").glob("step-*"))
+
         for k in range(1, rounds + 1):
             done = len(train_steps())
-            _wait(
-                "25 more steps and a checkpoint",
-                lambda d=done: (
-                    state()
-                    and len(train_steps()) >= d + 25
-                    and any((run_dir / "checkpoints").glob("step-*"))
-                ),
-                300,
-            )
-            pid = _wait("rank 1's process", lambda: _rank_pid(job, 1), 60)
+            wait_until("25 more steps and a checkpoint", functools.partial(trained, done), 300)
+            pid = wait_until("rank 1's process", lambda: _rank_pid(job, 1), 60)
             killed = time.time()
             os.kill(pid, signal.SIGKILL)
             opts.log(f"inplace: killed rank 1 (pid {pid}) of job {job}, round {k}")
 
-            def first_after(k: int = k) -> dict[str, Any] | None:
+            def first_after(killed: float = killed) -> dict[str, Any] | None:
                 state()
                 resumes = [
                     e
                     for e in read_jsonl(run_dir / "events.jsonl")
-                    if e.get("event") == "resume" and e.get("in_place") == k
+                    if e.get("event") == "resume" and float(e.get("time", 0)) > killed
                 ]
                 if not resumes:
                     return None
                 later = [r for r in train_steps() if float(r["time"]) >= resumes[0]["time"]]
                 return later[0] if later else None
 
-            first = _wait("the first step after the restart in place", first_after, 300)
+            first = wait_until("the first step after the restart in place", first_after, 300)
             ours.append(float(first["time"]) - killed)
+            since = [
+                e["event"]
+                for e in read_jsonl(run_dir / "events.jsonl")
+                if float(e.get("time", 0)) > killed
+            ]
+            opts.log(f"inplace: round {k}: {ours[-1]:.2f} s; events since the kill: {since}")
             floor.append(min(_floor(env, _copy_latest(run_dir, work / "floor")) for _ in range(2)))
     except Skip as exc:
         return [skipped(SECTION, NAME, str(exc))]

@@ -25,12 +25,22 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, Figure, Goal, Options, bench_env, median, run_command, skipped
+from bench.common import (
+    REPO,
+    Figure,
+    Goal,
+    Options,
+    Skip,
+    bench_env,
+    median,
+    run_command,
+    skipped,
+    wait_until,
+)
 from train.history import read_jsonl
 
 __all__ = ["run"]
@@ -68,21 +78,6 @@ echo "$(date +%s.%N) ${{SLURM_RESTART_COUNT:-0}}" >> {run}/starts.txt
 export PYTHONPATH={repo}"${{PYTHONPATH:+:$PYTHONPATH}}"
 srun --cpus-per-task=2 --kill-on-bad-exit=1 {python} -m train --config {spec} --run-dir {run}
 """
-
-
-class Skip(Exception):
-    """The benchmark cannot run here; the message is the reason."""
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Skip(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
 
 
 @dataclass
@@ -153,7 +148,7 @@ class PreemptRun:
                 raise Skip(f"training job ended {info.state}: {self.log_tail()}")
             return info.nodelist if info is not None and info.state == "RUNNING" else ""
 
-        self.node = _wait("the training job to start (cluster busy?)", running, 240)
+        self.node = wait_until("the training job to start (cluster busy?)", running, 240)
 
     def wait_steps(self, after: int, count: int = 20) -> None:
         def trained() -> bool:
@@ -161,7 +156,7 @@ class PreemptRun:
             steps = self.train_steps()
             return bool(steps) and int(steps[-1]["step"]) >= after + count
 
-        _wait(f"step {after + count}", trained, 240)
+        wait_until(f"step {after + count}", trained, 240)
 
     def preempt(self, cycle: int) -> None:
         """Urgent job on our node; wait for the requeue; release our job after it."""
@@ -183,7 +178,7 @@ class PreemptRun:
         )
         self.opts.log(f"preempt: urgent job {urgent} on {node} (cycle {cycle})")
         try:
-            _wait(
+            wait_until(
                 "train's requeue after the preemption signal",
                 lambda: len(self.events("requeue")) >= cycle,
                 120,
@@ -203,12 +198,12 @@ class PreemptRun:
                     return False  # not requeued yet; try again
             return False
 
-        _wait("the requeued job to start again", released, 240, poll=1.0)
+        wait_until("the requeued job to start again", released, 240, poll=1.0)
         info = self.client.job_states([self.job_id]).get(self.job_id)
         self.node = info.nodelist if info is not None else node
 
     def first_step_after_resume(self, cycle: int) -> Cycle:
-        resume = _wait(
+        resume = wait_until(
             f"resume #{cycle}",
             lambda: [e for e in self.events("resume") if e.get("restart_count") == cycle],
             240,
@@ -220,7 +215,7 @@ class PreemptRun:
             later = [r for r in self.train_steps() if float(r["time"]) >= resume_t]
             return later[0] if later else None
 
-        first_rec = _wait("the first step after the resume", first, 240)
+        first_rec = wait_until("the first step after the resume", first, 240)
         before = [r for r in self.train_steps() if float(r["time"]) < resume_t]
         last_done = int(before[-1]["step"]) if before else 0
         stops = [

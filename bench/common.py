@@ -413,3 +413,19 @@ def write_report(
     payload = {"meta": dict(meta), "figures": [f.to_json() for f in figures]}
     js.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
     return md, js
+
+
+class Skip(Exception):
+    """A benchmark cannot run here (no cluster, a job that ended): the message is the reason."""
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:
+    """``check()``'s first true value, polled every ``poll`` s; :class:`Skip` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Skip(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)

@@ -24,6 +24,17 @@ from train.history import RunHistory, read_jsonl
 REPO = Path(__file__).resolve().parents[2]
 
 
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment (empty when it is gone or not ours to read): the nodes of the
+    local cluster share this host, so a job's processes are found by their SLURM_* variables."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
 class ByoRun:
     """One submitted spec: its job id, run directory and what it wrote."""
 

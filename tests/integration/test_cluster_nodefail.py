@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from byo_helpers import REPO, ByoRun, open_run
+from byo_helpers import REPO, ByoRun, environ, open_run
 from test_cluster_hang import _events, _stepping, _submit, _wait
 
 from cluster.client import SlurmClient
@@ -34,15 +34,6 @@ from train.history import RunHistory
 pytestmark = pytest.mark.integration
 
 EPOCHS = 4  # 32 steps each
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def _ppid(pid: int) -> int:
@@ -67,7 +58,7 @@ def _job_processes_on(job: str, node: str) -> set[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        env = _environ(int(entry.name))
+        env = environ(int(entry.name))
         if env.get("SLURM_JOB_ID") == job and env.get("SLURMD_NODENAME") == node:
             pids.add(int(entry.name))
             parent = _ppid(int(entry.name))

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from byo_helpers import ByoRun, open_run
+from byo_helpers import ByoRun, environ, open_run
 from test_cluster_hang import _submit, _wait
 
 from cluster.client import SlurmClient
@@ -32,22 +32,13 @@ from train.history import RunHistory
 pytestmark = pytest.mark.integration
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
 def _rank_pid(job: str, rank: int) -> int | None:
     """The training process of ``rank`` of ``job`` (its environment says so: every node of the
     local cluster is this host), not its hang watcher."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        env = _environ(int(entry.name))
+        env = environ(int(entry.name))
         if env.get("SLURM_JOB_ID") != job or env.get("SLURM_PROCID") != str(rank):
             continue
         with contextlib.suppress(OSError):
