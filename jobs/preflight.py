@@ -186,3 +186,20 @@ def shapes_note(spec: JobSpec, state: ClusterState) -> str | None:
         f"{len(fitting)} of {len(members)} node(s) usable for it now. A requeued run resumes on "
         "the nodes free then (same global batch; tasks per node and the train section fixed)"
     )
+
+
+def save_lead_notes(
+    spec: JobSpec, run_dirs: list[Path], partition: str, state: ClusterState
+) -> list[str]:
+    """Lines for stderr when the stops these run directories measured (train.stop.lead: signal
+    -> saved checkpoint) need more than the spec's ``requeue.signal_delay_s`` or the partition's
+    GraceTime gives (nothing measured yet, a fresh run: nothing to say)."""
+    from train.history import RunHistory
+    from train.stop.lead import lead_notes, needed_lead_s
+
+    needed = [n for d in run_dirs if (n := needed_lead_s(RunHistory(d).events())) is not None]
+    if not needed:
+        return []
+    part = next((p for p in state.partitions if p.name == partition), None)
+    grace = part.grace_time_s if part is not None else None
+    return lead_notes(max(needed), spec.requeue.signal_delay_s, grace, partition)

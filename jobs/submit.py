@@ -187,11 +187,13 @@ def submit(
             return submit_local(loaded, plan)
     limit = None
     if preflight:
-        from jobs.preflight import array_limit, cluster_limits, shapes_note
+        from jobs.preflight import array_limit, cluster_limits, save_lead_notes, shapes_note
         from jobs.preflight import preflight as check
 
         state = state or client.cluster_state()  # the one sinfo of this submission
-        check(loaded.spec, client, loaded.where, state=state)
+        partition = check(loaded.spec, client, loaded.where, state=state)
+        for line in save_lead_notes(loaded.spec, [plan.run_dir], partition, state):
+            print(line, file=sys.stderr)  # the warning fits the save (train.stop.lead)
         note = shapes_note(loaded.spec, state)  # resources.nodes "MIN-MAX": which shapes
         if note:
             print(note, file=sys.stderr)

@@ -43,6 +43,8 @@ from train.spec.config import RequeueConfig, TrainConfig
 from train.startup import mark, resume_collector, summary
 from train.stop.act import describe_failure, request_requeue
 from train.stop.decision import Decision
+from train.stop.facts import end_time
+from train.stop.lead import EarlyStop, needed_lead_s
 from train.stop.quarantine import explain_previous_attempt
 from train.stop.signals import PreemptionGuard
 
@@ -110,6 +112,8 @@ class RunSession:
         #: why the run stopped: "signal" (a stop signal), the kind Slurm gave it (on the rank
         #: that decided the stop under Slurm), or "failure"
         self.stopped: str | None = None
+        self._early_stop: EarlyStop | None = None
+        self._early_kind: str | None = None  # "timeout" once the early stop fired
 
     # -- set-up and take-down ------------------------------------------------------------------
     def open(self) -> RunSession:
@@ -126,7 +130,7 @@ class RunSession:
             configure_torch(train, env)
             if self._devices is None:
                 self._devices = resolve_device(env, train.strategy, train.allow_cpu_fallback)
-        want = self.resume if self.resume is not None else (True if env.restart_count else None)
+        want = self.resume if self.resume is not None else (True if env.resumed else None)
         plan = ResumePlan()
         # Without a process group (a command entrypoint: its child creates one) every rank
         # reads the same directory and comes to the same decision.
@@ -137,7 +141,7 @@ class RunSession:
                 train,
                 self._latest_valid,
                 allow_change=self.allow_config_change,
-                restarted=env.restart_count > 0,
+                restarted=env.resumed,
                 command=not self.process_group,
             )
             if plan.error is None and self._ckpt is None:
@@ -180,7 +184,28 @@ class RunSession:
             if self.watchdog is not None:
                 self.add_progress_listener(self.watchdog.beat)
                 SAVE_PHASE_HOOKS.append(self.watchdog.pulse)  # a save's phases are progress
+        if env.is_main and env.job_id and self._early_stop is None:
+            self._early_stop = self._arm_early_stop()
         return self
+
+    def _arm_early_stop(self) -> EarlyStop | None:
+        """When this run's measured stops need more than ``requeue.signal_delay_s``
+        (train.stop.lead), stop that much before the time limit: one ``scontrol show job``
+        for the job's EndTime, only then."""
+        if self.history is None:
+            return None
+        needed = needed_lead_s(self.history.events())
+        if needed is None or needed <= self.requeue.signal_delay_s:
+            return None
+        end = end_time(str(self.env.job_id))
+        if end is None:
+            return None
+
+        def fire() -> None:
+            self._early_kind = "timeout"
+            self.guard.trigger(self.requeue.signal)
+
+        return EarlyStop(end, needed, fire).start()
 
     def _latest_valid(self, line: Line) -> Path | None:
         # only asked when this run resumes its own directory: its leftovers may go
@@ -196,6 +221,9 @@ class RunSession:
 
     def close(self) -> None:
         """Finish in-flight saves, restore signal handlers, leave the process group."""
+        if self._early_stop is not None:
+            self._early_stop.cancel()
+            self._early_stop = None
         if self.watchdog is not None:
             with contextlib.suppress(ValueError):
                 SAVE_PHASE_HOOKS.remove(self.watchdog.pulse)
@@ -208,8 +236,17 @@ class RunSession:
             if self._own_guard:
                 self.guard.uninstall()
             if self._rt is not None:
-                self._rt.close()
-                self._rt = None
+                rt, self._rt = self._rt, None
+                try:
+                    rt.close()
+                except Exception as exc:
+                    if self.stopped is None:
+                        raise
+                    # The attempt's end is decided and recorded already (a peer died, its
+                    # node failed): the stop-flag reduce still in flight with the dead peer
+                    # fails here. Raising would record a second failure (train.cli) and turn
+                    # the decided exit code into 1.
+                    log.warning("leaving the process group after a %s: %s", self.stopped, exc)
 
     def __enter__(self) -> RunSession:
         return self.open()
@@ -246,6 +283,7 @@ class RunSession:
                 step=step,
                 restart_count=self.env.restart_count,
                 job_id=self.env.job_id,
+                **({"in_place": self.env.in_place} if self.env.in_place else {}),
                 **fields,
             )
 
@@ -318,6 +356,7 @@ class RunSession:
     ) -> int:
         """Stop agreed: record the signal, ``save()`` (if the caller has not saved yet), wait for
         the save, meet at a barrier, record the checkpoint, then requeue; returns the exit code."""
+        kind = kind or self._early_kind
         self.stopped = kind or "signal"
         # received_at: when this rank's signal arrived (None: another rank's), for jobs drill
         self.event(
@@ -334,9 +373,18 @@ class RunSession:
         # after the barrier: every rank's part of the checkpoint is complete
         path = self.ckpt.path_for(step)
         if path.is_dir():
-            self.event("checkpoint", step, path=str(path))
+            # the measured stop (train.stop.lead): signal -> saved on every rank
+            arrived = self.guard.received_at
+            since = {"since_signal_s": round(time.time() - arrived, 2)} if arrived else {}
+            self.event("checkpoint", step, path=str(path), **since)
         return request_requeue(
-            self.env, self.run_dir, self.requeue, kind, step=step, on_decision=self._decided
+            self.env,
+            self.run_dir,
+            self.requeue,
+            kind,
+            step=step,
+            on_decision=self._decided,
+            signal=self.guard.signal_name,
         )
 
     def _decided(self, decision: Decision) -> None:

@@ -240,7 +240,7 @@ class CommandRun(StopHandling):
             ):
                 return True
             if time.monotonic() >= deadline or failure_claimed(
-                self.run_dir, self.env.job_id, self.env.restart_count
+                self.run_dir, self.env.job_id, self.env.attempt
             ):
                 return False
             time.sleep(0.5)

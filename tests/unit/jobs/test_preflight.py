@@ -224,3 +224,22 @@ def test_a_sweep_gets_the_clusters_array_limit(
     client = SubmitClient()
     submit(loaded, make_plan(loaded, tmp_path), client, "slurm")  # type: ignore[arg-type]
     assert routes == [("slurm", 3)] and client.queries == 1
+
+
+def test_a_run_whose_stops_need_more_than_the_warning_is_told_so(tmp_path: Path) -> None:
+    """Issue 26: the warning fits the save. Resubmitting a run directory whose stops measured
+    45 s from the signal to a saved checkpoint, with requeue.signal_delay_s: 30, says so (and
+    a partition whose GraceTime is known and shorter, too); a fresh run says nothing."""
+    import dataclasses
+
+    from jobs.preflight import save_lead_notes
+    from train.history import RunHistory
+
+    loaded = load_text("name: d\nrequeue: {signal_delay_s: 30}\n", "spec.yaml", ())
+    state = ClusterState((dataclasses.replace(PARTS[0], grace_time_s=20), PARTS[1]), tuple(NODES))
+    assert save_lead_notes(loaded.spec, [tmp_path], "debug", state) == []
+    RunHistory(tmp_path).append("checkpoint", step=40, since_signal_s=45.0)
+    notes = save_lead_notes(loaded.spec, [tmp_path], "debug", state)
+    assert len(notes) == 2 and all("\n" not in n for n in notes)
+    assert "requeue.signal_delay_s is 30" in notes[0] and "at least 55" in notes[0]
+    assert "partition debug" in notes[1] and "20 s (GraceTime)" in notes[1]
