@@ -235,7 +235,7 @@ def test_a_run_whose_stops_need_more_than_the_warning_is_told_so(tmp_path: Path)
     from jobs.preflight import save_lead_notes
     from train.history import RunHistory
 
-    loaded = load_text("name: d\nrequeue: {signal_delay_s: 30}\n", "spec.yaml", ())
+    loaded = load_text("name: d\ntrain: {}\nrequeue: {signal_delay_s: 30}\n", "spec.yaml", ())
     state = ClusterState((dataclasses.replace(PARTS[0], grace_time_s=20), PARTS[1]), tuple(NODES))
     assert save_lead_notes(loaded.spec, [tmp_path], "debug", state) == []
     RunHistory(tmp_path).append("checkpoint", step=40, since_signal_s=45.0)
