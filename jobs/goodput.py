@@ -29,8 +29,9 @@ A *segment* is one process run: it opens with a ``start``/``resume`` event. A
 like a stop; the next segment opens in the same Slurm attempt. Without Slurm's times (a local
 run, sacct unreachable) the gaps between segments are ``unaccounted``.
 
-A command entrypoint records no steps: its window is counted productive, redone steps unknown
-(the ledger's ``notes`` say so).
+A command entrypoint records no steps: its window (from the supervisor's start event) is counted
+productive, the command's own start-up and any redone steps included (the ledger's ``notes`` say
+so).
 """
 
 from __future__ import annotations
@@ -309,7 +310,8 @@ def compute(
     cursor.to("unaccounted", end)
     if any(seg.step is None for seg in segments):
         ledger.notes.append(
-            "a command records no steps: its training counts as productive, redone steps unknown"
+            "a command records no steps: from its supervisor's start to the stop counts as "
+            "productive (the command's own start-up and any redone steps included)"
         )
     return ledger
 
