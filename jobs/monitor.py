@@ -224,7 +224,8 @@ def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) ->
         from jobs.errors import UsageError
 
         raise UsageError(
-            f"cancel: {record.run_id}: {foreign.reason} (cancel it with SLURM_CONF naming that cluster)"
+            f"cancel: {record.run_id}: {foreign.reason} "
+            "(cancel it with SLURM_CONF naming that cluster)"
         )
     if mine and all(i.terminal or i.reason.startswith(REUSED) for i in mine):
         return []
