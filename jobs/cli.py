@@ -238,8 +238,10 @@ def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:
         for e in entries:
             try:
                 records.append(load_record(e["run_dir"]))
-            except RunNotFoundError:
-                continue  # a deleted or damaged run directory: listed without a state
+            except RunNotFoundError as exc:  # listed without a state
+                if Path(e["run_dir"]).exists():  # damaged, not deleted: say so (one line)
+                    print(f"jobs: warning: {exc}", file=sys.stderr)
+                continue
         states = _run_states(records)
     if args.json:
         for e in entries:
