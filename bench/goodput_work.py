@@ -18,6 +18,7 @@ built-in trainer's row pads ``train.loop.trainer._Loop.train_step`` the same way
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -143,6 +144,7 @@ def run_plain(run: Path, steps: int, step_s: float) -> int:
     loop.save()
     loop.record(event="saved" if loop.step < steps else "done")
     loop.close()
+    gc.freeze()  # the interpreter's exit then skips collecting torch's objects: 0.4 -> 0.1 s
     return 0
 
 

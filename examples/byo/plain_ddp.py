@@ -20,6 +20,7 @@ under ``torchrun --nproc-per-node=2 examples/byo/plain_ddp.py``, or alone. What 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -117,6 +118,9 @@ def main() -> int:
                 if flag.item() > 0:
                     save()
                     record(event="saved", step=step)
+                    # exit fast: the job requeues once we are gone (the interpreter's final
+                    # collection of torch's objects took 0.4 s here; frozen, 0.1 s)
+                    gc.freeze()
                     return 0  # the job requeues us; the next start resumes from `ckpt`
             flag = torch.tensor([1.0 if STOP else 0.0])
             if world > 1:
