@@ -13,15 +13,16 @@ queued     Slurm held or queued the job: Submit -> Start of each attempt (pendin
 startup    Slurm's Start (else the process start: the start/resume event minus its
            ``startup`` phases, :mod:`train.startup`) -> the ``start``/``resume`` event (the
            first step comes right after it)
-productive the rest of the training window (start/resume -> the stop signal's
-           ``received_at``, the stop event, or ``complete``)
+productive the rest of the training window (start/resume -> the ``signal`` event, where
+           the ranks stopped training, else the stop event, or ``complete``)
 eval       ``eval`` metrics lines' ``seconds`` inside the window
 checkpoint ``train`` metrics lines' ``checkpoint_s`` inside the window (interval saves)
 redone     steps trained in this segment beyond the step the next one resumed from, times
            the segment's mean step time (work lost since the last checkpoint)
 hang       a ``hang`` stop: the last metrics line (the last step seen) -> the hang event
-stop       the stop signal (or end) -> the process left: Slurm's ``End`` of the attempt, the
-           next in-place restart's process start, else the segment's last event
+stop       training stopped (or ended) -> the process left (the save at the stop, the
+           requeue): Slurm's ``End`` of the attempt, the next in-place restart's process
+           start, else the segment's last event
 ========== ================================================================================
 
 A *segment* is one process run: it opens with a ``start``/``resume`` event. A
@@ -180,12 +181,13 @@ class _Segment:
         return self.time - sum(seconds) if seconds else None
 
     def stop(self) -> tuple[float | None, Mapping[str, Any] | None]:
-        """When training stopped (the first signal's arrival, else the ending event) and the
-        ending event (None: the segment has no record of its end)."""
+        """When training stopped (the ``signal`` event: the ranks agreed to stop there; the
+        steps between its ``received_at`` and then were trained and saved), else the ending
+        event's time, and the ending event (None: the segment has no record of its end)."""
         signal_at: float | None = None
         for e in self.events:
             if e.get("event") == "signal" and signal_at is None:
-                signal_at = _num(e.get("received_at")) or _num(e.get("time"))
+                signal_at = _num(e.get("time"))
             if e.get("event") in _ENDS:
                 return (signal_at if signal_at is not None else float(e["time"])), e
         return signal_at, None
