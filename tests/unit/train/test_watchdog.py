@@ -188,7 +188,13 @@ RANK = textwrap.dedent(
     def all_reduce(step):  # stands in for DDP's: wait until the peer reached this step
         (coll / f"rank-{rank}").write_text(str(step))
         peer = coll / f"rank-{1 - rank}"
-        while not (peer.exists() and peer.read_text().strip() and int(peer.read_text()) >= step):
+        while True:
+            try:  # one read: the peer truncates and rewrites its file every step
+                seen = int(peer.read_text())
+            except (FileNotFoundError, ValueError):  # not written yet, or read mid-rewrite
+                seen = -1
+            if seen >= step:
+                return
             time.sleep(0.005)
 
     def spin_in_training_step(step):
