@@ -151,6 +151,15 @@ WORKER = textwrap.dedent(
     run_dir, stop_after, stop_rank = Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     resume = sys.argv[6] == "1"
     env = DistEnv.from_env(os.environ)
+    min_step_s = float(sys.argv[7])
+    if min_step_s > 0:  # a floor under each step's time (a test that needs it says why)
+        import time
+        from train.loop import trainer
+        step_once = trainer._Loop.train_step
+        def slow_step(self, order):
+            time.sleep(min_step_s)
+            step_once(self, order)
+        trainer._Loop.train_step = slow_step
 
     class StopAfter(PreemptionGuard):
         def __init__(self, steps):
@@ -177,7 +186,12 @@ def _free_port() -> int:
 
 
 def _run_two_ranks(
-    config: TrainConfig, run_dir: Path, stop_after: int, stop_rank: int, resume: bool
+    config: TrainConfig,
+    run_dir: Path,
+    stop_after: int,
+    stop_rank: int,
+    resume: bool,
+    min_step_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     port = str(_free_port())
     procs = []
@@ -204,6 +218,7 @@ def _run_two_ranks(
             str(stop_after),
             str(stop_rank),
             "1" if resume else "0",
+            str(min_step_s),
         ]
         procs.append(
             subprocess.Popen(
@@ -322,8 +337,11 @@ def test_two_rank_ddp_checking_every_k_steps_stops_together(
     """The default stop polling (every k steps after calibration, k agreed over ranks): a signal
     on rank 1 only stops both ranks at the same step, and the resumed run is still exact."""
     config = _config("ddp", stop_check_s=0.05)
-    # the 12th check comes after the calibration at step 10, so k > 1 is in effect
-    results = _run_two_ranks(config, tmp_path, 12, 1, False)
+    # The 12th check comes after the calibration at step 10, so k > 1 is in effect: checks at
+    # steps 1..10, 10+k, 10+2k (the signal), and the stop at the next, 10+3k, before step 24
+    # only while k <= 4. k is the number of steps in 0.05 s, so each step takes at least 12.5 ms
+    # here (k <= 4; k = 2 on an idle machine): on a fast one, 24 steps once ended first.
+    results = _run_two_ranks(config, tmp_path, 12, 1, False, min_step_s=0.0125)
     steps = {r["steps"] for r in results}
     assert len(steps) == 1, results
     stopped_at = steps.pop()
