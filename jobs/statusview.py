@@ -63,11 +63,14 @@ def attempt_seconds(events: list[dict[str, Any]]) -> dict[int, float]:
     return {n: last[n] - first[n] for n in first}
 
 
-def run_elapsed(info: JobInfo, events: list[dict[str, Any]]) -> tuple[int | None, int]:
+def run_elapsed(
+    info: JobInfo, events: list[dict[str, Any]], since: float = 0.0
+) -> tuple[int | None, int]:
     """(seconds the whole run ran over all its attempts, how many attempts): Slurm's elapsed
     time of the attempt it knows (the newest) plus what the run's events say of the earlier
-    ones; where Slurm says nothing (a local run), the events alone."""
-    spans = attempt_seconds(events)
+    ones; where Slurm says nothing (a local run), the events alone. Events before ``since``
+    (the submission) are an earlier run's that used the same directory."""
+    spans = attempt_seconds([e for e in events if (e.get("time") or 0.0) >= since])
     current = info.restarts if isinstance(info.restarts, int) else max(spans, default=0)
     earlier = sum(v for n, v in spans.items() if n < current)
     attempts = len({n for n in spans if n < current}) + 1
@@ -78,10 +81,10 @@ def run_elapsed(info: JobInfo, events: list[dict[str, Any]]) -> tuple[int | None
     return round(sum(spans.values())), len(spans)
 
 
-def _run_elapsed(info: JobInfo, run_dir: str) -> tuple[int | None, int]:
+def _run_elapsed(info: JobInfo, run_dir: str, since: float) -> tuple[int | None, int]:
     from train.history import RunHistory
 
-    return run_elapsed(info, RunHistory(run_dir).events())
+    return run_elapsed(info, RunHistory(run_dir).events(), since)
 
 
 def _elapsed_text(total: int | None, attempts: int) -> str:
@@ -109,7 +112,9 @@ def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[
             info = states.get(jid)
             if info is None:
                 continue
-            total, attempts = _run_elapsed(info, t.run_dir) if detail else (info.elapsed_s, 1)
+            total, attempts = (
+                _run_elapsed(info, t.run_dir, r.submitted_at) if detail else (info.elapsed_s, 1)
+            )
             tasks.append(
                 {
                     "job_id": jid,
@@ -170,7 +175,13 @@ def write_status(runs: list[RunRecord], states: dict[str, JobInfo], out: IO[str]
             extra = [
                 f"exit {info.exit_code}" if info.exit_code else "",
                 f"nodes {nodes}" if nodes else "",
-                _elapsed_text(*(_run_elapsed(info, t.run_dir) if detail else (info.elapsed_s, 1))),
+                _elapsed_text(
+                    *(
+                        _run_elapsed(info, t.run_dir, r.submitted_at)
+                        if detail
+                        else (info.elapsed_s, 1)
+                    )
+                ),
                 reason(info),
                 " ".join(f"{k}={v}" for k, v in t.values.items()),
                 describe_progress(progress.get(t.run_dir, {})),

@@ -55,6 +55,14 @@ def test_run_elapsed_adds_the_earlier_attempts(info: JobInfo, expected: tuple[in
     assert run_elapsed(info, EVENTS) == expected
 
 
+def test_an_earlier_run_in_the_same_directory_is_not_counted() -> None:
+    earlier = [{"event": "start", "time": 10.0, "restart_count": 0}]
+    earlier.append({"event": "complete", "time": 900.0, "restart_count": 0})
+    info = JobInfo("8", "RUNNING", elapsed_s=100, restarts=2)
+    assert run_elapsed(info, [*earlier, *EVENTS], since=990.0) == (600, 3)
+    assert run_elapsed(info, [*earlier, *EVENTS])[0] != 600  # what the filter is for
+
+
 def test_status_shows_the_whole_runs_elapsed_time(
     tmp_path: Path, stub_slurm: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
