@@ -70,12 +70,21 @@ def slurm_options(spec: JobSpec) -> SlurmOptions:
     opts: list[Option] = [("job-name", spec.name)]
     if res.partition:
         opts.append(("partition", res.partition))
-    opts += [("nodes", str(res.nodes)), ("ntasks-per-node", str(spec.ntasks_per_node))]
+    opts.append(("nodes", str(res.nodes)))
+    elastic = res.min_nodes != res.max_nodes
+    if not elastic:
+        opts.append(("ntasks-per-node", str(spec.ntasks_per_node)))
     # gpus_per_node joins any other gres (the spec refuses GPUs given both ways).
     gres = [g for g in (res.gres, f"gpu:{res.gpus_per_node}" if res.gpus_per_node else "") if g]
     if gres:
         opts.append(("gres", ",".join(gres)))
-    if res.cpus_per_task is not None:
+    if elastic:
+        # A node range: with --ntasks-per-node Slurm satisfies the task count on the FEWEST
+        # nodes (measured: 1 of 2 idle); without it, on as many as it can give now. So the
+        # allocation holds one CPU block per node (the node's tasks x their CPUs) and srun
+        # starts the tasks per node (srun_args).
+        opts.append(("cpus-per-task", str(spec.ntasks_per_node * (res.cpus_per_task or 1))))
+    elif res.cpus_per_task is not None:
         opts.append(("cpus-per-task", str(res.cpus_per_task)))
     if res.mem is not None:
         opts.append(("mem", res.mem))
@@ -125,7 +134,11 @@ def srun_args(spec: JobSpec) -> list[str]:
     """srun options (submitit joins them with shlex.quote)."""
     launch = spec.launch
     args = [f"--kill-on-bad-exit={1 if launch.kill_on_bad_exit else 0}"]
-    if spec.resources.cpus_per_task is not None:
+    res = spec.resources
+    if res.min_nodes != res.max_nodes:  # a node range: the tasks per node are srun's (above)
+        args.append(f"--ntasks-per-node={spec.ntasks_per_node}")
+        args.append(f"--cpus-per-task={res.cpus_per_task or 1}")
+    elif spec.resources.cpus_per_task is not None:
         # Slurm 22.05 srun does not inherit --cpus-per-task from sbatch.
         args.append(f"--cpus-per-task={spec.resources.cpus_per_task}")
     if launch.mpi:

@@ -34,11 +34,11 @@ from byo_helpers import REPO, ByoRun, open_run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HOOKS = REPO / "tests" / "hooks"
-STEPS = 150  # 32 steps per epoch: the run crosses epochs on every shape
+STEPS = 4000  # 32 steps per epoch: ~2 minutes, long enough for two preemptions
 TRAIN: dict[str, Any] = {
     "model": "tinycnn",
     "norm": "none",
-    "width": 8,
+    "width": 16,
     "data": {"kind": "synthetic", "train_size": 2048, "test_size": 256, "augment": True},
     "batch_size": 64,
     "max_steps": STEPS,
@@ -47,8 +47,9 @@ TRAIN: dict[str, Any] = {
     "deterministic": True,
     "num_threads": 1,
     "stop_check_s": 0.0,
-    "checkpoint": {"interval_steps": 50, "keep_last": 2},
-    "log_interval": 5,
+    "checkpoint": {"interval_steps": 500, "keep_last": 2},
+    "log_interval": 10,
+    "eval_every_epochs": 25,
 }
 
 
@@ -160,6 +161,12 @@ def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_
     nodes = sorted(n.name for n in run.client.cluster_state().nodes)
     assert len(nodes) >= 3, nodes
     third = hold(run, nodes[2])  # only 2 nodes for the first start
+
+    def both_idle() -> bool:  # else Slurm starts the range on the 1 node free (it would)
+        states = {n.name: n.state for n in run.client.cluster_state().nodes}
+        return all(states[n].rstrip("*~#!%$@^-+").upper() == "IDLE" for n in nodes[:2])
+
+    run.wait("2 idle nodes", both_idle, 120)
     run.submit(spec(got_dir))
     run.wait(
         "training on 2 nodes", lambda: len(nodes_now(run)) == 2 and metrics_step(run) >= 20, 300

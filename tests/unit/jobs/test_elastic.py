@@ -58,8 +58,24 @@ def test_the_batch_must_split_over_every_shape_the_range_allows() -> None:
         )
 
 
-def test_slurm_gets_the_range(tmp_path: Path) -> None:
-    assert "#SBATCH --nodes=1-2\n" in sbatch_script(spec("1-2"), tmp_path)
+def test_slurm_gets_the_range_and_srun_the_tasks_per_node(tmp_path: Path) -> None:
+    # with --ntasks-per-node in the allocation Slurm would take the fewest nodes of the range
+    script = sbatch_script(spec("1-2"), tmp_path)
+    assert "#SBATCH --nodes=1-2\n" in script and "--ntasks-per-node" not in script.split("srun")[0]
+    assert "#SBATCH --cpus-per-task=1\n" in script
+    assert "--ntasks-per-node=1 --cpus-per-task=1" in script.split("srun")[1]
+    two = JobSpec.model_validate(
+        {
+            "name": "e",
+            "resources": {"nodes": "1-2", "ntasks_per_node": 2, "cpus_per_task": 3},
+            "train": {"batch_size": 32},
+        }
+    )
+    script = sbatch_script(two, tmp_path)
+    assert "#SBATCH --cpus-per-task=6\n" in script  # one block per node: 2 tasks x 3 CPUs
+    assert "--ntasks-per-node=2 --cpus-per-task=3" in script.split("srun")[1]
+    fixed = sbatch_script(spec(2), tmp_path)
+    assert "#SBATCH --ntasks-per-node=1\n" in fixed
 
 
 def test_preflight_runs_a_range_on_what_is_free_and_says_which_shapes() -> None:
