@@ -3,7 +3,10 @@ SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
 # Unit tests run in parallel (pytest-xdist; auto: one worker per core), integration tests serially.
+# worksteal: a worker that runs out takes queued tests from the other (durations range from ms to
+# 20 s: the multi-process training tests).
 UNIT_WORKERS ?= auto
+UNIT_XDIST = -n $(UNIT_WORKERS) --dist worksteal
 # pytest's exit 5 means it ran no test. A half whose marker selects nothing is fine only when the
 # other half ran tests; no test run at all fails (`make unit` alone: its half must run tests).
 CHECK_RAN = if [ $$u -eq 5 ] && [ $$i -eq 5 ]; then echo "make $@: no tests were collected" >&2; exit 1; fi; \
@@ -26,13 +29,13 @@ demo: setup cluster-up
 ## real local cluster. pytest's exit 5 (no tests collected) is a failure, never a pass.
 test: setup
 	@set +e; \
-	$(PYTHON) -m pytest -m "not integration" -n $(UNIT_WORKERS) $(PYTEST_ARGS); u=$$?; \
+	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(PYTEST_ARGS); u=$$?; \
 	$(PYTHON) -m pytest -m integration -p no:xdist $(PYTEST_ARGS); i=$$?; \
 	$(CHECK_RAN)
 
 unit: setup
 	@set +e; \
-	$(PYTHON) -m pytest -m "not integration" -n $(UNIT_WORKERS) $(PYTEST_ARGS); u=$$?; i=5; \
+	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(PYTEST_ARGS); u=$$?; i=5; \
 	$(CHECK_RAN)
 
 integration: setup
