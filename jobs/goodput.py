@@ -286,6 +286,8 @@ def compute(
         # -- the stop: signal (or end) -> the process left
         last_of_attempt = nxt is None or nxt.restart != seg.restart
         left = attempt.end if last_of_attempt and attempt is not None else None
+        if left is not None:  # sacct's End is a whole second: never before our last record
+            left = max(left, seg.last_event_time())
         if ending is not None and ending.get("event") != "complete":
             ledger.stops += 1
         if ending is None and nxt is None and seg.stop()[0] is not None:

@@ -97,6 +97,19 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         {"queued": 2, "startup": 3, "productive": 35},
         0,
     ),
+    "Slurm's End truncated to the second": (
+        [
+            ev(5, "start", 0, startup=UP),
+            ev(20.2, "preempted", 15),
+            ev(20.9, "requeue", 15, via="scontrol"),
+            ev(30, "resume", 15, restart=1, startup=UP),
+            ev(40, "complete", 25, restart=1),
+        ],
+        steps(5, 1, 15),
+        [A(0, 2, 20), A(20, 28, 41)],  # End 20: the requeue at 20.9 was cut to the second
+        {"queued": 2 + 7.1, "startup": 3 + 2, "productive": 15.2 + 10, "stop": 0.7 + 1},
+        0,
+    ),
     "stopping now": (
         [ev(5, "start", 0, startup=UP), ev(30, "signal", 25, received_at=30)],
         steps(5, 1, 25),
