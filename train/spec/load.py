@@ -259,6 +259,8 @@ class SpecDumper(_DumperBase):
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
         if kind is yaml.ScalarNode and implicit[0]:
+            if value == "<<":  # a merge key to the loader (refused there): quote it
+                return "tag:yaml.org,2002:merge"
             try:
                 read = resolve_plain(value)
             except Exception:  # refused when plain: the emitter must quote it

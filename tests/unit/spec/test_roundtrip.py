@@ -19,6 +19,8 @@ from train.spec.load import dump_spec, load_source, parse_override, set_text
 # lone surrogates.
 TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=12)
 TRICKY = "y n yes On 0o17 0x1f 010 1_000 1:00 1e3 1.0e3 .inf ~ null true - #c ' \" [x] &a *a <<"
+# a key hypothesis found: `<<` written plain is a merge key to the loader
+MERGE_KEY = {"<<": None, "a": {"<<": "<<"}}
 SCALARS = (
     TEXT
     | st.sampled_from([*TRICKY.split(), "", " x", "x ", "- a", "a: b"])
@@ -43,6 +45,10 @@ def test_dumped_specs_read_back_the_same(data: dict[str, Any]) -> None:
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(SCALARS | st.lists(SCALARS, max_size=4))
+def test_a_merge_key_lookalike_reads_back_the_same() -> None:
+    assert load_source(dump_spec(MERGE_KEY), "resolved.yaml")[2] == MERGE_KEY
+
+
 def test_set_values_read_back_the_same(value: Any) -> None:
     assert parse_override(f"k={set_text(value)}").value == value
 
