@@ -43,12 +43,12 @@ def test_dumped_specs_read_back_the_same(data: dict[str, Any]) -> None:
     assert back == data
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(SCALARS | st.lists(SCALARS, max_size=4))
 def test_a_merge_key_lookalike_reads_back_the_same() -> None:
     assert load_source(dump_spec(MERGE_KEY), "resolved.yaml")[2] == MERGE_KEY
 
 
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(SCALARS | st.lists(SCALARS, max_size=4))
 def test_set_values_read_back_the_same(value: Any) -> None:
     assert parse_override(f"k={set_text(value)}").value == value
 
