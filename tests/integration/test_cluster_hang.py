@@ -37,7 +37,7 @@ def _submit(
     env: dict[str, str], *sets: str, name: str = "hang-it", timeout: int | None = TIMEOUT_S
 ) -> tuple[str, Path]:
     cmd = [sys.executable, "-m", "jobs", "submit", "examples/cifar.yaml", "--set", f"name={name}",
-           "--set", "train.epochs=6", "--set", "train.checkpoint.interval_steps=10",
+           "--set", "train.epochs=12", "--set", "train.checkpoint.interval_steps=10",
            "--set", "train.deterministic=true"]  # fmt: skip
     if timeout is not None:
         cmd += ["--set", f"requeue.hang_timeout_s={timeout}"]

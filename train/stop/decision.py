@@ -45,6 +45,7 @@ Action = Literal["requeue", "exit_requeue", "restart_in_place", "none"]
 #: The one table from a stop's kind to the event recorded in ``events.jsonl``.
 EVENT_OF_KIND: Mapping[str, str] = {
     "preemption": "preempted",
+    "requeued": "preempted",  # requeued from outside (scontrol requeue): budgeted as one
     "timeout": "timeout",
     "cancel": "cancelled",
     "failure": "failure",

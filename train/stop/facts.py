@@ -197,7 +197,7 @@ class StopFacts:
 
     executor: Executor  # slurm (a job id), local (jobs --executor local), none (plain process)
     restart_count: int = 0
-    slurm_kind: Literal["preemption", "timeout", "cancel", "unknown"] = "unknown"
+    slurm_kind: Literal["preemption", "timeout", "cancel", "requeued", "unknown"] = "unknown"
     nodes_lost: Mapping[str, str] = field(default_factory=dict)  # NODE_FAIL: node -> state
     hang_claimed: bool = False  # the hang watcher took charge of this attempt
     local_cancel: bool = False  # the local launcher cancels (or is gone)
@@ -294,13 +294,17 @@ def gather(
         kind = found if found in ("preemption", "timeout", "cancel") else "unknown"
     info = asked.cached(job_id) or {}
     restarts = str(info.get("Restarts", ""))
-    evidence = _parse_slurm_timestamp(info.get("PreemptTime")) is not None or (
-        restarts.isdigit() and int(restarts) > restart_count
-    )
+    preempted = _parse_slurm_timestamp(info.get("PreemptTime")) is not None
+    requeued = lost is None and restarts.isdigit() and int(restarts) > restart_count
+    if requeued and not preempted and trigger in ("signal", "cancel"):
+        kind = "requeued"  # scontrol requeue from outside (an administrator): not a preemption
     return facts(
         "slurm",
         slurm_kind=kind,
         nodes_lost=lost or {},
         job_info=info or None,
-        preempt_evidence=evidence,
+        preempt_evidence=preempted or requeued,
+        # Slurm already requeued the job (a preemption's grace ended, an administrator):
+        # requeueing it again fails ("Job is pending execution")
+        requeued_by="slurm" if requeued else None,
     )

@@ -158,10 +158,14 @@ def test_cancel_is_recorded_and_not_requeued(tmp_path: Path) -> None:
     assert _events(tmp_path) == ["cancelled"]
     assert RunHistory(tmp_path).summary() == "cancelled at step 9"
     # the guard's "cancel" is re-checked with this run's restart count: here Slurm requeued it
+    # (scontrol requeue from outside): recorded, and not requeued a second time (which fails:
+    # "Job is pending execution"; issue 29's chaos test)
     client = FakeClient({**info, "Restarts": "1"})
     code = request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "cancel", step=9, client=client)
-    assert code == 0 and client.requeued == ["42"]
+    assert code == 0 and client.requeued == []
     assert _events(tmp_path)[-2:] == ["preempted", "requeue"]
+    last = RunHistory(tmp_path).events()[-2:]
+    assert last[0]["kind"] == "requeued" and last[1]["via"] == "slurm"
 
 
 def test_classify_stop_without_slurm_is_signal() -> None:

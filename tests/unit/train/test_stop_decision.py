@@ -125,6 +125,14 @@ CASES = [
      NONE, ("preempted", "requeue", 0, False, ())),
     ("stop-after-a-claimed-failure", "signal", _facts(SLURM, failure_claimed=True), NONE,
      (None, "none", 1, False, ())),
+    # scontrol requeue from outside (an administrator): Slurm requeued it already
+    ("requeued-from-outside", "signal",
+     _facts(SLURM, slurm_kind="requeued", requeued_by="slurm", preempt_evidence=True), NONE,
+     ("preempted", "none", 0, False, ())),
+    ("preempted-and-requeued-by-slurm", "signal",
+     _facts(SLURM, slurm_kind="preemption", requeued_by="slurm", preempt_evidence=True,
+            in_place=True, signal="SIGTERM"), NONE,
+     ("preempted", "none", 0, False, ())),
 ]  # fmt: skip
 
 
