@@ -182,8 +182,12 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
     name, step = event.get("event"), event.get("step")
     at = f" at step {step}" if step is not None else ""
     ckpt = ""
-    if step is not None and (Path(run_dir) / "checkpoints" / f"step-{step}").is_dir():
-        ckpt = f", checkpoint step-{step}"
+    if step is not None:
+        # step-N on the first line of the history, step-N.bB on branch B (train.checkpoint)
+        root = Path(run_dir) / "checkpoints"
+        found = [p.name for p in (root / f"step-{step}", *root.glob(f"step-{step}.b*"))]
+        saved = [n for n in found if (root / n).is_dir()]
+        ckpt = f", checkpoint {saved[-1]}" if saved else ""
     if name == "start":
         return f"started{at}"
     if name == "resume":
