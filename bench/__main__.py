@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "gpu": ("bench.bench_gpu", "GPU path (CIFAR-10)"),
     "refuse": ("bench.bench_refuse", "Bad input (issue 12)"),
     "watchdog": ("bench.bench_watchdog", "Hang watchdog (issue 15)"),
+    "inplace": ("bench.bench_inplace", "Restart in place (local Slurm cluster)"),
     "goodput": ("bench.bench_goodput", "Goodput under preemption (local Slurm cluster)"),
 }
 DEFAULT_CONF = "/var/tmp/slurm-train-cluster/etc/slurm.conf"
