@@ -34,20 +34,23 @@ from byo_helpers import REPO, ByoRun, open_run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HOOKS = REPO / "tests" / "hooks"
-STEPS = 4000  # 32 steps per epoch: ~2 minutes, long enough for two preemptions
+# 8 steps of 1024 per epoch, ~0.3 s a step: long enough for two preemptions. Short and at a low
+# lr on purpose: the sums of 2 ranks and 1 differ in the last bits, and training amplifies any
+# difference (at lr 0.05 over 300 steps the two sizes end 4.2 apart, at 0.005 over 250 1e-5)
+STEPS = 200
 TRAIN: dict[str, Any] = {
     "model": "tinycnn",
     "norm": "none",
     "width": 16,
-    "data": {"kind": "synthetic", "train_size": 2048, "test_size": 256, "augment": True},
-    "batch_size": 64,
+    "data": {"kind": "synthetic", "train_size": 8192, "test_size": 256, "augment": True},
+    "batch_size": 1024,
     "max_steps": STEPS,
     "strategy": "ddp",
-    "optimizer": {"name": "sgd", "lr": 0.05, "schedule": "constant"},
+    "optimizer": {"name": "sgd", "lr": 0.002, "schedule": "constant"},
     "deterministic": True,
     "num_threads": 1,
     "stop_check_s": 0.0,
-    "checkpoint": {"interval_steps": 500, "keep_last": 2},
+    "checkpoint": {"interval_steps": 50, "keep_last": 2},
     "log_interval": 10,
     "eval_every_epochs": 25,
 }
@@ -175,7 +178,7 @@ def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_
     # preempted on 2 nodes; `second` and `third` are held: only `first` is free for the requeue
     one = preempt_onto(run, second, 0)
     assert (one["world_size"], one["num_nodes"], one["was_world_size"]) == (1, 1, 2), one
-    assert one["exact"] is False and one["grad_accum"] == 2, one  # the micro-batch of 32 kept
+    assert one["exact"] is False and one["grad_accum"] == 2, one  # the micro-batch of 512 kept
     assert f"resumed at step {one['step']} on 1 node (was 2)" in run.status()["history"]
     run.wait("training on 1 node", lambda: metrics_step(run) >= one["step"] + 20, 300)
     # back to 2: free the others and hold `first`
@@ -202,8 +205,8 @@ def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_
 
     got = samples(got_dir)
     assert got == seen  # step by step, the same global batches
-    epoch0 = [i for s in range(32) for i in got[s]]
-    assert len(epoch0) == len(set(epoch0)) == 2048
+    epoch0 = [i for s in range(8) for i in got[s]]
+    assert len(epoch0) == len(set(epoch0)) == 8192
     final = run.run_dir / "checkpoints" / f"step-{STEPS}" / "shared.pt"
     a = torch.load(final, weights_only=True)["model"]
     b = torch.load(ref.checkpoint / "shared.pt", weights_only=True)["model"]
