@@ -44,7 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, Figure, Goal, Options, bench_env, median, run_command, skipped
+from bench.common import (
+    REPO,
+    Figure,
+    Goal,
+    Options,
+    Skip,
+    bench_env,
+    median,
+    run_command,
+    skipped,
+    wait_until,
+)
 from train.history import read_jsonl
 
 __all__ = ["run"]
@@ -54,10 +65,6 @@ STEP_S = 0.1
 SAVE_EVERY = 50
 SETTLE_S = 1.0
 HOOK = REPO / "bench" / "goodput_hook"
-
-
-class Skip(Exception):
-    """This row cannot run here; the message is the reason."""
 
 
 @dataclass(frozen=True)
@@ -77,17 +84,6 @@ class Row:
     restart_s: list[float] = field(default_factory=list)
     preempted: int = 0
     note: str = ""
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Skip(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
 
 
 class Bench:
@@ -155,10 +151,11 @@ class Bench:
                 preempts.append(time.time())
                 urgent = self.urgent(node, run)
                 self.opts.log(f"goodput: {run.name}: preempt #{len(preempts)} (urgent {urgent})")
-                _wait(
+                wait_until(
                     f"job {job_id} to leave RUNNING",
                     lambda: self.state(job_id)[0] != "RUNNING",
                     60,
+                    poll=0.25,
                 )
                 continue
             time.sleep(0.25)
