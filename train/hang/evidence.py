@@ -117,12 +117,18 @@ def judge(nodes: Sequence[NodeView], *, command: bool = False) -> Verdict:
         hang = bool(silent or stopped) or (bool(stalled) and not busy)
     if not hang:
         return Verdict(False, stalled=stalled, why="ranks still progress or are busy")
-    evidence = {n: "its watcher is silent: the node froze with its ranks" for n in silent}
-    for r in stopped:
-        evidence.setdefault(r.node, f"rank {r.rank}'s process is stopped (state T)")
+    evidence: dict[str, str] = {}
+    if stopped:
+        # A stopped process is the strongest evidence: a watcher that merely answered late
+        # (a loaded machine) must not put a healthy node beside it. A node frozen whole by a
+        # signal stops its ranks too, so it is named here as well.
+        for r in stopped:
+            evidence.setdefault(r.node, f"rank {r.rank}'s process is stopped (state T)")
+        ranks = tuple(sorted({r.rank for r in stopped}))
+    elif silent:
+        evidence = {n: "its watcher is silent: the node froze with its ranks" for n in silent}
+        ranks = tuple(sorted({r.rank for n in nodes if n.node in silent for r in n.ranks}))
     if evidence:
-        frozen = {r.rank for n in nodes if n.node in silent for r in n.ranks}
-        ranks = tuple(sorted(frozen | {r.rank for r in stopped}))
         return Verdict(True, ranks, tuple(sorted(evidence)), evidence, stalled, "evidence")
     if not command and live:
         low, high = min(map(_position, live)), max(map(_position, live))

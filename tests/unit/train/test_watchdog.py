@@ -112,6 +112,11 @@ VERDICTS = [
     ("a stopped process (its watcher alive)",
      [NodeView("n1", (_r(0, "n1", 50),)), NodeView("n2", (_r(1, "n2", 50, state="T"),))],
      False, True, (1,), ("n2",)),
+    ("a stopped process, and a healthy node's watcher late to answer (a loaded machine): only "
+     "the stopped one is named",
+     [NodeView("n1", (_r(0, "n1", 50),), alive=False),
+      NodeView("n2", (_r(1, "n2", 50, state="T"),))],
+     False, True, (1,), ("n2",)),
     ("a rank behind the step its peers wait at",
      [NodeView("n1", (_r(0, "n1", 50), _r(1, "n1", 50))), NodeView("n2", (_r(2, "n2", 49),))],
      False, True, (2,), ("n2",)),
