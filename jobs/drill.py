@@ -17,9 +17,10 @@ Only what a user may do to their own job (every Slurm command through :mod:`clus
 - ``cancel``: a plain ``scancel`` (SIGTERM): the run must checkpoint and NOT come back.
 - ``fail``: ``scancel --signal=ABRT``: every process of the job's steps dies at once, as in a
   crash (an abort in native code), with no chance to save. (``--signal=KILL`` would not do: Slurm
-  turns it into a plain cancel, SIGTERM first.) Slurm does not requeue a failed job; the drill
-  does what its user would (``scontrol requeue``) and the run must resume from its newest valid
-  checkpoint, losing at most the steps since that checkpoint.
+  turns it into a plain cancel, SIGTERM first.) A job submitted by ``jobs submit`` restarts the
+  step in place (its script decides after the step: train.stop.step); a job whose script does
+  not, Slurm does not requeue: the drill does what its user would (``scontrol requeue``). Either
+  way the run must resume from its newest valid checkpoint, losing at most the steps since it.
 
 A requeued job waits about two minutes (BeginTime) before it may start again; the drill lets it
 start at once (``scontrol update StartTime=now``, allowed on one's own job). The report comes
@@ -148,6 +149,7 @@ class Drill:
         self.timeout_s, self.partition, self.poll_s, self.say = timeout_s, partition, poll_s, say
         self.report = DrillReport(record.run_id, self.job_id, kind)
         self.accept_short_limit = accept_short_limit
+        self.in_place = False  # a fail drill's job restarted its step in place
         self._original_limit = ""  # set once the drill lowered the limit
         self._restored = False
 
@@ -195,6 +197,8 @@ class Drill:
             if self.kind == "cancel":
                 self.wait("the job to end", lambda: self.job().get("JobState") in _TERMINAL)
                 self.wait("the run's stop record", lambda: self._stop_event(t0) is not None)
+            elif self.in_place:
+                self.wait("the job to train again", lambda: self._resumed(t0, restarts) is not None)
             else:
                 self.wait("the job to be requeued", lambda: self._requeued(restarts))
                 self._restore_time_limit()
@@ -231,7 +235,10 @@ class Drill:
             e
             for e in self.events(since)
             if e["event"] in ("start", "resume")
-            and (_as_int(e.get("restart_count")) or 0) > restarts
+            and (
+                (_as_int(e.get("restart_count")) or 0) > restarts
+                or (_as_int(e.get("in_place")) or 0) > 0  # a new step in the same allocation
+            )
         ]
         if not starts:
             return None
@@ -339,13 +346,30 @@ class Drill:
         self.report.action = "scancel (SIGTERM, as a user cancelling the job)"
 
     def _do_fail(self) -> None:
+        t0 = time.time()
         self.client.cancel([self.job_id], signal="ABRT")
-        self.wait("the killed job to end", lambda: self.job().get("JobState") in _TERMINAL)
+        self.wait(
+            "the killed job to end or restart its step in place",
+            lambda: (
+                self.job().get("JobState") in _TERMINAL or self._restarted_in_place(t0) is not None
+            ),
+        )
+        if self._restarted_in_place(t0):
+            # the job's script restarted the step in the same allocation (train.stop.step)
+            self.in_place = True
+            self.report.action = (
+                "scancel --signal=ABRT (every process of the job's step dies, no chance to "
+                "save); the job restarted its step in place, no requeue needed"
+            )
+            return
         self.client.requeue(self.job_id)
         self.report.action = (
             "scancel --signal=ABRT (every process of the job dies, no chance to save); "
             "then scontrol requeue, as its user would after a crash"
         )
+
+    def _restarted_in_place(self, since: float) -> dict[str, Any] | None:
+        return next((e for e in self.events(since) if e["event"] == "restart_in_place"), None)
 
     # -- measuring ---------------------------------------------------------------------------
     def _measure(self, t0: float, restarts: int) -> None:
@@ -376,7 +400,8 @@ class Drill:
         r.resumed_from_step = _as_int(resumed.get("step"))
         if r.resumed_from_step is not None and r.last_completed_step is not None:
             r.steps_lost = r.last_completed_step - r.resumed_from_step
-        start = _slurm_time(self.job().get("StartTime"))
+        restart = self._restarted_in_place(t0 - 1) if self.in_place else None
+        start = _time(restart) if restart else _slurm_time(self.job().get("StartTime"))
         first = min((t for t, _ in self.train_steps() if t >= _time(resumed)), default=None)
         if start is not None and first is not None:
             r.restart_to_first_step_s = round(first - start, 2)
@@ -385,6 +410,8 @@ class Drill:
             if r.resumed_from_step is not None
             else "back: restarted (a command: its steps are its own, not known here)"
         )
+        if self.in_place:
+            r.outcome += " (restarted in place, the same allocation)"
         if self.kind == "fail" and r.stop_event is None:
             r.notes.append(
                 "a hard kill records nothing: the last completed step is the newest "
