@@ -292,7 +292,10 @@ def test_a_frozen_rank_is_detected_dumped_recorded_and_ended(tmp_path: Path, ran
     assert [p.returncode for p in procs] == [-signal.SIGKILL, -signal.SIGKILL]
     hangs = run / "hangs" / "local-0"
     hang = _hang(run)
-    assert hang["ranks"] == [1] and hang["nodes"] == ["b"] and hang["no_stacks"] == [1]
+    assert hang["ranks"] == [1] and hang["nodes"] == ["b"]
+    # the stopped rank cannot dump its stacks; a live rank's arrive unless its node's watcher
+    # is late (a loaded machine, seen in CI with the unit tests in parallel)
+    assert 1 in hang["no_stacks"]
     assert "stopped" in hang["evidence"]["b"]  # type: ignore[index]
     assert hang["timeout_s"] == 1.5 and hang["stacks_dir"] == str(hangs)
     observed = {o["rank"]: o for o in hang["observed"]}  # type: ignore[attr-defined]
