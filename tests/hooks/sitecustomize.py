@@ -3,7 +3,9 @@ folder on ``PYTHONPATH`` (tests/integration/slow_saves.py):
 
 - ``TRAIN_CKPT_TEST_DELAY_S``: every phase of a checkpoint save sleeps that long, so that a stop
   or a kill lands in the middle of a save. The product only offers the hook
-  (train.checkpoint.manager ``SAVE_PHASE_HOOKS``); the delay is the test's.
+  (train.checkpoint.manager ``SAVE_PHASE_HOOKS``); the delay is the test's. With
+  ``TRAIN_CKPT_TEST_DELAY_WHEN`` (a path) only the phases that end while that path exists sleep:
+  the one save a test kills, not every save before it.
 - ``TRAIN_EVAL_TEST_DELAY_S``: every evaluation (``train.metrics.evaluate``) sleeps that long
   first: an evaluation on a test set far bigger than the example's, without its CPU cost.
 
@@ -24,12 +26,18 @@ from types import ModuleType
 from typing import Any
 
 _SAVE_DELAY = os.environ.get("TRAIN_CKPT_TEST_DELAY_S")
+_SAVE_DELAY_WHEN = os.environ.get("TRAIN_CKPT_TEST_DELAY_WHEN")
 _EVAL_DELAY = os.environ.get("TRAIN_EVAL_TEST_DELAY_S")
 
 
 def _slow_saves(module: ModuleType) -> None:
     seconds = float(_SAVE_DELAY or 0)
-    module.SAVE_PHASE_HOOKS.append(lambda phase: time.sleep(seconds))
+
+    def delay(phase: str) -> None:
+        if _SAVE_DELAY_WHEN is None or os.path.exists(_SAVE_DELAY_WHEN):
+            time.sleep(seconds)
+
+    module.SAVE_PHASE_HOOKS.append(delay)
 
 
 def _slow_evaluations(module: ModuleType) -> None:

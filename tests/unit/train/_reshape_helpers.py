@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
-from _train_helpers import StopAtStep, free_port, torchrun_env
+from _train_helpers import StopAtStep, free_port, start_ranks, torchrun_env
 
 from train.env import DistEnv
 from train.loop import trainer
@@ -38,11 +37,10 @@ def run_attempt(
     """One attempt of a run on ``world`` ranks; each rank's steps, exit code and samples."""
     run_dir.mkdir(parents=True, exist_ok=True)
     opts = {**opts, "attempt": attempt}
-    mp.spawn(
+    start_ranks(
         _worker,
-        args=(world, free_port(), cfg.model_dump_json(by_alias=False), str(run_dir), opts),
-        nprocs=world,
-        join=True,
+        (world, free_port(), cfg.model_dump_json(by_alias=False), str(run_dir), opts),
+        world,
     )
     return [
         json.loads((run_dir / f"attempt-{attempt}-rank-{r}.json").read_text()) for r in range(world)
@@ -103,9 +101,7 @@ def run_entry_attempt(spec: dict, run_dir: Path, world: int, attempt: int, **opt
     """One attempt of an entrypoint.function run on ``world`` ranks; each rank's exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
     opts = {**opts, "attempt": attempt}
-    mp.spawn(
-        _entry_worker, args=(world, free_port(), spec, str(run_dir), opts), nprocs=world, join=True
-    )
+    start_ranks(_entry_worker, (world, free_port(), spec, str(run_dir), opts), world)
     return [
         json.loads((run_dir / f"entry-{attempt}-rank-{r}.json").read_text()) for r in range(world)
     ]

@@ -1,9 +1,10 @@
 """A process SIGKILLed while writing a checkpoint: the previous one stays intact and loadable.
 
 A real subprocess saves step 1, then saves step 2 with a save-phase hook
-(``train.checkpoint.manager.SAVE_PHASE_HOOKS``) sleeping between the files; the test kills it at
-each phase of the save and checks that ``latest_valid`` returns step 1 unchanged and that a
-restarted manager completes step 2.
+(``train.checkpoint.manager.SAVE_PHASE_HOOKS``) that holds the save once the file the test kills
+at exists (the test kills it there: no race, no sleep to wait out); the test kills it at each
+phase of the save and checks that ``latest_valid`` returns step 1 unchanged and that a restarted
+manager completes step 2.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ CHILD = textwrap.dedent(
     import os, sys, torch
     from torch import nn
     from train.checkpoint.manager import CheckpointManager, capture_rng_state, model_digest
-    root, async_save = sys.argv[1], sys.argv[2] == "1"
+    root, async_save, kill_at = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -46,7 +47,10 @@ CHILD = textwrap.dedent(
     step(1); cm.wait()
     print("digest1", model_digest(model), flush=True)
     import time, train.checkpoint.manager as manager
-    manager.SAVE_PHASE_HOOKS.append(lambda phase: time.sleep(2))  # the test kills in one
+    def hold(phase):  # the test kills us once kill_at exists: hold the save there
+        if os.path.exists(kill_at):
+            time.sleep(120)
+    manager.SAVE_PHASE_HOOKS.append(hold)
     step(2)
     print("saving2", flush=True)
     cm.wait()
@@ -72,9 +76,10 @@ def test_sigkill_during_save_keeps_previous_checkpoint(
     tmp_path: Path, async_save: bool, kill_when: str
 ) -> None:
     root = tmp_path / "checkpoints"
+    target = root / ".step-2.tmp" / kill_when
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(root), "1" if async_save else "0"],
+        [sys.executable, "-c", CHILD, str(root), "1" if async_save else "0", str(target)],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -85,7 +90,6 @@ def test_sigkill_during_save_keeps_previous_checkpoint(
         line = proc.stdout.readline().split()
         assert line[0] == "digest1", line
         digest1 = line[1]
-        target = root / ".step-2.tmp" / kill_when
         deadline = time.monotonic() + 60
         while not target.exists():
             assert proc.poll() is None, "child exited early"

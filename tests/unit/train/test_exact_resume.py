@@ -14,16 +14,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _train_helpers import free_port, start_ranks, stop_after_worker, torchrun_env
 
 from train.checkpoint.manager import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
@@ -137,54 +138,6 @@ def test_single_process_interrupted_twice(
 
 
 # -- two ranks, gloo DDP, one process each ----------------------------------------------------
-WORKER = textwrap.dedent(
-    """
-    import json, logging, os, sys
-    from pathlib import Path
-    sys.path.insert(0, sys.argv[1])
-    from train.spec.config import TrainConfig
-    from train.env import DistEnv
-    from train.stop.signals import PreemptionGuard
-    from train.loop.trainer import run_training
-    logging.basicConfig(level=logging.WARNING)
-    config = TrainConfig.model_validate(json.loads(sys.argv[2]))
-    run_dir, stop_after, stop_rank = Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    resume = sys.argv[6] == "1"
-    env = DistEnv.from_env(os.environ)
-    min_step_s = float(sys.argv[7])
-    if min_step_s > 0:  # a floor under each step's time (a test that needs it says why)
-        import time
-        from train.loop import trainer
-        step_once = trainer._Loop.train_step
-        def slow_step(self, order):
-            time.sleep(min_step_s)
-            step_once(self, order)
-        trainer._Loop.train_step = slow_step
-
-    class StopAfter(PreemptionGuard):
-        def __init__(self, steps):
-            super().__init__()
-            self.left = steps
-        def should_stop(self, all_reduce_max):
-            self.left -= 1
-            if self.left == 0 and env.rank == stop_rank:
-                self.trigger("USR2")
-            return super().should_stop(all_reduce_max)
-
-    guard = StopAfter(stop_after) if stop_after > 0 else None
-    r = run_training(config, env, run_dir, guard=guard, resume=True if resume else None)
-    print("RESULT", json.dumps({"rank": env.rank, "steps": r.steps, "exit_code": r.exit_code,
-          "resumed_from": str(r.resumed_from) if r.resumed_from else None}), flush=True)
-    """
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_two_ranks(
     config: TrainConfig,
     run_dir: Path,
@@ -193,45 +146,21 @@ def _run_two_ranks(
     resume: bool,
     min_step_s: float = 0.0,
 ) -> list[dict[str, Any]]:
-    port = str(_free_port())
-    procs = []
-    for rank in range(2):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-        }
-        for var in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID"):
-            env.pop(var, None)
-        argv = [
-            sys.executable,
-            "-c",
-            WORKER,
-            str(REPO),
-            config.model_dump_json(by_alias=False),
-            str(run_dir),
-            str(stop_after),
-            str(stop_rank),
-            "1" if resume else "0",
-            str(min_step_s),
-        ]
-        procs.append(
-            subprocess.Popen(
-                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        )
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=240)
-        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
-        assert line is not None, f"rank exited {p.returncode} without a result:\n{err[-3000:]}"
-        results.append(json.loads(line.removeprefix("RESULT ")))
-    return sorted(results, key=lambda r: r["rank"])
+    """Two ranks (processes forked from a server that imported torch once: start_ranks) with
+    torchrun's variables and nothing of Slurm in their environment."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("result-*.json"):
+        old.unlink()
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID")
+    }
+    environ.update(torchrun_env(0, 2, free_port()), OMP_NUM_THREADS="1")
+    cfg_json = config.model_dump_json(by_alias=False)
+    args = (cfg_json, str(run_dir), stop_after, stop_rank, resume, min_step_s)
+    start_ranks(stop_after_worker, args, 2, environ)
+    return [json.loads((run_dir / f"result-{rank}.json").read_text()) for rank in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -293,14 +222,20 @@ def test_cli_sigkill_during_checkpoint_then_resume(
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"train": {**TRAIN, "strategy": "single"}}))
     run_dir = tmp_path / "run"
-    # every phase of a save sleeps 1 s (tests/hooks/sitecustomize.py), so the kill lands in one
+    # the step-10 save holds 60 s once its shared file is written (tests/hooks/sitecustomize.py),
+    # so the kill lands in that save; the saves before it are not slowed down
+    target = run_dir / "checkpoints" / ".step-10.tmp" / "shared.pt"
     hooks = REPO / "tests" / "hooks"
-    env = {**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}", "TRAIN_CKPT_TEST_DELAY_S": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}",
+        "TRAIN_CKPT_TEST_DELAY_S": "60",
+        "TRAIN_CKPT_TEST_DELAY_WHEN": str(target),
+    }
     for var in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_RESTART_COUNT", "RANK", "WORLD_SIZE"):
         env.pop(var, None)
     argv = [sys.executable, "-m", "train", "--config", str(spec), "--run-dir", str(run_dir)]
     proc = subprocess.Popen(argv, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
-    target = run_dir / "checkpoints" / ".step-10.tmp" / "shared.pt"
     try:
         deadline = time.monotonic() + 120
         while not target.exists():
@@ -319,6 +254,7 @@ def test_cli_sigkill_during_checkpoint_then_resume(
     assert ckpt.latest_valid() == run_dir / "checkpoints" / "step-8"
 
     env.pop("TRAIN_CKPT_TEST_DELAY_S")
+    env.pop("TRAIN_CKPT_TEST_DELAY_WHEN")
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
         [*argv, "--resume"], env=env, cwd=REPO, capture_output=True, text=True, timeout=240
