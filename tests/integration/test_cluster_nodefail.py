@@ -26,10 +26,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from byo_helpers import REPO, ByoRun, environ, open_run
-from test_cluster_hang import _events, _stepping, _submit, _wait
+from test_cluster_hang import _attempt, _events, _submit, _wait
 
 from cluster.client import SlurmClient
-from train.history import RunHistory
+from train.history import RunHistory, read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +67,22 @@ def _job_processes_on(job: str, node: str) -> set[int]:
     return pids
 
 
+def _training(run_dir: Path, job: str) -> Path | None:
+    """The attempt's progress folder once both ranks started and rank 0 logged step 10 or later
+    (metrics.jsonl: every 10 steps here). Not the node summaries (every 10 s): the whole run
+    takes about 8 s on an idle machine, and once ended before they showed a step."""
+    progress = _attempt(run_dir, job)
+    if progress is None or not all((progress / f"rank-{r}.json").exists() for r in (0, 1)):
+        return None
+    since = max((progress / f"rank-{r}.json").stat().st_mtime for r in (0, 1))
+    steps = [
+        r["step"]
+        for r in read_jsonl(run_dir / "metrics.jsonl")
+        if r.get("kind") == "train" and float(r.get("time", 0)) >= since  # this attempt's
+    ]
+    return progress if steps and max(steps) >= 10 else None
+
+
 def _kill_node(cluster: Any, client: SlurmClient, job: str, node: str) -> None:
     slurmd = int((Path(cluster.layout.root) / "run" / f"slurmd-{node}.pid").read_text())
     assert "slurmd" in _cmdline(slurmd) and f"-N {node}" in _cmdline(slurmd), _cmdline(slurmd)
@@ -86,7 +102,7 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
     job, run_dir = _submit(env, f"train.epochs={EPOCHS}", name="nodefail-it")
     ref_job, dead = "", ""
     try:
-        progress = _wait(lambda: _stepping(run_dir, job), 240, "both ranks to make steps")
+        progress = _wait(lambda: _training(run_dir, job), 240, "both ranks to make steps")
         restart = int(progress.name.rsplit("-", 1)[1])
         dead = json.loads((progress / "rank-1.json").read_text())["node"]
         first = json.loads((progress / "rank-0.json").read_text())["node"]
