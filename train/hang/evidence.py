@@ -7,6 +7,9 @@ rules (the protocol around them is in :mod:`train.hang.heartbeat`):
 - a node whose watcher stayed silent froze with its ranks (a kernel or file-system stall, a
   driver hang): a hang, and that node is the suspect;
 - a rank whose process is stopped (state ``T``) past the timeout: a hang, its node the suspect;
+  and once the job hangs for any reason, a stopped process is the suspect even when its own last
+  beat is a moment younger than the timeout (it beat, then froze, while its peer already waited
+  in the next collective: the peer passes its allowance first);
 - a command's job hangs when none of its ranks that ever wrote wrote anything for the timeout;
 - a training job hangs when a rank is silent past its allowance while no rank is busy within
   its own (that rank may be what the others wait for: an evaluation, a save of rank 0 alone);
@@ -110,11 +113,13 @@ def judge(nodes: Sequence[NodeView], *, command: bool = False) -> Verdict:
         hang = quiet and bool(written or silent)
         stalled = tuple(sorted(r.rank for r in written if r.idle_s > r.timeout_s))
     else:
-        stopped = [r for r in live if r.state == "T" and r.idle_s > r.timeout_s]
+        frozen = [r for r in live if r.state == "T"]
         busy = [
             r for r in live if r.phase != "train" and r.state != "T" and r.idle_s <= r.allowed_s
         ]
-        hang = bool(silent or stopped) or (bool(stalled) and not busy)
+        hang = bool(silent) or any(r.idle_s > r.timeout_s for r in frozen)
+        hang = hang or (bool(stalled) and not busy)
+        stopped = frozen if hang else []
     if not hang:
         return Verdict(False, stalled=stalled, why="ranks still progress or are busy")
     evidence: dict[str, str] = {}

@@ -112,6 +112,15 @@ VERDICTS = [
     ("a stopped process (its watcher alive)",
      [NodeView("n1", (_r(0, "n1", 50),)), NodeView("n2", (_r(1, "n2", 50, state="T"),))],
      False, True, (1,), ("n2",)),
+    ("a stopped process whose last beat is a moment younger than the timeout, its peer waiting "
+     "on it past its allowance (seen on a loaded machine): the stopped one is named",
+     [NodeView("n1", (_r(0, "n1", 62, idle=11),)),
+      NodeView("n2", (_r(1, "n2", 62, idle=9.96, state="T"),))],
+     False, True, (1,), ("n2",)),
+    ("a process stopped for less than the timeout while its peers progress: no hang yet",
+     [NodeView("n1", (_r(0, "n1", 62, idle=3),)),
+      NodeView("n2", (_r(1, "n2", 62, idle=5, state="T"),))],
+     False, False, (), ()),
     ("a stopped process, and a healthy node's watcher late to answer (a loaded machine): only "
      "the stopped one is named",
      [NodeView("n1", (_r(0, "n1", 50),), alive=False),
