@@ -2,11 +2,19 @@
 SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
-# Unit tests run in parallel (pytest-xdist; auto: one worker per core), integration tests serially.
-# worksteal: a worker that runs out takes queued tests from the other (durations range from ms to
-# 20 s: the multi-process training tests).
-UNIT_WORKERS ?= auto
+# Both halves run in parallel (pytest-xdist). worksteal: a worker that runs out takes queued tests
+# from another (durations range from ms to a minute).
+# Unit tests: two workers per core; about half of their time is waiting (time-outs of the hang and
+# stop tests, child processes), so one per core left the cores idle (124 s vs 108 s here).
+UNIT_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
 UNIT_XDIST = -n $(UNIT_WORKERS) --dist worksteal
+# Integration tests: each worker has a Slurm cluster of its own (tests/conftest.py: gw0 the
+# default one, gwN /var/tmp/slurm-train-cluster-gwN on ports shifted by N x 1000), so one test's
+# preemptions and dead nodes never reach another's jobs; most of their time is waiting on Slurm.
+IT_WORKERS ?= 3
+IT_XDIST = -n $(IT_WORKERS) --dist worksteal
+# The slowest tests of each half, in every run's output.
+DURATIONS = --durations=15
 # pytest's exit 5 means it ran no test. A half whose marker selects nothing is fine only when the
 # other half ran tests; no test run at all fails (`make unit` alone: its half must run tests).
 CHECK_RAN = if [ $$u -eq 5 ] && [ $$i -eq 5 ]; then echo "make $@: no tests were collected" >&2; exit 1; fi; \
@@ -29,17 +37,17 @@ demo: setup cluster-up
 ## real local cluster. pytest's exit 5 (no tests collected) is a failure, never a pass.
 test: setup
 	@set +e; \
-	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(PYTEST_ARGS); u=$$?; \
-	$(PYTHON) -m pytest -m integration -p no:xdist $(PYTEST_ARGS); i=$$?; \
+	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; \
+	$(PYTHON) -m pytest -m integration $(IT_XDIST) $(DURATIONS) $(PYTEST_ARGS); i=$$?; \
 	$(CHECK_RAN)
 
 unit: setup
 	@set +e; \
-	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(PYTEST_ARGS); u=$$?; i=5; \
+	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; i=5; \
 	$(CHECK_RAN)
 
 integration: setup
-	$(PYTHON) -m pytest -m integration $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m integration $(IT_XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 lint: setup
 	.venv/bin/ruff check .
@@ -57,8 +65,13 @@ bench: setup cluster-up
 cluster-up: setup
 	$(PYTHON) -m cluster up
 
+## Stops the default cluster and the test workers' own (make test leaves them up for the next run).
 cluster-down:
 	$(PYTHON) -m cluster down
+	@for d in /var/tmp/slurm-train-cluster-gw*; do \
+		[ -d "$$d" ] || continue; n=$${d##*-gw}; \
+		$(PYTHON) -m cluster --state-dir "$$d" --port-offset $$((1000 * n)) down; \
+	done
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -16,12 +16,18 @@ def _parser() -> argparse.ArgumentParser:
         description="A real Slurm cluster on this machine (munged, MariaDB, slurmdbd, "
         "slurmctld, slurmd n1, n2 and n3).",
     )
-    p.add_argument("--state-dir", type=Path, help="config and state directory")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="config and state directory (default: $SLURM_TRAIN_CLUSTER_DIR, else "
+        "/var/tmp/slurm-train-cluster)",
+    )
     p.add_argument(
         "--port-offset",
         type=int,
-        default=0,
-        help="shift every port (run a second cluster, with its own --state-dir, beside another)",
+        default=None,
+        help="shift every port (run a second cluster, with its own --state-dir, beside another; "
+        "default: $SLURM_TRAIN_CLUSTER_PORT_OFFSET, else 0)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)

@@ -39,6 +39,7 @@ from cluster.local.daemons import (
     wait_until,
 )
 from cluster.local.files import is_stale, stamp, write_config
+from cluster.local.paths import port_offset as default_port_offset
 from cluster.local.paths import state_dir as default_state_dir
 
 REQUIRED = {
@@ -66,9 +67,15 @@ class LocalCluster:
     """A real Slurm cluster of three nodes on this machine, in one state directory."""
 
     def __init__(
-        self, root: Path | None = None, hostname: str | None = None, port_offset: int = 0
+        self,
+        root: Path | None = None,
+        hostname: str | None = None,
+        port_offset: int | None = None,
     ) -> None:
-        self.layout = cfg.Layout((root or default_state_dir()).resolve(), port_offset)
+        """``root`` and ``port_offset`` default to what the environment says
+        (SLURM_TRAIN_CLUSTER_DIR, SLURM_TRAIN_CLUSTER_PORT_OFFSET), else the default cluster."""
+        offset = default_port_offset() if port_offset is None else port_offset
+        self.layout = cfg.Layout((root or default_state_dir()).resolve(), offset)
         self.hostname = hostname or socket.gethostname().split(".", 1)[0]
 
     # -- paths and environment ---------------------------------------------------------------

@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 STATE_ENV = "SLURM_TRAIN_CLUSTER_DIR"
+#: Shifts every port of the cluster in STATE_ENV (a second cluster beside the default one: the
+#: integration tests run one per test worker).
+PORT_OFFSET_ENV = "SLURM_TRAIN_CLUSTER_PORT_OFFSET"
 # Outside /root on purpose: munge and mysql daemons run as their own users and must reach it.
 DEFAULT_STATE_DIR = Path("/var/tmp/slurm-train-cluster")
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
@@ -20,6 +23,23 @@ SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     return Path(env.get(STATE_ENV) or DEFAULT_STATE_DIR)
+
+
+def port_offset(environ: Mapping[str, str] | None = None) -> int:
+    """The port offset :data:`PORT_OFFSET_ENV` asks for (0 when unset)."""
+    from cluster.errors import LocalClusterError
+
+    env = os.environ if environ is None else environ
+    raw = (env.get(PORT_OFFSET_ENV) or "0").strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 20000:
+        raise LocalClusterError(
+            f"{PORT_OFFSET_ENV}={raw!r}: expected a whole number of ports from 0 to 20000"
+        )
+    return value
 
 
 def local_conf(environ: Mapping[str, str] | None = None) -> Path:

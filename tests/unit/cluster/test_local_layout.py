@@ -1,0 +1,70 @@
+"""Several local clusters side by side (the integration tests run one per test worker): each
+gets its own ports and its own range of job ids, from a state directory and a port offset that
+the environment can give (SLURM_TRAIN_CLUSTER_DIR, SLURM_TRAIN_CLUSTER_PORT_OFFSET)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster.errors import LocalClusterError
+from cluster.local import config as cfg
+from cluster.local.manager import LocalCluster
+from cluster.local.paths import PORT_OFFSET_ENV, STATE_ENV, port_offset
+from tests.conftest import worker_cluster
+from train.env import master_port_for_job
+
+
+def _ports(layout: cfg.Layout) -> set[int]:
+    return {
+        layout.slurmctld_port,
+        layout.slurmdbd_port,
+        layout.mariadb_port,
+        *(layout.slurmd_port(i) for i in range(len(cfg.NODES))),
+    }
+
+
+def test_the_default_cluster_renders_as_before() -> None:
+    text = cfg.render_slurm_conf(cfg.Layout(Path("/s")), "host")
+    assert "FirstJobId" not in text and "SlurmctldPort=16817" in text
+
+
+def test_shifted_clusters_share_no_port_and_start_their_job_ids_apart() -> None:
+    layouts = [cfg.Layout(Path(f"/s{k}"), 1000 * k) for k in range(4)]
+    ports = [_ports(layout) for layout in layouts]
+    assert all(a.isdisjoint(b) for i, a in enumerate(ports) for b in ports[i + 1 :])
+    text = cfg.render_slurm_conf(layouts[2], "host")
+    assert "FirstJobId=20001\n" in text and "SlurmctldPort=18817" in text
+    # jobs running at once on two clusters derive different rendezvous ports from their ids
+    firsts = [layout.first_job_id for layout in layouts]
+    for n in range(0, 3000, 7):
+        assert len({master_port_for_job(str(first + n)) for first in firsts}) == len(firsts)
+
+
+@pytest.mark.parametrize(
+    ("worker", "root", "offset"),
+    [
+        (None, None, 0),
+        ("gw0", None, 0),
+        ("gw2", Path("/var/tmp/slurm-train-cluster-gw2"), 2000),
+    ],
+)
+def test_each_test_worker_has_its_own_cluster(
+    worker: str | None, root: Path | None, offset: int
+) -> None:
+    assert worker_cluster(worker) == (root, offset)
+
+
+def test_the_environment_names_the_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(STATE_ENV, str(tmp_path))
+    monkeypatch.setenv(PORT_OFFSET_ENV, "3000")
+    lc = LocalCluster()
+    assert lc.layout.root == tmp_path.resolve() and lc.layout.port_offset == 3000
+    assert LocalCluster(port_offset=0).layout.port_offset == 0  # an explicit offset wins
+
+
+@pytest.mark.parametrize("raw", ["x", "-1", "1e3", "99999"])
+def test_a_bad_port_offset_is_one_clear_error(raw: str) -> None:
+    with pytest.raises(LocalClusterError, match=PORT_OFFSET_ENV):
+        port_offset({PORT_OFFSET_ENV: raw})
