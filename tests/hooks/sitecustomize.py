@@ -8,6 +8,9 @@ folder on ``PYTHONPATH`` (tests/integration/slow_saves.py):
   the one save a test kills, not every save before it.
 - ``TRAIN_EVAL_TEST_DELAY_S``: every evaluation (``train.metrics.evaluate``) sleeps that long
   first: an evaluation on a test set far bigger than the example's, without its CPU cost.
+- ``TRAIN_TEST_STEP_S``: every optimizer step of the built-in trainer sleeps that long after it
+  is done (the parameters are those of a run without the sleep): a run that lasts long enough
+  for what a test does to it, without burning the CPUs the other tests share.
 
 Python imports ``sitecustomize`` at start-up; this one imports nothing of the project then: it
 waits for the module to be imported (torch comes with it) and hooks in.
@@ -28,6 +31,7 @@ from typing import Any
 _SAVE_DELAY = os.environ.get("TRAIN_CKPT_TEST_DELAY_S")
 _SAVE_DELAY_WHEN = os.environ.get("TRAIN_CKPT_TEST_DELAY_WHEN")
 _EVAL_DELAY = os.environ.get("TRAIN_EVAL_TEST_DELAY_S")
+_STEP_S = os.environ.get("TRAIN_TEST_STEP_S")
 
 
 def _slow_saves(module: ModuleType) -> None:
@@ -50,6 +54,18 @@ def _slow_evaluations(module: ModuleType) -> None:
         return evaluate(*args, **kwargs)
 
     module.evaluate = slow
+
+
+def _slow_steps(module: ModuleType) -> None:
+    seconds = float(_STEP_S or 0)
+    step = module._Loop.train_step
+
+    @functools.wraps(step)
+    def train_step(self: Any, order: Any) -> None:
+        step(self, order)
+        time.sleep(seconds)
+
+    module._Loop.train_step = train_step
 
 
 class _HookWhenImported(importlib.abc.MetaPathFinder):
@@ -79,6 +95,8 @@ if _SAVE_DELAY:
     sys.meta_path.insert(0, _HookWhenImported("train.checkpoint.manager", _slow_saves))
 if _EVAL_DELAY:
     sys.meta_path.insert(0, _HookWhenImported("train.metrics", _slow_evaluations))
+if _STEP_S:
+    sys.meta_path.insert(0, _HookWhenImported("train.loop.trainer", _slow_steps))
 
 
 # With TRAIN_TEST_SAMPLES_DIR set (tests/integration/test_reshape_cluster.py): every rank of the

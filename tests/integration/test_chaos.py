@@ -93,40 +93,6 @@ SPEC: dict[str, Any] = {
     },
 }
 
-# Loaded by every Python of the job through PYTHONPATH: each optimizer step sleeps STEP_S after
-# it is done (the parameters are those of a run without the sleep).
-THROTTLE = """
-import importlib.abc, importlib.util, os, sys, time
-
-_STEP_S = float(os.environ.get("CHAOS_STEP_S") or 0)
-
-
-class _Throttle(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "train.loop.trainer":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            step = module._Loop.train_step
-
-            def train_step(self, order):
-                step(self, order)
-                time.sleep(_STEP_S)
-
-            module._Loop.train_step = train_step
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _STEP_S:
-    sys.meta_path.insert(0, _Throttle())
-"""
-
 #: each fault kind and the event the run must record for it
 EXPECTED = {
     "preempt": "preempted",
@@ -323,13 +289,10 @@ def chaos(
     env: dict[str, str], slurm_client: SlurmClient, slurm_cluster: Any, tmp_path: Path
 ) -> Iterator[Chaos]:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(THROTTLE)
-    job_env = {
+    job_env = {  # every step sleeps STEP_S (tests/hooks/sitecustomize.py)
         **env,
-        "CHAOS_STEP_S": str(STEP_S),
-        "PYTHONPATH": os.pathsep.join([str(inject), str(REPO)]),
+        "TRAIN_TEST_STEP_S": str(STEP_S),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "hooks"), str(REPO)]),
     }
     c = Chaos(job_env, slurm_client, slurm_cluster, tmp_path, seed)
     try:

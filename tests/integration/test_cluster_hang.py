@@ -31,6 +31,13 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10
+# The example, smaller (16 steps an epoch, 12 epochs), each step followed by a sleep of STEP_S
+# (tests/hooks: the parameters do not change): at least 29 s of training, long enough for the
+# node summaries (every 10 s) to show steps before the test freezes a rank, without burning
+# the CPUs the other test workers share.
+STEPS_PER_EPOCH = 16
+STEP_S = 0.15
+HOOKS = REPO / "tests" / "hooks"
 
 
 def _submit(
@@ -38,7 +45,10 @@ def _submit(
 ) -> tuple[str, Path]:
     cmd = [sys.executable, "-m", "jobs", "submit", "examples/cifar.yaml", "--set", f"name={name}",
            "--set", "train.epochs=12", "--set", "train.checkpoint.interval_steps=10",
-           "--set", "train.deterministic=true"]  # fmt: skip
+           "--set", "train.deterministic=true", "--set", "train.width=8",
+           "--set", f"train.data.train_size={128 * STEPS_PER_EPOCH}",
+           "--set", f"environment.variables.PYTHONPATH={HOOKS}:{REPO}",
+           "--set", f"environment.variables.TRAIN_TEST_STEP_S={STEP_S}"]  # fmt: skip
     if timeout is not None:
         cmd += ["--set", f"requeue.hang_timeout_s={timeout}"]
     for s in sets:
@@ -243,11 +253,9 @@ def test_a_long_evaluation_with_the_default_settings_completes(
     """Issue 25: an evaluation of 98 s (a big test set: each evaluation sleeps first, a test
     hook) under the default hang timeout (max(60 s, ...)): the ranks declare it, so it is no
     hang and the run completes; it used to be killed at 60 s, on every attempt."""
-    hooks = REPO / "tests" / "hooks"
     job, run_dir = _submit(
         env,
         "train.epochs=1",
-        f"environment.variables.PYTHONPATH={hooks}:{REPO}",
         "environment.variables.TRAIN_EVAL_TEST_DELAY_S=98",
         name="hang-long-eval",
         timeout=None,

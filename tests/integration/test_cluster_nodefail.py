@@ -26,14 +26,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from byo_helpers import REPO, ByoRun, environ, open_run
-from test_cluster_hang import _attempt, _events, _submit, _wait
+from test_cluster_hang import STEPS_PER_EPOCH, _attempt, _events, _submit, _wait
 
 from cluster.client import SlurmClient
 from train.history import RunHistory, read_jsonl
 
 pytestmark = pytest.mark.integration
 
-EPOCHS = 4  # 32 steps each
+EPOCHS = 4  # STEPS_PER_EPOCH steps each (test_cluster_hang._submit)
 
 
 def _ppid(pid: int) -> int:
@@ -147,10 +147,9 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
         timeout=60, check=False, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert f"{dead} excluded after node failure" in status.stdout, status.stdout + status.stderr
+    last = STEPS_PER_EPOCH * EPOCHS
     digests = [
-        json.loads((d / "checkpoints" / f"step-{32 * EPOCHS}" / "manifest.json").read_text())[
-            "digest"
-        ]
+        json.loads((d / "checkpoints" / f"step-{last}" / "manifest.json").read_text())["digest"]
         for d in (run_dir, ref_dir)
     ]
     assert digests[0] == digests[1]

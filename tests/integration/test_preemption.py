@@ -37,21 +37,22 @@ from train.history import RunHistory
 from train.spec.config import load_run_config
 
 sys.path.insert(0, str(Path(__file__).parent))
-from slow_saves import slow_saves
+from slow_saves import slow_steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SIGNAL_DELAY_S = 40
 RELEASE_AFTER_S = 8.0
-# ~800 optimizer steps of a 5k-parameter CNN: ~20 s of training here, long enough to be
-# preempted or reach the time-limit signal (sent ~15-20 s after start for --time=1).
+# 160 optimizer steps of a 5k-parameter CNN (a few seconds of CPU); a job's steps are paced by a
+# sleep after each (slow_steps: the parameters do not change) so that it lasts long enough to be
+# preempted or to reach the time-limit signal, without burning the CPUs other tests share.
 SPEC: dict[str, Any] = {
     "train": {
         "model": "tinycnn",
         "width": 8,
         "data": {"kind": "synthetic", "train_size": 2048, "test_size": 256},
-        "epochs": 25,
+        "epochs": 5,
         "batch_size": 64,
         "strategy": "single",
         "deterministic": True,
@@ -65,9 +66,9 @@ SPEC: dict[str, Any] = {
 }
 
 
-# The same net as 2 DDP ranks, one per node: ~256 steps (DDP on the shared cores is slower).
+# The same net as 2 DDP ranks, one per node: 64 steps.
 DDP_SPEC: dict[str, Any] = {
-    "train": {**SPEC["train"], "strategy": "ddp", "epochs": 8},
+    "train": {**SPEC["train"], "strategy": "ddp", "epochs": 2},
     "requeue": SPEC["requeue"],
 }
 
@@ -270,7 +271,7 @@ def test_preempted_job_is_requeued_and_resumes_exactly(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"])
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"], env=slow_steps(0.1))
     # preempt once training has really started (first metrics line written)
     metrics = run_dir / "metrics.jsonl"
     cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 180)
@@ -293,10 +294,9 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    # Each checkpoint file write sleeps 1 s (8 saves): the run lasts longer than the ~15-45 s after
-    # which Slurm sends the time-limit signal, however fast the machine trains, without
-    # burning the shared CPUs.
-    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"], env=slow_saves(1))
+    # 160 steps of at least 0.3 s: the run lasts longer than the ~15-45 s after which Slurm sends
+    # the time-limit signal, however fast the machine trains, without burning the shared CPUs.
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"], env=slow_steps(0.3))
     cluster.wait(
         "the requeue before the time limit",
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
@@ -318,7 +318,11 @@ def test_preempted_two_rank_ddp_job_resumes_exactly(
     requeues; the resumed pair ends with the digest of an uninterrupted 2-rank run."""
     run_dir = tmp_path / "run"
     job_id = cluster.submit_training(
-        ddp_spec_path, run_dir, ["--time=10"], tasks=("--nodes=2", "--ntasks-per-node=1")
+        ddp_spec_path,
+        run_dir,
+        ["--time=10"],
+        tasks=("--nodes=2", "--ntasks-per-node=1"),
+        env=slow_steps(0.2),
     )
     metrics = run_dir / "metrics.jsonl"
     cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 240)
@@ -343,7 +347,7 @@ def test_scancel_checkpoints_and_is_not_requeued(
 ) -> None:
     """A plain scancel sends SIGTERM too: train checkpoints but must not requeue the job."""
     run_dir = tmp_path / "run"
-    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"])
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"], env=slow_steps(0.1))
     metrics = run_dir / "metrics.jsonl"
     cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 180)
     cluster.client.cancel([job_id])

@@ -34,16 +34,19 @@ from byo_helpers import REPO, ByoRun, open_run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HOOKS = REPO / "tests" / "hooks"
-# 8 steps of 1024 per epoch, ~0.3 s a step: long enough for two preemptions. Short and at a low
+# 8 steps of 256 per epoch; each step sleeps STEP_S after it is done (tests/hooks: the run lasts
+# long enough for two preemptions without burning the CPUs other tests share). Short and at a low
 # lr on purpose: the sums of 2 ranks and 1 differ in the last bits, and training amplifies any
 # difference (at lr 0.05 over 300 steps the two sizes end 4.2 apart, at 0.005 over 250 1e-5)
-STEPS = 200
+STEPS = 100
+STEP_S = 0.15
+TRAIN_SIZE = 2048
 TRAIN: dict[str, Any] = {
     "model": "tinycnn",
     "norm": "none",
     "width": 16,
-    "data": {"kind": "synthetic", "train_size": 8192, "test_size": 256, "augment": True},
-    "batch_size": 1024,
+    "data": {"kind": "synthetic", "train_size": TRAIN_SIZE, "test_size": 256, "augment": True},
+    "batch_size": 256,
     "max_steps": STEPS,
     "strategy": "ddp",
     "optimizer": {"name": "sgd", "lr": 0.002, "schedule": "constant"},
@@ -72,6 +75,7 @@ def spec(samples: Path) -> dict[str, Any]:
                 "OMP_NUM_THREADS": 1,
                 "PYTHONPATH": path,
                 "TRAIN_TEST_SAMPLES_DIR": str(samples),
+                "TRAIN_TEST_STEP_S": str(STEP_S),
             }
         },
         "requeue": {"signal": "USR2", "signal_delay_s": 40},
@@ -178,7 +182,7 @@ def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_
     # preempted on 2 nodes; `second` and `third` are held: only `first` is free for the requeue
     one = preempt_onto(run, second, 0)
     assert (one["world_size"], one["num_nodes"], one["was_world_size"]) == (1, 1, 2), one
-    assert one["exact"] is False and one["grad_accum"] == 2, one  # the micro-batch of 512 kept
+    assert one["exact"] is False and one["grad_accum"] == 2, one  # the micro-batch of 128 kept
     assert f"resumed at step {one['step']} on 1 node (was 2)" in run.status()["history"]
     run.wait("training on 1 node", lambda: metrics_step(run) >= one["step"] + 20, 300)
     # back to 2: free the others and hold `first`
@@ -206,7 +210,7 @@ def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_
     got = samples(got_dir)
     assert got == seen  # step by step, the same global batches
     epoch0 = [i for s in range(8) for i in got[s]]
-    assert len(epoch0) == len(set(epoch0)) == 8192
+    assert len(epoch0) == len(set(epoch0)) == TRAIN_SIZE
     final = run.run_dir / "checkpoints" / f"step-{STEPS}" / "shared.pt"
     a = torch.load(final, weights_only=True)["model"]
     b = torch.load(ref.checkpoint / "shared.pt", weights_only=True)["model"]
