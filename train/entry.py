@@ -142,6 +142,14 @@ class TrainContext:
             return contextlib.nullcontext()
         return self.session.busy(what)
 
+    def waiting(self) -> contextlib.AbstractContextManager[None]:
+        """``with ctx.waiting(): dist.all_reduce(...)``: waiting for the other ranks (a
+        collective, a barrier) is not work of this rank: the hang watchdog allows the step
+        timeout there, even inside ``ctx.busy(...)``, so a peer that froze is a hang in time."""
+        if self.session is None:
+            return contextlib.nullcontext()
+        return self.session.waiting()
+
     def requeue(self, step: int) -> int:
         """After saving: wait for the save, meet at a barrier, requeue; returns the exit code."""
         if self.session is not None:
@@ -153,8 +161,9 @@ class TrainContext:
         return request_requeue(self.env, self.run_dir, self.config.requeue, "signal", step=step)
 
     def barrier(self) -> None:
-        """All ranks meet."""
-        self.runtime.barrier()
+        """All ranks meet (waiting for the others: :meth:`waiting`)."""
+        with self.waiting():
+            self.runtime.barrier()
 
 
 def load_function(spec: str) -> Callable[[TrainContext], Any]:

@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -158,8 +160,10 @@ def evaluate(
     env: DistEnv,
     batch: int,
     out_device: torch.device,
+    waiting: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> tuple[float, float]:
-    """Mean loss and accuracy on held-out data, sharded over ranks (``rank::world``)."""
+    """Mean loss and accuracy on held-out data, sharded over ranks (``rank::world``).
+    ``waiting``: around the all-reduce of the sums (waiting for the other ranks' shards)."""
     was_training = module.training
     module.train(False)
     sums = torch.zeros(3, dtype=torch.float64, device=out_device)
@@ -173,5 +177,6 @@ def evaluate(
         sums[1] += correct.double()
         sums[2] += y.shape[0]
     module.train(was_training)
-    loss_sum, correct_sum, count = reduce_sums(sums).tolist()
+    with waiting():
+        loss_sum, correct_sum, count = reduce_sums(sums).tolist()
     return loss_sum / max(count, 1.0), correct_sum / max(count, 1.0)

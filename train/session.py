@@ -215,9 +215,13 @@ class RunSession:
 
     def _manager(self) -> CheckpointManager:
         env = self.env
-        return CheckpointManager.for_run(
+        manager = CheckpointManager.for_run(
             self.run_dir, self.train, rank=env.rank, world_size=env.world_size
         )
+        # rank 0 waiting for the other ranks' files within a save it declared (a background
+        # save's wait leaves the training phase alone)
+        manager.collect_wait = lambda: self.waiting(within=("save",))
+        return manager
 
     def close(self) -> None:
         """Finish in-flight saves, restore signal handlers, leave the process group."""
@@ -346,6 +350,18 @@ class RunSession:
         with self.watchdog.busy(what):
             yield
 
+    @contextlib.contextmanager
+    def waiting(self, within: tuple[str, ...] | None = None) -> Iterator[None]:
+        """Waiting for the other ranks for the time of the block (a collective, their parts of
+        a checkpoint): not work, so the hang watchdog allows only the step timeout (a peer that
+        froze meanwhile is a hang then, not after the busy allowance). ``within``: only while
+        the rank is in one of these phases (train.hang.heartbeat.Watchdog.waiting)."""
+        if self.watchdog is None:
+            yield
+            return
+        with self.watchdog.waiting(within):
+            yield
+
     def should_stop(self, reduce: Callable[[int], int] | None = None) -> bool:
         """Every rank, at the same step boundaries: True when any rank got a stop signal.
         ``reduce`` defaults to a blocking all-reduce (the trainer passes the lagged one)."""
@@ -369,6 +385,7 @@ class RunSession:
             if save is not None:
                 save()
             self.ckpt.wait()
+        with self.waiting():
             self.rt.barrier()
         # after the barrier: every rank's part of the checkpoint is complete
         path = self.ckpt.path_for(step)

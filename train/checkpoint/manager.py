@@ -3,6 +3,7 @@ drawn in :mod:`train.checkpoint`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -134,6 +135,11 @@ class CheckpointManager:
         self._snapshotter: Snapshotter | None = None  # made on the first async save
         self._pool: ThreadPoolExecutor | None = None
         self._deleting: Future[None] | None = None
+        #: Around rank 0's wait for the other ranks' parts of a checkpoint (waiting for peers,
+        #: not work: the run session tells its hang watchdog so; nothing by default).
+        self.collect_wait: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        )
         self.root.mkdir(parents=True, exist_ok=True)
         self.line = line if line is not None else _branches.current(self.root, scan=rank == 0)
         if async_save:  # start the worker now, not on the training path of the first save
@@ -304,9 +310,10 @@ class CheckpointManager:
         except OSError as exc:
             raise CheckpointError(f"cannot write checkpoint step-{step}: {exc}") from exc
         _phase("shared file")
-        files.update(
-            _dirs.collect_markers(tmp, step, range(1, self.world_size), self.marker_timeout_s)
-        )
+        with self.collect_wait():
+            files.update(
+                _dirs.collect_markers(tmp, step, range(1, self.world_size), self.marker_timeout_s)
+            )
         manifest = {
             "format": FORMAT_VERSION,
             **meta,

@@ -96,8 +96,9 @@ def node_view(data: Mapping[str, Any], *, alive: bool) -> NodeView | None:
 
 
 def _position(r: RankView) -> float:
-    # after step N: in ``train`` the rank works on (or waits in) step N+1; in a busy phase it
-    # is between N and N+1; before its first step (-1) it is behind everyone who stepped
+    # after step N: in ``train`` the rank works on (or waits in) step N+1; in a busy phase, or
+    # waiting at its end (``wait``), it is between N and N+1; before its first step (-1) it is
+    # behind everyone who stepped
     return r.step + (1.0 if r.phase == "train" else 0.5)
 
 
@@ -114,8 +115,10 @@ def judge(nodes: Sequence[NodeView], *, command: bool = False) -> Verdict:
         stalled = tuple(sorted(r.rank for r in written if r.idle_s > r.timeout_s))
     else:
         frozen = [r for r in live if r.state == "T"]
-        busy = [
-            r for r in live if r.phase != "train" and r.state != "T" and r.idle_s <= r.allowed_s
+        busy = [  # working on its own within its allowance (waiting for peers is no work)
+            r
+            for r in live
+            if r.phase not in ("train", "wait") and r.state != "T" and r.idle_s <= r.allowed_s
         ]
         hang = bool(silent) or any(r.idle_s > r.timeout_s for r in frozen)
         hang = hang or (bool(stalled) and not busy)

@@ -16,11 +16,16 @@ What counts as progress (:class:`Watchdog`):
   (restoring a checkpoint, a first ``torch.compile``, the first step) until its first step;
 - a pulse (:meth:`Watchdog.pulse`): each phase of a checkpoint save
   (``train.checkpoint.manager.SAVE_PHASE_HOOKS``), whatever thread saves;
+- waiting for the other ranks is not work (:meth:`Watchdog.waiting`: phase ``wait``): the
+  all-reduce that ends an evaluation, the barrier after a stop's save, rank 0's collection of
+  the other ranks' checkpoint files. A rank may wait only as long as it may be silent in
+  ``train``, so a peer that froze while this rank evaluates or saves is a hang within the
+  timeout, not after the busy allowance;
 - for an ``entrypoint.command``: what its training processes write (``wchar`` of
   ``/proc/PID/io``), launcher agents such as torchrun's excluded
   (:func:`train.command.processes.written_bytes`): its supervisor beats when that grows.
 
-How long a rank may be silent (:func:`allowance`): in ``train``, the hang timeout T
+How long a rank may be silent (:func:`allowance`): in ``train`` and ``wait``, the hang timeout T
 (``requeue.hang_timeout_s``, or by default :func:`auto_timeout`: ``max(HANG_FLOOR_S, 20 x the
 mean step, 3 x the longest pause between two steps that no busy phase explains)``); in a busy
 phase ``max(T, BUSY_FLOOR_S)``; a command's ranks ``T`` with a default of
@@ -118,8 +123,11 @@ BUSY_FLOOR_S = 1800.0
 COMMAND_FLOOR_S = 1800.0
 #: Each node's watcher publishes its summary (and looks for a claimed hang) this often.
 SUMMARY_S = 10.0
-#: What a rank can be doing; a phase not in the list is reported as ``busy``.
-PHASES = ("train", "start", "eval", "save", "compile", "busy")
+#: What a rank can be doing; a phase not in the list is reported as ``busy``. New phases go at
+#: the end: a beat stores the index.
+PHASES = ("train", "start", "eval", "save", "compile", "busy", "wait")
+#: Phases in which a rank is not busy with work of its own: silent only for the timeout.
+NOT_BUSY = ("train", "wait")
 _BEAT = struct.Struct("<qdqq")  # step, wall time, phase, pulse counter
 #: The fields of ``requeue:`` the watcher needs (passed to it as JSON).
 BUDGET_FIELDS = ("max_preemptions", "max_timeouts", "max_failures", "max_hangs", "signal_delay_s")
@@ -220,9 +228,9 @@ def auto_timeout(
 
 
 def allowance(phase: str, timeout: float, *, command: bool = False) -> float:
-    """How long a rank in ``phase`` may be silent: the timeout while it trains (or runs a
-    command), ``max(timeout, BUSY_FLOOR_S)`` in a declared busy phase."""
-    if command or phase == "train":
+    """How long a rank in ``phase`` may be silent: the timeout while it trains or waits for its
+    peers (or runs a command), ``max(timeout, BUSY_FLOOR_S)`` in a declared busy phase."""
+    if command or phase in NOT_BUSY:
         return timeout
     return max(timeout, BUSY_FLOOR_S)
 
@@ -327,6 +335,24 @@ class Watchdog:
             with self._lock:
                 self._phase = before if self._phase == what else self._phase
                 self._write()
+
+    @contextlib.contextmanager
+    def waiting(self, within: tuple[str, ...] | None = None) -> Iterator[None]:
+        """Waiting for the other ranks for the time of the block (phase ``wait``: silent only
+        for the timeout); then back to the phase it was in. ``within``: only when the rank is
+        in one of these phases now (a background save's wait leaves training's phase alone)."""
+        with self._lock:
+            switch = within is None or self._phase in within
+            if switch:
+                before, self._phase = self._phase, "wait"
+                self._write()
+        try:
+            yield
+        finally:
+            if switch:
+                with self._lock:
+                    self._phase = before if self._phase == "wait" else self._phase
+                    self._write()
 
     @property
     def phase(self) -> str:

@@ -209,6 +209,7 @@ class _Loop:
                 self.env,
                 max(self.micro * 2, 256),
                 self.out_dev,
+                waiting=self.session.waiting,  # the all-reduce at its end waits for the others
             )
         improved = self.best is None or acc > self.best
         self.best = acc if self.best is None else max(self.best, acc)

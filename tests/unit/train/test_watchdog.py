@@ -67,6 +67,8 @@ def test_timeout_derives_from_step_time_and_busy_phases_get_at_least_the_busy_fl
         assert allowance(phase, HANG_FLOOR_S) == BUSY_FLOOR_S > 98
     assert allowance("eval", 4000.0) == 4000.0  # a longer timeout wins
     assert allowance("start", 10.0, command=True) == 10.0
+    # waiting for the other ranks is no work of its own: the timeout, as in training
+    assert allowance("wait", HANG_FLOOR_S) == HANG_FLOOR_S
 
 
 def test_heartbeats_are_node_local_never_in_the_run_directory(tmp_path: Path) -> None:
@@ -91,6 +93,15 @@ def test_heartbeats_are_node_local_never_in_the_run_directory(tmp_path: Path) ->
             assert seen is not None and (seen.step, seen.phase, seen.pulses) == (10, "eval", 1)
         after = read_beat(path, 3)
         assert after is not None and (after.step, after.phase) == (10, "train")
+        with wd.busy("eval"), wd.waiting():  # the all-reduce that ends an evaluation
+            assert read_beat(path, 3).phase == "wait"  # type: ignore[union-attr]
+        with wd.busy("save"):
+            with wd.waiting(within=("save",)):  # rank 0 collects the others' files
+                assert read_beat(path, 3).phase == "wait"  # type: ignore[union-attr]
+            assert read_beat(path, 3).phase == "save"  # type: ignore[union-attr]
+        with wd.waiting(within=("save",)):  # a background save's wait: training goes on
+            assert read_beat(path, 3).phase == "train"  # type: ignore[union-attr]
+        assert read_beat(path, 3).phase == "train"  # type: ignore[union-attr]
         # in the run directory: who ran where, written once; no heartbeat
         names = sorted(p.name for p in (run / ".progress" / "7-0").iterdir())
         assert names == ["rank-3.json"], names
@@ -132,6 +143,19 @@ VERDICTS = [
     ("a rank still in a save after step 50 while its peers wait in step 51",
      [NodeView("n1", (_r(0, "n1", 50),)),
       NodeView("n2", (_r(1, "n2", 50, "save", idle=BUSY_FLOOR_S + 1),))],
+     False, True, (1,), ("n2",)),
+    ("a rank waiting in the all-reduce that ends an evaluation, its peer's node frozen with "
+     "its watcher: the frozen node is named within the timeout, not after the busy allowance",
+     [NodeView("n1", (_r(0, "n1", 48, "wait", idle=11),)),
+      NodeView("n2", (_r(1, "n2", 47, idle=11),), alive=False)],
+     False, True, (1,), ("n2",)),
+    ("a rank waiting in a collective for a peer that is still evaluating: no hang",
+     [NodeView("n1", (_r(0, "n1", 48, "wait", idle=40),)),
+      NodeView("n2", (_r(1, "n2", 48, "eval", idle=40),))],
+     False, False, (), ()),
+    ("a rank waiting at the end of a save for a peer behind it: the peer is named",
+     [NodeView("n1", (_r(0, "n1", 40, "wait", idle=15),)),
+      NodeView("n2", (_r(1, "n2", 39, idle=15),))],
      False, True, (1,), ("n2",)),
     ("no evidence: every rank at the same step, nothing stopped, every watcher answered",
      [NodeView("n1", (_r(0, "n1", 50),)), NodeView("n2", (_r(1, "n2", 50),))],
