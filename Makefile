@@ -11,8 +11,10 @@ UNIT_XDIST = -n $(UNIT_WORKERS) --dist worksteal
 # Integration tests: each worker has a Slurm cluster of its own (tests/conftest.py: gw0 the
 # default one, gwN /var/tmp/slurm-train-cluster-gwN on ports shifted by N x 1000), so one test's
 # preemptions and dead nodes never reach another's jobs; most of their time is waiting on Slurm.
+# load, one test at a time: tests are handed out in collection order, the long ones first
+# (tests/integration/conftest.py), to whichever worker is free.
 IT_WORKERS ?= 3
-IT_XDIST = -n $(IT_WORKERS) --dist worksteal
+IT_XDIST = -n $(IT_WORKERS) --dist load --maxschedchunk=1
 # The slowest tests of each half, in every run's output.
 DURATIONS = --durations=15
 # pytest's exit 5 means it ran no test. A half whose marker selects nothing is fine only when the

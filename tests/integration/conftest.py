@@ -1,10 +1,22 @@
-"""Fixtures shared by the integration tests (the cluster itself: tests/conftest.py)."""
+"""Fixtures shared by the integration tests (the cluster itself: tests/conftest.py), and their
+order: the tests marked ``long(SECONDS)`` (about what one takes on an idle machine) run first,
+longest first, so that the workers (``make test``: ``--dist load``, which hands tests out in
+this order) do not end waiting on one long test started last."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+
+def _expected_s(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("long")
+    return float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_expected_s, reverse=True)  # stable: the others keep their order
 
 
 @pytest.fixture

@@ -64,6 +64,7 @@ def drill(run: ByoRun, kind: str) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.long(100)
 @pytest.mark.timeout(1800)
 def test_drills_of_each_kind_against_the_built_in_trainer(run: ByoRun) -> None:
     run.submit(SPEC)

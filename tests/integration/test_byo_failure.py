@@ -47,6 +47,7 @@ def test_failing_command_shows_its_real_cause(run: ByoRun) -> None:
     assert "failed 1x" in status["history"], status
 
 
+@pytest.mark.long(83)
 def test_time_limit_drill_on_a_command_is_not_a_failure(run: ByoRun) -> None:
     script = str(REPO / "examples" / "byo" / "ignores_signals.py")
     run.submit(spec(["python", script, "--steps", "100000", "--step-time", "0.2"]))

@@ -48,6 +48,7 @@ def _command_of(supervisor: int, script: str) -> int | None:
     return None
 
 
+@pytest.mark.long(74)
 def test_frozen_command_rank_is_a_hang_requeued_off_its_node_and_completes(
     run: ByoRun,
 ) -> None:

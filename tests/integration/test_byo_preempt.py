@@ -114,6 +114,7 @@ def test_torchrun_style_ddp_saves_on_usr1_and_resumes(run: ByoRun) -> None:
     assert run.steps_done() == steps
 
 
+@pytest.mark.long(60)
 def test_lightning_script_requeues_itself_once_and_resumes(run: ByoRun) -> None:
     pytest.importorskip("pytorch_lightning", reason="make setup installs the dev dependencies")
     steps = 150

@@ -320,6 +320,7 @@ def _reference(spec: Path, run_dir: Path) -> str:
     return str(verify_checkpoint(run_dir / "checkpoints" / f"step-{STEPS}")["digest"])
 
 
+@pytest.mark.long(280)
 def test_one_run_survives_six_kinds_of_fault_and_ends_exact(chaos: Chaos, tmp_path: Path) -> None:
     order = list(EXPECTED)
     random.Random(chaos.seed).shuffle(order)

@@ -128,6 +128,7 @@ def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return [e for e in RunHistory(run_dir).events() if e["event"] == name]
 
 
+@pytest.mark.long(80)
 def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:
@@ -184,6 +185,7 @@ def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
     assert digests[0] == digests[1]
 
 
+@pytest.mark.long(63)
 def test_hang_budget_of_one_stops_the_second_hang_with_the_reason(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:
@@ -218,6 +220,7 @@ def test_hang_budget_of_one_stops_the_second_hang_with_the_reason(
     assert "max_hangs=1" in status.stdout, status.stdout + status.stderr
 
 
+@pytest.mark.long(50)
 def test_a_frozen_node_is_excluded_not_the_healthy_one(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:
@@ -247,6 +250,7 @@ def test_a_frozen_node_is_excluded_not_the_healthy_one(
     assert "failure" not in [e["event"] for e in RunHistory(run_dir).events()]
 
 
+@pytest.mark.long(110)
 def test_a_long_evaluation_with_the_default_settings_completes(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:

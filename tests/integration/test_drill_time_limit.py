@@ -25,6 +25,7 @@ def run(slurm_env: dict[str, str], slurm_client: Any, tmp_path: Path) -> Iterato
     yield from open_run(slurm_env, slurm_client, tmp_path)
 
 
+@pytest.mark.long(77)
 @pytest.mark.timeout(900)
 def test_timeout_drill_puts_the_time_limit_back(run: ByoRun) -> None:
     run.submit({**SPEC, "name": "drill-limit"})

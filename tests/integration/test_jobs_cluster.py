@@ -371,6 +371,7 @@ def test_status_and_list_of_many_runs_is_one_query(env: dict[str, str], tmp_path
         scancel(env, *ids)
 
 
+@pytest.mark.long(89)
 def test_follow_shows_a_preemption_and_the_resume_as_lines(env: dict[str, str]) -> None:
     """Issue 19: interruptions and resumes are readable lines, in time order, the state last."""
     cmd = [sys.executable, "-m", "jobs", "submit", str(EXAMPLE), *SMALL]

@@ -290,6 +290,7 @@ def test_preempted_job_is_requeued_and_resumes_exactly(
     assert f"preempted {len(stops)}x" in RunHistory(run_dir).summary()
 
 
+@pytest.mark.long(125)
 def test_time_limit_signal_checkpoints_requeues_and_completes(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:

@@ -162,6 +162,7 @@ def samples(folder: Path) -> dict[int, list[int]]:
     return out
 
 
+@pytest.mark.long(105)
 def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_path: Path) -> None:
     got_dir, ref_dir = tmp_path / "samples", tmp_path / "ref-samples"
     got_dir.mkdir()

@@ -58,6 +58,7 @@ def _digest(run_dir: Path) -> str:
     return str(json.loads((steps[-1] / "manifest.json").read_text())["digest"])
 
 
+@pytest.mark.long(85)
 def test_a_killed_rank_restarts_in_place_same_job_never_pending_and_exact(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:

@@ -66,6 +66,7 @@ def _preempt(c: Cluster, job_id: str, run_dir: Path, nth: int) -> None:
     )
 
 
+@pytest.mark.long(60)
 def test_preempted_twice_tensorboard_steps_once_in_order_and_plot(
     slurm: Cluster, tmp_path: Path
 ) -> None:
