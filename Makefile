@@ -13,7 +13,7 @@ UNIT_XDIST = -n $(UNIT_WORKERS) --dist worksteal
 # preemptions and dead nodes never reach another's jobs; most of their time is waiting on Slurm.
 # load, one test at a time: tests are handed out in collection order, the long ones first
 # (tests/integration/conftest.py), to whichever worker is free.
-IT_WORKERS ?= 3
+IT_WORKERS ?= 4
 IT_XDIST = -n $(IT_WORKERS) --dist load --maxschedchunk=1
 # The slowest tests of each half, in every run's output.
 DURATIONS = --durations=15

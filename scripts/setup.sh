@@ -86,7 +86,16 @@ stamp_value() {
     cat "$LOCK" pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1
 }
 
-install_system_packages
+# Debian's packages install while the virtual environment does (on a fresh machine each takes
+# about a minute); the script waits for both before it says done.
+install_system_packages &
+apt_pid=$!
+wait_system_packages() {
+    if ! wait "$apt_pid"; then
+        log "installing Slurm's packages failed (see above)"
+        exit 1
+    fi
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
@@ -98,6 +107,7 @@ fi
 "$VENV/bin/python" -m compileall -q jobs cluster train bench >/dev/null
 if [ "$(cat "$STAMP" 2>/dev/null)" = "$(stamp_value)" ] \
     && "$VENV/bin/python" -c 'import torch, cluster, jobs, train' 2>/dev/null; then
+    wait_system_packages
     exit 0
 fi
 install_locked
@@ -107,4 +117,5 @@ log "installing the project (editable)"
 "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e .
 "$VENV/bin/pip" check
 stamp_value >"$STAMP"
+wait_system_packages
 log "done"

@@ -250,17 +250,18 @@ def test_a_frozen_node_is_excluded_not_the_healthy_one(
     assert "failure" not in [e["event"] for e in RunHistory(run_dir).events()]
 
 
-@pytest.mark.long(110)
+@pytest.mark.long(85)
 def test_a_long_evaluation_with_the_default_settings_completes(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:
-    """Issue 25: an evaluation of 98 s (a big test set: each evaluation sleeps first, a test
+    """Issue 25: an evaluation of 70 s (a big test set: each evaluation sleeps first, a test
     hook) under the default hang timeout (max(60 s, ...)): the ranks declare it, so it is no
-    hang and the run completes; it used to be killed at 60 s, on every attempt."""
+    hang and the run completes; one longer than that timeout (the issue's took 98 s) used to be
+    killed at 60 s, on every attempt."""
     job, run_dir = _submit(
         env,
         "train.epochs=1",
-        "environment.variables.TRAIN_EVAL_TEST_DELAY_S=98",
+        "environment.variables.TRAIN_EVAL_TEST_DELAY_S=70",
         name="hang-long-eval",
         timeout=None,
     )
