@@ -8,8 +8,8 @@ PYTEST_ARGS ?=
 # stop tests, child processes), so one per core left the cores idle (124 s vs 108 s here).
 UNIT_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
 UNIT_XDIST = -n $(UNIT_WORKERS) --dist worksteal
-# Integration tests: each worker has a Slurm cluster of its own (tests/conftest.py: gw0 the
-# default one, gwN /var/tmp/slurm-train-cluster-gwN on ports shifted by N x 1000), so one test's
+# Integration tests: each worker has a Slurm cluster of its own, started afresh for the session
+# (tests/conftest.py: /var/tmp/slurm-train-test-N on ports shifted by (N+2) x 100), so one test's
 # preemptions and dead nodes never reach another's jobs; most of their time is waiting on Slurm.
 # load, one test at a time: tests are handed out in collection order, the long ones first
 # (tests/integration/conftest.py), to whichever worker is free.
@@ -70,9 +70,9 @@ cluster-up: setup
 ## Stops the default cluster and the test workers' own (make test leaves them up for the next run).
 cluster-down:
 	$(PYTHON) -m cluster down
-	@for d in /var/tmp/slurm-train-cluster-gw*; do \
-		[ -d "$$d" ] || continue; n=$${d##*-gw}; \
-		$(PYTHON) -m cluster --state-dir "$$d" --port-offset $$((1000 * n)) down; \
+	@for d in /var/tmp/slurm-train-test-*; do \
+		[ -d "$$d" ] || continue; n=$${d##*-test-}; \
+		$(PYTHON) -m cluster --state-dir "$$d" --port-offset $$((100 * (n + 2))) down; \
 	done
 
 clean:

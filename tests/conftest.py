@@ -2,11 +2,11 @@
 
 - ``slurm_cluster``: brings the local cluster up once (``python -m cluster up`` does the same),
   or skips with one clear reason where Slurm is absent and cannot be installed. In CI
-  (``CI=true``, root on Debian) it never skips: an unusable cluster fails the run. Under
-  pytest-xdist (``make test`` runs the integration tests on several workers) each worker has a
-  cluster of its own: ``gw0`` the default one, ``gwN`` its own state directory and ports
-  (:func:`worker_cluster`), so a test's preemptions, dead nodes and held nodes never reach
-  another test's jobs.
+  (``CI=true``, root on Debian) it never skips: an unusable cluster fails the run. Each test
+  worker (``make test`` runs the integration tests on several, pytest-xdist) has a cluster of
+  its own, started afresh for the session (:func:`worker_cluster`), so a test's preemptions,
+  dead nodes and held nodes never reach another test's jobs, and no test touches the default
+  cluster that ``make demo`` uses.
 - ``slurm_env``: ``os.environ`` plus ``SLURM_CONF`` pointing at that cluster, for subprocesses.
 - ``slurm_client``: a :class:`cluster.client.SlurmClient` for that cluster.
 """
@@ -59,15 +59,16 @@ def _isolated_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def worker_cluster(worker: str | None) -> tuple[Path | None, int]:
-    """The state directory and port offset of a test worker's cluster: the default cluster
-    (None, 0) for a run without workers and for ``gw0``; for ``gwN`` its own directory beside
-    the default one and ports shifted by N x 1000 (whose first job id is N x 10000 + 1:
-    cluster.local.config.Layout.first_job_id)."""
-    if not worker or worker == "gw0":
-        return None, 0
-    index = int(worker.removeprefix("gw"))
-    return Path(f"/var/tmp/slurm-train-cluster-{worker}"), 1000 * index
+def worker_cluster(worker: str | None) -> tuple[Path, int]:
+    """The state directory and port offset of a test worker's own cluster (``gwN``, or ``gw0``
+    for a run without workers): ``/var/tmp/slurm-train-test-N`` on ports shifted by
+    (N + 2) x 100 (100 is the life-cycle test's cluster). Every port stays below the
+    rendezvous ports train derives from job ids (20000 and up: train.env.master_port_for_job),
+    and each cluster's job ids start 500 apart (cluster.local.config.Layout.first_job_id:
+    1001, 1501, ...; distinct rendezvous ports for up to 22 workers). The tests never touch the
+    default cluster (``make demo``'s)."""
+    index = int(worker.removeprefix("gw")) if worker else 0
+    return Path(f"/var/tmp/slurm-train-test-{index}"), 100 * (index + 2)
 
 
 @pytest.fixture(scope="session")
@@ -80,15 +81,15 @@ def slurm_cluster() -> Iterator[object]:
             pytest.fail(f"integration tests must run in CI: {reason}")
         pytest.skip(reason)
     root, offset = worker_cluster(os.environ.get("PYTEST_XDIST_WORKER"))
-    if root is None:  # the default cluster, whatever the environment of this session says
-        from cluster.local.paths import DEFAULT_STATE_DIR
-
-        root = DEFAULT_STATE_DIR
     lc = LocalCluster(root, port_offset=offset)
+    # A fresh cluster for every session (a few seconds): no job of an earlier session left
+    # on it, and job ids from its first again, so that the clusters of the workers, which run
+    # at once, never derive one rendezvous port (jobs share the machine's ports).
+    lc.down()
+    shutil.rmtree(root, ignore_errors=True)
     lc.up()
     yield lc
-    # The cluster stays up after the session on purpose: `make demo` and later runs reuse it
-    # (`python -m cluster down` stops it).
+    # Left up after the session (`make cluster-down` stops it): the next session starts afresh.
 
 
 @pytest.fixture(scope="session")

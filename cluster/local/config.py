@@ -71,8 +71,9 @@ class Layout:
 
     @property
     def first_job_id(self) -> int:
-        """1 for the default cluster; 10 ids per port of offset for another (1000 -> 10001)."""
-        return 1 + 10 * self.port_offset
+        """1 for the default cluster; 5 ids per port of offset for another (200 -> 1001): the
+        test workers' clusters (offsets 100 apart) start 500 ids apart."""
+        return 1 + 5 * self.port_offset
 
     @property
     def etc(self) -> Path:

@@ -13,7 +13,7 @@ from cluster.local import config as cfg
 from cluster.local.manager import LocalCluster
 from cluster.local.paths import PORT_OFFSET_ENV, STATE_ENV, port_offset
 from tests.conftest import worker_cluster
-from train.env import master_port_for_job
+from train.env import PORT_BASE, master_port_for_job
 
 
 def _ports(layout: cfg.Layout) -> set[int]:
@@ -31,36 +31,39 @@ def test_the_default_cluster_renders_as_before() -> None:
 
 
 def test_shifted_clusters_share_no_port_and_start_their_job_ids_apart() -> None:
-    layouts = [cfg.Layout(Path(f"/s{k}"), 1000 * k) for k in range(4)]
+    # the default cluster, the life-cycle test's (100) and test workers gw0..gw21
+    layouts = [cfg.Layout(Path("/s")), *(cfg.Layout(Path(f"/s{k}"), 100 * k) for k in range(1, 24))]
     ports = [_ports(layout) for layout in layouts]
     assert all(a.isdisjoint(b) for i, a in enumerate(ports) for b in ports[i + 1 :])
-    text = cfg.render_slurm_conf(layouts[2], "host")
-    assert "FirstJobId=20001\n" in text and "SlurmctldPort=18817" in text
-    # jobs running at once on two clusters derive different rendezvous ports from their ids
-    firsts = [layout.first_job_id for layout in layouts]
-    for n in range(0, 3000, 7):
+    # no Slurm daemon listens where a job's rendezvous port may be (seen: a worker cluster's
+    # slurmd on 20001, job 1's MASTER_PORT, when the offsets were 1000 apart)
+    assert all(p < PORT_BASE for layout_ports in ports for p in layout_ports)
+    text = cfg.render_slurm_conf(layouts[3], "host")
+    assert "FirstJobId=1501\n" in text and "SlurmctldPort=17117" in text
+    # jobs running at once on two clusters (each fresh: fewer than 500 jobs a session) derive
+    # different rendezvous ports from their ids
+    firsts = [layout.first_job_id for layout in layouts[2:]]
+    for n in range(0, 500, 7):
         assert len({master_port_for_job(str(first + n)) for first in firsts}) == len(firsts)
 
 
 @pytest.mark.parametrize(
     ("worker", "root", "offset"),
     [
-        (None, None, 0),
-        ("gw0", None, 0),
-        ("gw2", Path("/var/tmp/slurm-train-cluster-gw2"), 2000),
+        (None, Path("/var/tmp/slurm-train-test-0"), 200),
+        ("gw0", Path("/var/tmp/slurm-train-test-0"), 200),
+        ("gw2", Path("/var/tmp/slurm-train-test-2"), 400),
     ],
 )
-def test_each_test_worker_has_its_own_cluster(
-    worker: str | None, root: Path | None, offset: int
-) -> None:
+def test_each_test_worker_has_its_own_cluster(worker: str | None, root: Path, offset: int) -> None:
     assert worker_cluster(worker) == (root, offset)
 
 
 def test_the_environment_names_the_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(STATE_ENV, str(tmp_path))
-    monkeypatch.setenv(PORT_OFFSET_ENV, "3000")
+    monkeypatch.setenv(PORT_OFFSET_ENV, "300")
     lc = LocalCluster()
-    assert lc.layout.root == tmp_path.resolve() and lc.layout.port_offset == 3000
+    assert lc.layout.root == tmp_path.resolve() and lc.layout.port_offset == 300
     assert LocalCluster(port_offset=0).layout.port_offset == 0  # an explicit offset wins
 
 
