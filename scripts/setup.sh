@@ -72,13 +72,26 @@ install_locked() {
         # The lock holds the CPU build; a GPU gets a CUDA torch from the index, then the rest of
         # the lock, hash-checked.
         log "GPU present: installing torch with CUDA, then $LOCK without its torch"
-        "$VENV/bin/pip" install -q "torch>=2.6"
-        "$VENV/bin/pip" install -q --require-hashes --no-deps -r <(lock_without_torch)
+        "$VENV/bin/pip" install -q --no-compile "torch>=2.6"
+        "$VENV/bin/pip" install -q --no-compile --require-hashes --no-deps -r <(lock_without_torch)
         return 0
     fi
     log "no GPU: installing $LOCK (torch $(locked_torch))"
     # shellcheck disable=SC2046  # cpu_torch_source prints pip options, or nothing
-    "$VENV/bin/pip" install -q --require-hashes --no-deps -r "$LOCK" $(cpu_torch_source)
+    "$VENV/bin/pip" install -q --no-compile --require-hashes --no-deps -r "$LOCK" \
+        $(cpu_torch_source)
+}
+
+# pip byte-compiles what it installs one file at a time (most of a fresh install's time: torch
+# alone has thousands of modules); compileall does it on every core. Needed: where
+# PYTHONDONTWRITEBYTECODE is set, as on these machines, nothing else would write the .pyc files,
+# and every `import torch` would compile from source. A file that does not compile (a
+# package's own test data) is skipped, as pip skips it.
+compile_environment() {
+    local site
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    log "byte-compiling $VENV"
+    "$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
 }
 
 # What the venv was set up from: a change to any of these runs the install again.
@@ -111,6 +124,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" = "$(stamp_value)" ] \
     exit 0
 fi
 install_locked
+compile_environment
 # The project itself: editable, nothing more (its dependencies are the lock's), built with the
 # lock's setuptools rather than one fetched for an isolated build.
 log "installing the project (editable)"
