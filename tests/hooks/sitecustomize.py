@@ -10,7 +10,9 @@ folder on ``PYTHONPATH`` (tests/integration/slow_saves.py):
   first: an evaluation on a test set far bigger than the example's, without its CPU cost.
 - ``TRAIN_TEST_STEP_S``: every optimizer step of the built-in trainer sleeps that long after it
   is done (the parameters are those of a run without the sleep): a run that lasts long enough
-  for what a test does to it, without burning the CPUs the other tests share.
+  for what a test does to it, without burning the CPUs the other tests share. With
+  ``TRAIN_TEST_PACE_FILE`` (a path) only while that file exists: a test removes it once it has
+  done what it does, and the rest of the run goes at full speed.
 
 Python imports ``sitecustomize`` at start-up; this one imports nothing of the project then: it
 waits for the module to be imported (torch comes with it) and hooks in.
@@ -32,6 +34,7 @@ _SAVE_DELAY = os.environ.get("TRAIN_CKPT_TEST_DELAY_S")
 _SAVE_DELAY_WHEN = os.environ.get("TRAIN_CKPT_TEST_DELAY_WHEN")
 _EVAL_DELAY = os.environ.get("TRAIN_EVAL_TEST_DELAY_S")
 _STEP_S = os.environ.get("TRAIN_TEST_STEP_S")
+_PACE_FILE = os.environ.get("TRAIN_TEST_PACE_FILE")
 
 
 def _slow_saves(module: ModuleType) -> None:
@@ -63,7 +66,8 @@ def _slow_steps(module: ModuleType) -> None:
     @functools.wraps(step)
     def train_step(self: Any, order: Any) -> None:
         step(self, order)
-        time.sleep(seconds)
+        if _PACE_FILE is None or os.path.exists(_PACE_FILE):
+            time.sleep(seconds)
 
     module._Loop.train_step = train_step
 

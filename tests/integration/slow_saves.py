@@ -21,6 +21,10 @@ def slow_saves(seconds: float) -> dict[str, str]:
     return _hooks(TRAIN_CKPT_TEST_DELAY_S=str(seconds))
 
 
-def slow_steps(seconds: float) -> dict[str, str]:
-    """Variables for a job whose ranks sleep ``seconds`` after every optimizer step."""
-    return _hooks(TRAIN_TEST_STEP_S=str(seconds))
+def slow_steps(seconds: float, pace: Path | None = None) -> dict[str, str]:
+    """Variables for a job whose ranks sleep ``seconds`` after every optimizer step; with
+    ``pace`` (created here) only while that file exists: remove it and the run speeds up."""
+    if pace is None:
+        return _hooks(TRAIN_TEST_STEP_S=str(seconds))
+    pace.touch()
+    return _hooks(TRAIN_TEST_STEP_S=str(seconds), TRAIN_TEST_PACE_FILE=str(pace))

@@ -17,8 +17,9 @@ job must come back after each (requeues are released from Slurm's BeginTime hold
 exclusions the run made of a node the test brought back are lifted, as an administrator would),
 and the run must end COMPLETED with exactly the parameters (manifest digest) of the same run
 left alone: two local ranks with the same spec. The seed is printed; ``CHAOS_SEED=N`` replays an
-order. Every step sleeps ``STEP_S`` (a test hook, the parameters do not change) so that the run
-lasts long enough for all six faults without burning the shared CPUs.
+order. Every step sleeps ``STEP_S`` (a test hook, the parameters do not change) until the last
+fault is done, so that the run lasts long enough for all six faults without burning the shared
+CPUs; the rest of the run goes at full speed.
 """
 
 from __future__ import annotations
@@ -289,9 +290,12 @@ def chaos(
     env: dict[str, str], slurm_client: SlurmClient, slurm_cluster: Any, tmp_path: Path
 ) -> Iterator[Chaos]:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
-    job_env = {  # every step sleeps STEP_S (tests/hooks/sitecustomize.py)
+    pace = tmp_path / "pace"
+    pace.touch()
+    job_env = {  # every step sleeps STEP_S while PACE exists (tests/hooks/sitecustomize.py)
         **env,
         "TRAIN_TEST_STEP_S": str(STEP_S),
+        "TRAIN_TEST_PACE_FILE": str(pace),
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "hooks"), str(REPO)]),
     }
     c = Chaos(job_env, slurm_client, slurm_cluster, tmp_path, seed)
@@ -342,7 +346,8 @@ def test_one_run_survives_six_kinds_of_fault_and_ends_exact(chaos: Chaos, tmp_pa
         current = chaos.wait(
             f"the run to train again after {kind}", functools.partial(chaos.back, starts), 300
         )
-    chaos.say("all faults done; waiting for the end")
+    chaos.say("all faults done; waiting for the end (the steps at full speed now)")
+    (tmp_path / "pace").unlink()
     info = chaos.client.wait_for(chaos.job, timeout=400)
     assert info.state == "COMPLETED", str(info) + chaos.context()
 

@@ -41,8 +41,14 @@ HOOKS = REPO / "tests" / "hooks"
 
 
 def _submit(
-    env: dict[str, str], *sets: str, name: str = "hang-it", timeout: int | None = TIMEOUT_S
+    env: dict[str, str],
+    *sets: str,
+    name: str = "hang-it",
+    timeout: int | None = TIMEOUT_S,
+    pace: Path | None = None,
 ) -> tuple[str, Path]:
+    """``jobs submit`` of the small example; with ``pace`` (created here) its steps sleep only
+    while that file exists: a test removes it once the fault is done."""
     cmd = [sys.executable, "-m", "jobs", "submit", "examples/cifar.yaml", "--set", f"name={name}",
            "--set", "train.epochs=12", "--set", "train.checkpoint.interval_steps=10",
            "--set", "train.deterministic=true", "--set", "train.width=8",
@@ -51,6 +57,9 @@ def _submit(
            "--set", f"environment.variables.TRAIN_TEST_STEP_S={STEP_S}"]  # fmt: skip
     if timeout is not None:
         cmd += ["--set", f"requeue.hang_timeout_s={timeout}"]
+    if pace is not None:
+        pace.touch()
+        cmd += ["--set", f"environment.variables.TRAIN_TEST_PACE_FILE={pace}"]
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.run(
@@ -132,9 +141,10 @@ def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
 def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
     env: dict[str, str], slurm_client: SlurmClient
 ) -> None:
-    job, run_dir = _submit(env)
+    pace = Path(env["SLURM_TRAIN_RUNS_DIR"]).parent / "pace"
+    job, run_dir = _submit(env, pace=pace)
     # the same run, uninterrupted, beside it: the resumed run must end with its parameters
-    ref_job, ref_dir = _submit(env, name="hang-ref")
+    ref_job, ref_dir = _submit(env, name="hang-ref", pace=pace)
     pids: list[int] = []
     try:
         pids, node, frozen_at, restart = _freeze_rank_1(run_dir, job)
@@ -153,6 +163,7 @@ def test_frozen_rank_is_detected_dumped_requeued_off_its_node_and_completes(
         )[0]
         assert quarantine["nodes"] == [node] and node in quarantine["excluded"], quarantine
         assert slurm_client.show_job(job)["ExcNodeList"] == node
+        pace.unlink()  # the rest of both runs at full speed
         _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
         slurm_client.release(job)
         info = slurm_client.wait_for(job, timeout=300)

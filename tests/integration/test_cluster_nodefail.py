@@ -99,7 +99,8 @@ def _kill_node(cluster: Any, client: SlurmClient, job: str, node: str) -> None:
 def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
     env: dict[str, str], slurm_client: SlurmClient, slurm_cluster: Any
 ) -> None:
-    job, run_dir = _submit(env, f"train.epochs={EPOCHS}", name="nodefail-it")
+    pace = Path(env["SLURM_TRAIN_RUNS_DIR"]).parent / "pace"
+    job, run_dir = _submit(env, f"train.epochs={EPOCHS}", name="nodefail-it", pace=pace)
     ref_job, dead = "", ""
     try:
         progress = _wait(lambda: _training(run_dir, job), 240, "both ranks to make steps")
@@ -119,6 +120,7 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
         assert quarantine["nodes"] == [dead], quarantine
         assert quarantine["reason"].startswith("node failure"), quarantine
         assert dead in slurm_client.show_job(job)["ExcNodeList"]
+        pace.unlink()  # the rest of the run (and the reference) at full speed
         # the same run left alone, on the nodes still up (submitted now: a run on the dead
         # node would have failed with it)
         ref_job, ref_dir = _submit(env, f"train.epochs={EPOCHS}", name="nodefail-ref")

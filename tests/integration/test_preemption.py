@@ -271,7 +271,8 @@ def test_preempted_job_is_requeued_and_resumes_exactly(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"], env=slow_steps(0.1))
+    pace = tmp_path / "pace"  # steps are slow until the preemption is done
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=10"], env=slow_steps(0.1, pace))
     # preempt once training has really started (first metrics line written)
     metrics = run_dir / "metrics.jsonl"
     cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 180)
@@ -281,6 +282,7 @@ def test_preempted_job_is_requeued_and_resumes_exactly(
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
         120,
     )
+    pace.unlink()
     cluster.run_to_completion(job_id, run_dir, 300)
 
     stops = _check_history(_events(run_dir), job_id)
@@ -297,12 +299,15 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     run_dir = tmp_path / "run"
     # 160 steps of at least 0.3 s: the run lasts longer than the ~15-45 s after which Slurm sends
     # the time-limit signal, however fast the machine trains, without burning the shared CPUs.
-    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"], env=slow_steps(0.3))
+    # Once the first time-limit stop is requeued, the rest of the run goes at full speed.
+    pace = tmp_path / "pace"
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"], env=slow_steps(0.3, pace))
     cluster.wait(
         "the requeue before the time limit",
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
         150,
     )
+    pace.unlink()
     cluster.run_to_completion(job_id, run_dir, 400)
 
     stops = _check_history(_events(run_dir), job_id)
@@ -317,13 +322,13 @@ def test_preempted_two_rank_ddp_job_resumes_exactly(
 ) -> None:
     """Two ranks on two nodes: both save their part (marker files), meet at the barrier, rank 0
     requeues; the resumed pair ends with the digest of an uninterrupted 2-rank run."""
-    run_dir = tmp_path / "run"
+    run_dir, pace = tmp_path / "run", tmp_path / "pace"
     job_id = cluster.submit_training(
         ddp_spec_path,
         run_dir,
         ["--time=10"],
         tasks=("--nodes=2", "--ntasks-per-node=1"),
-        env=slow_steps(0.2),
+        env=slow_steps(0.2, pace),
     )
     metrics = run_dir / "metrics.jsonl"
     cluster.wait("training to start", lambda: metrics.exists() and metrics.stat().st_size, 240)
@@ -333,6 +338,7 @@ def test_preempted_two_rank_ddp_job_resumes_exactly(
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
         120,
     )
+    pace.unlink()
     cluster.run_to_completion(job_id, run_dir, 400)
 
     stops = _check_history(_events(run_dir), job_id)

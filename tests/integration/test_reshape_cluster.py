@@ -76,6 +76,7 @@ def spec(samples: Path) -> dict[str, Any]:
                 "PYTHONPATH": path,
                 "TRAIN_TEST_SAMPLES_DIR": str(samples),
                 "TRAIN_TEST_STEP_S": str(STEP_S),
+                "TRAIN_TEST_PACE_FILE": str(samples.parent / "pace"),
             }
         },
         "requeue": {"signal": "USR2", "signal_delay_s": 40},
@@ -166,6 +167,7 @@ def samples(folder: Path) -> dict[int, list[int]]:
 def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_path: Path) -> None:
     got_dir, ref_dir = tmp_path / "samples", tmp_path / "ref-samples"
     got_dir.mkdir()
+    (tmp_path / "pace").touch()  # steps are slow until the second resume (tests/hooks)
     nodes = sorted(n.name for n in run.client.cluster_state().nodes)
     assert len(nodes) >= 3, nodes
     third = hold(run, nodes[2])  # only 2 nodes for the first start
@@ -190,6 +192,7 @@ def test_preempted_on_two_nodes_resumes_on_one_and_back_on_two(run: ByoRun, tmp_
     run.client.cancel([j for j in run.others if j != third] + [third], no_requeue=True)
     run.others.clear()
     two = preempt_onto(run, first, 1)
+    (tmp_path / "pace").unlink()
     assert (two["world_size"], two["num_nodes"], two["was_world_size"]) == (2, 2, 1), two
     assert run.wait_final(600) == "COMPLETED", run.log()
     assert f"resumed at step {two['step']} on 2 nodes (was 1)" in run.status()["history"]
