@@ -132,6 +132,13 @@ class Layout:
         return self.root / "mysql"
 
     @property
+    def mysql_tmp(self) -> Path:
+        """MariaDB's own temporary folder: with the shared /tmp, two clusters set up at once
+        (the test workers' clusters) collided on its temporary table names and one
+        mariadb-install-db failed ("Could not remove temporary table: '/tmp/#sql-temptable-..")."""
+        return self.mysql_dir / "tmp"
+
+    @property
     def mysql_data(self) -> Path:
         return self.mysql_dir / "data"
 

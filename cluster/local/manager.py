@@ -233,11 +233,14 @@ class LocalCluster:
         L = self.layout
         pid_file, log = L.pid_file("mariadbd"), L.log_file("mariadbd")
         shutil.chown(L.mysql_dir, "mysql", "mysql")
+        L.mysql_tmp.mkdir(exist_ok=True)
+        shutil.chown(L.mysql_tmp, "mysql", "mysql")
         fresh = not (L.mysql_data / "mysql").exists()
         if fresh:
             run_checked(
                 [
-                    "mariadb-install-db", "--user=mysql", f"--datadir={L.mysql_data}",
+                    "mariadb-install-db", "--no-defaults", "--user=mysql",
+                    f"--datadir={L.mysql_data}", f"--tmpdir={L.mysql_tmp}",
                     "--auth-root-authentication-method=socket", "--skip-test-db",
                 ],
                 env=self.env(), timeout=120, what="mariadb-install-db",
@@ -245,7 +248,7 @@ class LocalCluster:
         pid = spawn_detached(
             [
                 "mariadbd", "--no-defaults", "--user=mysql", f"--datadir={L.mysql_data}",
-                f"--socket={L.mysql_socket}", f"--port={L.mariadb_port}",
+                f"--tmpdir={L.mysql_tmp}", f"--socket={L.mysql_socket}", f"--port={L.mariadb_port}",
                 "--bind-address=127.0.0.1", f"--pid-file={L.mysql_dir / 'mariadbd.pid'}",
                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve",
             ],
