@@ -110,35 +110,20 @@ if _STEP_S:
 _SAMPLES = os.environ.get("TRAIN_TEST_SAMPLES_DIR")
 
 
-class _AddSampleHookWhenImported(importlib.abc.MetaPathFinder):
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "train.loop.trainer":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        run = loader.exec_module
+def _record_samples(module: ModuleType) -> None:
+    import json
 
-        def exec_module(module: ModuleType) -> None:
-            run(module)
-            import json
+    attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+    rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
+    out = os.path.join(str(_SAMPLES), f"samples-{attempt}-{rank}.jsonl")
 
-            attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
-            rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
-            out = os.path.join(str(_SAMPLES), f"samples-{attempt}-{rank}.jsonl")
+    def record(step: int, epoch: int, indices: Any) -> None:
+        line = json.dumps({"step": step, "epoch": epoch, "ids": indices.tolist()})
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
 
-            def record(step: int, epoch: int, indices: Any) -> None:
-                line = json.dumps({"step": step, "epoch": epoch, "ids": indices.tolist()})
-                with open(out, "a", encoding="utf-8") as f:
-                    f.write(line + "\n")
-
-            module.BATCH_HOOKS.append(record)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+    module.BATCH_HOOKS.append(record)
 
 
 if _SAMPLES:
-    sys.meta_path.insert(0, _AddSampleHookWhenImported())
+    sys.meta_path.insert(0, _HookWhenImported("train.loop.trainer", _record_samples))
