@@ -47,13 +47,19 @@ RANK = textwrap.dedent(
                   local_root=run / "shm")
     coll = run / "collective"
     coll.mkdir(parents=True, exist_ok=True)
+    def peer_step(peer):
+        try:  # read once; the peer truncates and rewrites it: an empty read is "not yet"
+            return int(peer.read_text().strip() or -1)
+        except (OSError, ValueError):
+            return -1
+
     step = 0
     while True:
         time.sleep(0.02)
         step += 1
         (coll / f"rank-{rank}").write_text(str(step))  # a stand-in for DDP's all-reduce
         peer = coll / f"rank-{1 - rank}"
-        while not (peer.exists() and peer.read_text().strip() and int(peer.read_text()) >= step):
+        while peer_step(peer) < step:
             time.sleep(0.005)
         wd.beat(step)
     """
