@@ -37,14 +37,17 @@ does not freeze it). It reads its node's heartbeats (node-local) every poll (T/1
 every :data:`SUMMARY_S`, publishes one small summary of its node
 (``RUN_DIR/.progress/ATTEMPT/nodes/NODE.json``: each local rank's step, phase, silence,
 allowance and process state, and a sequence number) and looks whether a hang was claimed
-(one ``stat``). That is the whole cost on the shared file system while nothing is wrong: one
-file written and one looked at per node every 10 s, whatever the number of ranks.
+(one ``stat``; every quarter of the timeout when that is shorter, at least 1 s apart). That
+is the whole cost on the shared file system while nothing is wrong: one file written and one
+looked at per node every 10 s (with the default timeout), whatever the number of ranks.
 
 When a local rank is silent past its allowance (for a command: every local rank), the watcher
 publishes at once, reads every node's summary and waits (at most ``SUMMARY_S + 3`` s) until
 each node published again; a node that does not is *silent* (its watcher is frozen with the
-node). The decision is :func:`train.hang.evidence.judge` (pure): a hang when a node is silent,
-a rank's process is stopped (state ``T``), or ranks are past their allowance while no rank is
+node). A local rank whose process is stopped past the timeout needs no other node's word (it
+is a hang and its own suspect): that watcher judges at once on the summaries it has. The
+decision is :func:`train.hang.evidence.judge` (pure): a hang when a node is silent, a rank's
+process is stopped (state ``T``), or ranks are past their allowance while no rank is
 busy within its own; the suspects are the silent nodes, the stopped ranks, else the ranks that
 have not reached the step their peers wait at (the others are its victims), else none. Then:
 

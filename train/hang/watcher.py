@@ -251,6 +251,15 @@ def _read_summaries(a: _Args, before: _Summaries | None = None) -> _Summaries:
     return out
 
 
+def _stopped_here(a: _Args, node: _Node) -> bool:
+    """A local rank of the built-in trainer or a function is stopped past the timeout (local
+    /proc reads only)."""
+    if a.command:
+        return False
+    view = node.view(time.monotonic())
+    return any(r.state == "T" and r.idle_s > r.timeout_s for r in view.ranks)
+
+
 def _confirm(a: _Args, node: _Node) -> list[NodeView] | None:
     """Publish now, then wait (at most one summary period and a bit) until every other node's
     watcher published again: the views to judge, a node that did not marked silent. None: a
@@ -265,6 +274,11 @@ def _confirm(a: _Args, node: _Node) -> list[NodeView] | None:
         for name, (seq, data) in current.items():
             if name not in before or seq != before[name][0] or data.get("ended"):
                 advanced.add(name)
+        if _stopped_here(a, node):
+            # a local rank stopped (state T) past the timeout is a hang and its own suspect
+            # whatever the other nodes say (evidence.judge): judge now on their last
+            # summaries, not up to a summary period later
+            advanced |= set(current)
         if set(current) <= advanced or time.monotonic() > deadline:
             break
         time.sleep(min(1.0, a.poll or 1.0))
@@ -285,7 +299,7 @@ def _watch(a: _Args) -> int:
     """Watch the node until its first rank ends (0) or a hang is handled (1)."""
     node = _Node(a)
     (a.shared / "nodes").mkdir(parents=True, exist_ok=True)
-    next_publish = next_judge = 0.0
+    next_publish = next_judge = next_claim_check = 0.0
     ended = True  # the node's ranks end on their own (or are stopped by Slurm): say so
     try:
         while True:
@@ -296,7 +310,12 @@ def _watch(a: _Args) -> int:
             if now >= next_publish:
                 node.publish(now)
                 next_publish = now + a.summary
-                if (a.hangs / "claimed").exists():  # another node's watcher took charge
+            if now >= next_claim_check:
+                # whether another node's watcher took charge: every summary period, sooner
+                # under a short timeout (a quarter of it, >= 1 s: one stat per node), so that
+                # its record of this node's ranks (stacks) does not hold the decision long
+                next_claim_check = now + min(a.summary, max(1.0, node.timeout() / 4))
+                if (a.hangs / "claimed").exists():
                     ended = False
                     _handle_hang(a, node, None, [])
                     return 1

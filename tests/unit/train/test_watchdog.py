@@ -216,9 +216,10 @@ RANK = textwrap.dedent(
     from train.hang.heartbeat import Watchdog
 
     run, rank, node, eval_s = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    evaluates = rank in [int(r) for r in sys.argv[6].split(",")]
     wd = Watchdog(run, rank=rank, world_size=2, job_id=None, restart_count=0, timeout_s=1.5,
                   budgets={"max_hangs": 2}, poll_s=0.2, node=node, local_rank=0,
-                  local_root=run / "shm", summary_s=1.0)
+                  local_root=run / "shm", summary_s=float(sys.argv[5]))
 
     coll = run / "collective"
     coll.mkdir(parents=True, exist_ok=True)
@@ -244,7 +245,7 @@ RANK = textwrap.dedent(
         spin_in_training_step(step)
         step += 1
         wd.beat(step)
-        if step == 20 and eval_s:
+        if step == 20 and eval_s and evaluates:
             with wd.busy("eval"):
                 time.sleep(eval_s)   # longer than the timeout: an evaluation, not a hang
             print("evaluated", flush=True)
@@ -284,9 +285,12 @@ def ranks(tmp_path: Path) -> Iterator[Callable[[float], list[subprocess.Popen[by
     started: list[subprocess.Popen[bytes]] = []
     frozen: list[int] = []
 
-    def start(eval_s: float = 0.0) -> list[subprocess.Popen[bytes]]:
+    def start(
+        eval_s: float = 0.0, summary_s: float = 1.0, evaluating: str = "0,1"
+    ) -> list[subprocess.Popen[bytes]]:
         for r, node in ((0, "a"), (1, "b")):
-            argv = [sys.executable, str(script), str(tmp_path / "run"), str(r), node, str(eval_s)]
+            argv = [sys.executable, str(script), str(tmp_path / "run"), str(r), node, str(eval_s),
+                    str(summary_s), evaluating]  # fmt: skip
             started.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE))
         return started
 
@@ -338,6 +342,31 @@ def test_a_frozen_rank_is_detected_dumped_recorded_and_ended(tmp_path: Path, ran
     assert "spin_in_training_step" in stacks, stacks  # the frame the rank was in
     assert not (hangs / "rank-1.stacks").exists()  # a stopped process cannot dump
     assert json.loads((hangs / "decided").read_text())["ranks"] == [1]
+
+
+def test_a_stopped_rank_is_judged_without_waiting_for_the_other_nodes_summaries(
+    tmp_path: Path, ranks: Any
+) -> None:
+    """Rank 0 evaluates (busy, within its allowance: its watcher sees nothing wrong) while
+    rank 1, waiting for it, is stopped. Rank 1's own watcher sees the process stopped: a hang
+    whatever the other node says, so it decides on that node's last summary instead of waiting
+    a summary period (here 120 s) for it to publish again."""
+    procs = ranks(eval_s=100.0, summary_s=120.0, evaluating="0")
+    run = tmp_path / "run"
+    assert _wait(lambda: _in_eval(run), 30), "rank 0 never evaluated"
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    ranks.frozen.append(procs[1].pid)
+    assert _wait(lambda: any(e["event"] == "hang" for e in RunHistory(run).events()), 30)
+    hang = _hang(run)
+    assert hang["ranks"] == [1] and hang["nodes"] == ["b"], hang
+    assert "stopped" in hang["evidence"]["b"]  # type: ignore[index]
+
+
+def _in_eval(run: Path) -> bool:
+    from train.hang.heartbeat import read_beats
+
+    shm = run / "shm"
+    return any(b.phase == "eval" for d in shm.glob("*/*/*") for b in read_beats(d, 2).values())
 
 
 def test_a_frozen_node_is_blamed_not_the_healthy_one(tmp_path: Path, ranks: Any) -> None:
