@@ -213,8 +213,9 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
             out.write("no runs recorded yet\n")
             return 0
     states = states_many(runs, _client)  # one sacct call for all of them
-    # a named run: its goodput too (one more sacct, -D: Slurm's times of every attempt)
-    ledger = run_ledger(runs[0], _client) if args.run else None
+    # a named run: its goodput too (one more sacct, -D: Slurm's times of every attempt; not
+    # for a run that never started: its time so far is all queued)
+    ledger = run_ledger(runs[0], _client, states=states) if args.run else None
     if args.json:
         data = status_json(runs, states)
         if ledger is not None:

@@ -10,12 +10,12 @@ arithmetic is :func:`jobs.goodput.compute`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from cluster.errors import ClusterError
-from cluster.models import JobAttempt
+from cluster.models import JobAttempt, JobInfo
 from jobs.goodput import Ledger, compute, sum_ledgers
 from jobs.records import RunRecord
 from train.schema import EVENT, METRIC, read_records
@@ -49,21 +49,52 @@ def _slurm_attempts(
     return by_job, ""
 
 
+def _since(records: list[dict[str, Any]], submitted_at: float | None) -> list[dict[str, Any]]:
+    """The records of this run: a directory used again keeps an earlier run's lines."""
+    if not submitted_at:
+        return records
+    return [r for r in records if float(r.get("time") or 0) >= submitted_at]
+
+
+def _never_started(record: RunRecord, states: Mapping[str, JobInfo] | None) -> bool:
+    """Every task of a Slurm run is pending, never restarted, with no event since the run's
+    submission: no attempt has begun, so Slurm's times can add nothing to "queued since the
+    submission" (``jobs status`` asked for the states already: no second query)."""
+    ids = record.job_ids()
+    if record.executor != "slurm" or not states or not ids or not record.submitted_at:
+        return False
+    for jid in ids:
+        info = states.get(jid)
+        if info is None or info.state != "PENDING" or (info.restarts or 0) > 0:
+            return False
+    return not any(
+        _since(read_records(Path(t.run_dir) / "events.jsonl", EVENT), record.submitted_at)
+        for t in record.tasks
+    )
+
+
 def task_ledgers(
     record: RunRecord,
     client: Callable[[], AttemptSource] | None,
     now: float | None = None,
+    states: Mapping[str, JobInfo] | None = None,
 ) -> list[Ledger]:
-    """One ledger per task of ``record`` (a single job: one)."""
+    """One ledger per task of ``record`` (a single job: one). ``states``: the tasks' states
+    when the caller has them (a run that never started is then not asked about again)."""
     now = time.time() if now is None else now
-    attempts, note = _slurm_attempts(record, client)
     ids = record.job_ids() or [""] * len(record.tasks)
+    if _never_started(record, states):
+        submitted = record.submitted_at
+        attempts = {j: [JobAttempt(j, "PENDING", submitted, None, None, None)] for j in ids}
+        note = ""
+    else:
+        attempts, note = _slurm_attempts(record, client)
     out = []
     for jid, task in zip(ids, record.tasks, strict=False):
         run_dir = Path(task.run_dir)
         ledger = compute(
-            read_records(run_dir / "events.jsonl", EVENT),
-            read_records(run_dir / "metrics.jsonl", METRIC),
+            _since(read_records(run_dir / "events.jsonl", EVENT), record.submitted_at),
+            _since(read_records(run_dir / "metrics.jsonl", METRIC), record.submitted_at),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,
@@ -75,10 +106,13 @@ def task_ledgers(
 
 
 def run_ledger(
-    record: RunRecord, client: Callable[[], AttemptSource] | None, now: float | None = None
+    record: RunRecord,
+    client: Callable[[], AttemptSource] | None,
+    now: float | None = None,
+    states: Mapping[str, JobInfo] | None = None,
 ) -> Ledger:
     """The run's ledger (a sweep: its tasks summed)."""
-    return sum_ledgers(task_ledgers(record, client, now))
+    return sum_ledgers(task_ledgers(record, client, now, states))
 
 
 def dir_ledger(

@@ -251,3 +251,44 @@ def test_status_view_reads_the_run_and_slurm_times(tmp_path: Any) -> None:
     assert led.parts["startup"] == pytest.approx(1.0) and led.parts["productive"] == 1.5
     assert led.parts["unaccounted"] > 60  # attempts 1-3 ran without writing a record
     assert led.line().startswith("goodput 0.")
+
+
+def test_a_run_that_never_started_is_all_queued_without_a_second_query(tmp_path: Any) -> None:
+    """jobs status has the states already: every task pending, never restarted, no event since
+    the submission -> its time so far is queued, and Slurm is not asked for attempt times. A
+    task that started (an event), was requeued, or has no state -> Slurm is asked."""
+    from cluster.models import JobInfo
+    from jobs.goodputview import run_ledger
+    from jobs.records import RunRecord, TaskRecord
+
+    asked: list[str] = []
+
+    class Counting:
+        def attempt_times(self, job_id: str) -> list[Any]:
+            asked.append(job_id)
+            return []
+
+    runs = [tmp_path / f"t{i}" for i in range(2)]
+    for r in runs:
+        r.mkdir()
+    (runs[1] / "events.jsonl").write_text('{"time": 5.0, "event": "start"}\n')  # an old run's
+    record = RunRecord(
+        run_id="sweep", name="sweep", run_dir=str(tmp_path), executor="slurm", job_id="7",
+        array_size=2, submitted_at=100.0,
+        tasks=[TaskRecord(index=i, run_dir=str(r), values={}) for i, r in enumerate(runs)],
+    )  # fmt: skip
+    ids = record.job_ids()
+    pending = {j: JobInfo(j, "PENDING", restarts=0) for j in ids}
+    led = run_ledger(record, Counting, now=160.0, states=pending)
+    assert asked == [] and led.wall_s == pytest.approx(120.0)
+    assert led.parts["queued"] == pytest.approx(120.0) and led.goodput == 0.0
+    # any sign of an attempt: Slurm is asked (once per array)
+    (runs[0] / "events.jsonl").write_text('{"time": 120.0, "event": "start"}\n')
+    run_ledger(record, Counting, now=160.0, states=pending)
+    (runs[0] / "events.jsonl").unlink()
+    run_ledger(record, Counting, now=160.0, states={**pending, ids[1]: JobInfo(ids[1], "RUNNING")})
+    requeued = {**pending, ids[0]: JobInfo(ids[0], "PENDING", restarts=1)}
+    run_ledger(record, Counting, now=160.0, states=requeued)
+    run_ledger(record, Counting, now=160.0, states={ids[0]: pending[ids[0]]})
+    run_ledger(record, Counting, now=160.0)
+    assert asked == ["7"] * 5
