@@ -281,7 +281,9 @@ def _confirm(a: _Args, node: _Node) -> list[NodeView] | None:
             advanced |= set(current)
         if set(current) <= advanced or time.monotonic() > deadline:
             break
-        time.sleep(min(1.0, a.poll or 1.0))
+        # as often as the watcher polls (a tenth of the timeout, 0.2-1 s): another node's
+        # claim is seen, and this node's record of its ranks written, that much sooner
+        time.sleep(a.poll or min(1.0, max(0.2, node.timeout() / 10)))
         if (a.hangs / "claimed").exists():
             return None
         current = _read_summaries(a, current)
