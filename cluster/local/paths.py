@@ -47,14 +47,14 @@ def local_conf(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def find_local_conf(environ: Mapping[str, str]) -> str | None:
-    """The dev cluster's slurm.conf when it exists (the registered finder)."""
+    """The dev cluster's slurm.conf while its controller runs (the registered finder). A
+    cluster that is down leaves its config behind: offered then, every Slurm command would
+    wait on a controller that never answers (about 18 s a command here) instead of saying at
+    once that there is no Slurm."""
     conf = local_conf(environ)
-    return str(conf) if conf.exists() else None
+    if not conf.exists():
+        return None
+    from cluster.local.daemons import pid_runs, read_pid  # lazy: only when a config is there
 
-
-def resolve_slurm_conf(environ: Mapping[str, str] | None = None) -> str | None:
-    """The slurm.conf Slurm commands should use (:func:`cluster.conf.find_slurm_conf` with
-    this cluster as the only finder; kept for callers inside ``cluster/local``)."""
-    from cluster.conf import find_slurm_conf
-
-    return find_slurm_conf(os.environ if environ is None else environ, [find_local_conf])
+    pid_file = state_dir(environ) / "run" / "slurmctld.pid"
+    return str(conf) if pid_runs(read_pid(pid_file), "slurmctld") else None

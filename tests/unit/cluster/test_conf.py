@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,14 +37,39 @@ def test_first_finder_that_finds(no_system_conf: Path) -> None:
     assert conf.find_slurm_conf({}, [lambda env: None]) is None  # type: ignore[list-item]
 
 
-def test_the_local_cluster_is_registered_not_imported(no_system_conf: Path) -> None:
-    """cluster.local registers its finder (pyproject entry point); cluster.client names none."""
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[int]:
+    """A process whose name is slurmctld (as the kernel reports it), stopped at the end."""
+    code = "open('/proc/self/comm', 'w').write('slurmctld'); import time; time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{proc.pid}/comm").read_text().strip() != "slurmctld":
+        assert time.monotonic() < deadline, "the stand-in never took its name"
+        time.sleep(0.01)
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_the_local_cluster_is_registered_not_imported(
+    no_system_conf: Path, controller: int
+) -> None:
+    """cluster.local registers its finder (pyproject entry point); cluster.client names none.
+    It offers the dev cluster's config only while its controller runs: a cluster that is down
+    leaves its config behind, and Slurm commands would wait on it (18 s each) instead of
+    failing at once."""
     names = {f"{f.__module__}:{f.__name__}" for f in conf.registered_finders()}
     assert "cluster.local.paths:find_local_conf" in names
     state = no_system_conf / "cluster"
     (state / "etc").mkdir(parents=True)
+    (state / "run").mkdir()
     (state / "etc" / "slurm.conf").write_text("ClusterName=dev\n")
     env = {"SLURM_TRAIN_CLUSTER_DIR": str(state), "PATH": "/usr/bin"}
+    assert SlurmClient(environ=env).conf is None  # down: no pid file
+    pid_file = state / "run" / "slurmctld.pid"
+    pid_file.write_text(f"{os.getpid()}\n")  # a live process, but not a controller
+    assert SlurmClient(environ=env).conf is None
+    pid_file.write_text(f"{controller}\n")
     assert SlurmClient(environ=env).conf == str(state / "etc" / "slurm.conf")
     assert SlurmClient(environ=env).env()["SLURM_CONF"] == str(state / "etc" / "slurm.conf")
 
