@@ -94,9 +94,11 @@ def test_script_that_ignores_signals_is_requeued_and_completes(run: ByoRun) -> N
     check_history(run, via="scontrol")
     starts = restarts(run)
     assert [s["restart"] for s in starts] == [0, 1]
-    # it resumed from its last periodic save: at most --save-every steps trained again
+    # it resumed from its last periodic save: at most --save-every steps trained again (all
+    # ten when the stop came while it saved the step it had just logged: that half-written
+    # save is never read)
     stopped_at = max(p["step"] for p in run.progress() if p.get("restart") == 0 and "step" in p)
-    assert starts[1]["step"] >= 20 and stopped_at - starts[1]["step"] < 10
+    assert starts[1]["step"] >= 20 and stopped_at - starts[1]["step"] <= 10
     assert run.steps_done() == steps
 
 
