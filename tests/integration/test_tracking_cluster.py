@@ -27,6 +27,7 @@ from jobs.cli import main as jobs_main
 from train.history import RunHistory
 
 sys.path.insert(0, str(Path(__file__).parent))
+from slow_saves import slow_steps
 from test_preemption import SPEC, Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -76,10 +77,14 @@ def test_preempted_twice_tensorboard_steps_once_in_order_and_plot(
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     run_dir = tmp_path / "run"
-    job_id = c.submit_training(spec_path, run_dir, ["--time=10"])
+    # steps paced until the second preemption is done: unpaced, the resumed attempt trained
+    # its last 64 steps in 2 s and ended before the second preemption reached it
+    pace = tmp_path / "pace"
+    job_id = c.submit_training(spec_path, run_dir, ["--time=10"], env=slow_steps(0.1, pace))
     _preempt(c, job_id, run_dir, 1)
     _release_until_resumed(c, job_id, run_dir, 1)
     _preempt(c, job_id, run_dir, 2)
+    pace.unlink()
     c.run_to_completion(job_id, run_dir, 400)
 
     assert _count(run_dir, "preempted") >= 2 and _count(run_dir, "resume") >= 2
