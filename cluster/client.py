@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -324,8 +325,17 @@ class SlurmClient:
         self.run(cmd)
 
     def requeue(self, job_id: str) -> None:
-        """Put a running (or finished) batch job back in the queue with the same id."""
-        self.run(["scontrol", "requeue", str(job_id)])
+        """Put a running (or finished) batch job back in the queue with the same id.
+
+        Asked from inside the job itself (a rank, a node's watcher), ``scontrol`` is one of the
+        processes the requeue ends: killed by the requeue's SIGTERM before it exits, it has had
+        its answer from Slurm (the request is what sent the signal), so that is success.
+        """
+        try:
+            self.run(["scontrol", "requeue", str(job_id)])
+        except SlurmCommandError as exc:
+            if exc.returncode != -signal.SIGTERM or isinstance(exc, SlurmTimeoutError):
+                raise
 
     def exclude_nodes(self, job_id: str, nodes: Iterable[str]) -> list[str]:
         """Keep a pending (e.g. just requeued) job off ``nodes`` as well as the nodes it already

@@ -214,3 +214,17 @@ def test_a_started_command_is_killed_at_its_timeout(tmp_path: Path) -> None:
     with pytest.raises(SlurmTimeoutError, match=r"no answer within 0\.3s"):
         client.finish(started)
     assert started.proc.returncode is not None
+
+
+def test_a_requeue_whose_scontrol_the_requeue_itself_ended_is_done(tmp_path: Path) -> None:
+    """Asked from inside the job, scontrol is killed by the SIGTERM its own requeue sends: that
+    is success (CI recorded it as a failed requeue). Any other failure still raises."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/asked"\nkill -TERM $$\n')
+    scontrol.chmod(0o755)
+    client = _client(tmp_path)
+    client.requeue("42")
+    assert (tmp_path / "asked").read_text() == "requeue 42\n"
+    scontrol.write_text('#!/bin/sh\necho "Invalid job id specified" >&2\nexit 1\n')
+    with pytest.raises(SlurmCommandError, match="Invalid job id"):
+        client.requeue("42")
