@@ -56,10 +56,13 @@ def _since(records: list[dict[str, Any]], submitted_at: float | None) -> list[di
     return [r for r in records if float(r.get("time") or 0) >= submitted_at]
 
 
-def _never_started(record: RunRecord, states: Mapping[str, JobInfo] | None) -> bool:
+def _never_started(
+    record: RunRecord, states: Mapping[str, JobInfo] | None, events: list[list[dict[str, Any]]]
+) -> bool:
     """Every task of a Slurm run is pending, never restarted, with no event since the run's
-    submission: no attempt has begun, so Slurm's times can add nothing to "queued since the
-    submission" (``jobs status`` asked for the states already: no second query)."""
+    submission (``events``: each task's, already cut to this run): no attempt has begun, so
+    Slurm's times can add nothing to "queued since the submission" (``jobs status`` asked for
+    the states already: no second query)."""
     ids = record.job_ids()
     if record.executor != "slurm" or not states or not ids or not record.submitted_at:
         return False
@@ -67,10 +70,7 @@ def _never_started(record: RunRecord, states: Mapping[str, JobInfo] | None) -> b
         info = states.get(jid)
         if info is None or info.state != "PENDING" or (info.restarts or 0) > 0:
             return False
-    return not any(
-        _since(read_records(Path(t.run_dir) / "events.jsonl", EVENT), record.submitted_at)
-        for t in record.tasks
-    )
+    return not any(events)
 
 
 def task_ledgers(
@@ -83,18 +83,21 @@ def task_ledgers(
     when the caller has them (a run that never started is then not asked about again)."""
     now = time.time() if now is None else now
     ids = record.job_ids() or [""] * len(record.tasks)
-    if _never_started(record, states):
+    since = record.submitted_at
+    events = [
+        _since(read_records(Path(t.run_dir) / "events.jsonl", EVENT), since) for t in record.tasks
+    ]
+    if _never_started(record, states, events):
         submitted = record.submitted_at
         attempts = {j: [JobAttempt(j, "PENDING", submitted, None, None, None)] for j in ids}
         note = ""
     else:
         attempts, note = _slurm_attempts(record, client)
     out = []
-    for jid, task in zip(ids, record.tasks, strict=False):
-        run_dir = Path(task.run_dir)
+    for jid, task, task_events in zip(ids, record.tasks, events, strict=False):
         ledger = compute(
-            _since(read_records(run_dir / "events.jsonl", EVENT), record.submitted_at),
-            _since(read_records(run_dir / "metrics.jsonl", METRIC), record.submitted_at),
+            task_events,
+            _since(read_records(Path(task.run_dir) / "metrics.jsonl", METRIC), since),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,
