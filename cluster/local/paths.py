@@ -54,7 +54,8 @@ def find_local_conf(environ: Mapping[str, str]) -> str | None:
     conf = local_conf(environ)
     if not conf.exists():
         return None
-    from cluster.local.daemons import pid_runs, read_pid  # lazy: only when a config is there
+    from cluster.local.config import Layout  # lazy: only when a config is there
+    from cluster.local.daemons import pid_runs, read_pid
 
-    pid_file = state_dir(environ) / "run" / "slurmctld.pid"
+    pid_file = Layout(state_dir(environ)).pid_file("slurmctld")
     return str(conf) if pid_runs(read_pid(pid_file), "slurmctld") else None
