@@ -39,7 +39,10 @@ every :data:`SUMMARY_S`, publishes one small summary of its node
 allowance and process state, and a sequence number) and looks whether a hang was claimed
 (one ``stat``; every quarter of the timeout when that is shorter, at least 1 s apart). That
 is the whole cost on the shared file system while nothing is wrong: one file written and one
-looked at per node every 10 s (with the default timeout), whatever the number of ranks.
+looked at per node every 10 s (with the default timeout), whatever the number of ranks. A node
+whose ranks are silent past their allowance but judged "not a hang" (a peer elsewhere still
+works, or is busy) publishes every quarter of a short timeout instead (>= 1 s), so that a peer
+whose ranks fall silent later has this node's word at once, not a summary period later.
 
 When a local rank is silent past its allowance (for a command: every local rank), the watcher
 publishes at once, reads every node's summary and waits (at most ``SUMMARY_S + 3`` s) until

@@ -309,9 +309,16 @@ def _watch(a: _Args) -> int:
                 return 0  # the rank (this process's parent) is gone
             now = time.monotonic()
             node.poll(now)
+            suspicious = node.suspicious(now)
             if now >= next_publish:
                 node.publish(now)
-                next_publish = now + a.summary
+                # while its ranks are silent past their allowance (judged "not a hang": a
+                # peer elsewhere still works), the node tells it every quarter of a short
+                # timeout (>= 1 s; the default keeps one write per node per 10 s): the peer's
+                # watcher, once its own ranks fall silent too, waits that long for this
+                # node's word, not up to a whole summary period
+                quick = min(a.summary, max(1.0, node.timeout() / 4))
+                next_publish = now + (quick if suspicious else a.summary)
             if now >= next_claim_check:
                 # whether another node's watcher took charge: every summary period, sooner
                 # under a short timeout (a quarter of it, >= 1 s: one stat per node), so that
@@ -321,7 +328,7 @@ def _watch(a: _Args) -> int:
                     ended = False
                     _handle_hang(a, node, None, [])
                     return 1
-            if now >= next_judge and node.suspicious(now):
+            if now >= next_judge and suspicious:
                 views = _confirm(a, node)
                 verdict = judge(views, command=a.command) if views is not None else None
                 if verdict is None or verdict.hang:
@@ -330,7 +337,7 @@ def _watch(a: _Args) -> int:
                     return 1
                 log.info("ranks %s silent, not a hang: %s", verdict.stalled, verdict.why)
                 next_judge = time.monotonic() + a.summary
-                next_publish = time.monotonic() + a.summary
+                next_publish = time.monotonic() + min(a.summary, max(1.0, node.timeout() / 4))
             timeout = node.timeout()
             time.sleep(a.poll or min(5.0, max(0.2, timeout / 10)))
     finally:

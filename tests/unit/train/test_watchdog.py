@@ -395,3 +395,75 @@ def test_a_declared_evaluation_longer_than_the_timeout_is_no_hang(
         assert p.returncode == 0 and b"evaluated" in out
     assert not (tmp_path / "run" / "hangs").exists()
     assert not [e for e in RunHistory(tmp_path / "run").events() if e["event"] == "hang"]
+
+
+# Two supervisors of a command (one per simulated node). Rank 1 falls silent first; rank 0 goes
+# on writing for a while (its log, a save), then blocks too: the job hangs only then (a command
+# hangs when every rank is quiet), and node b's watcher has already judged "not a hang" once.
+COMMAND_RANK = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from pathlib import Path
+    from train.hang.heartbeat import Watchdog
+
+    run, rank, node, quiet_after = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    command = subprocess.Popen(["sleep", "3600"], start_new_session=True)  # the user's command
+    (run / f"command-{rank}").parent.mkdir(parents=True, exist_ok=True)
+    (run / f"command-{rank}").write_text(str(command.pid))
+    wd = Watchdog(run, rank=rank, world_size=2, job_id=None, restart_count=0, timeout_s=1.5,
+                  budgets={"max_hangs": 2}, poll_s=0.2, node=node, local_rank=0,
+                  local_root=run / "shm", summary_s=float(sys.argv[5]), command_pid=command.pid)
+    go = run / "go"
+    beats = 0
+    while not go.exists():  # both write until the test says go
+        beats += 1
+        wd.beat(beats)
+        time.sleep(0.1)
+    start = time.time()
+    while time.time() - start < quiet_after:
+        beats += 1
+        wd.beat(beats)
+        time.sleep(0.1)
+    (run / f"quiet-{rank}").write_text(str(time.time()))
+    time.sleep(3600)
+    """
+)
+
+
+def test_a_command_hang_is_found_soon_after_its_last_rank_falls_silent(tmp_path: Path) -> None:
+    """Node b's rank falls silent 6 s before node a's: b's watcher judges "not a hang" (a's rank
+    still writes) and its next periodic summary is far away (here 60 s; a's is 2 s). Once a's
+    rank is silent too, a's watcher needs b's word about its ranks: b gives it every quarter of
+    the timeout while its ranks are silent, so the hang is found within seconds and b is not
+    taken for a frozen node (a watcher that does not answer in time is silent)."""
+    script = tmp_path / "rank.py"
+    script.write_text(COMMAND_RANK)
+    run = tmp_path / "run"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(run), str(rank), node, quiet, summary],
+                         env=env)  # fmt: skip
+        for rank, node, quiet, summary in ((0, "a", "6", "2"), (1, "b", "0", "60"))
+    ]
+    try:
+        nodes = run / ".progress" / "local-0" / "nodes"
+        assert _wait(lambda: len(list(nodes.glob("*.json"))) == 2, 30), "no summaries"
+        (run / "go").write_text("")
+        assert _wait(lambda: (run / "quiet-0").exists(), 30)
+        last_write = float((run / "quiet-0").read_text())
+        assert _wait(lambda: any(e["event"] == "hang" for e in RunHistory(run).events()), 40)
+        hang = _hang(run)
+        # the last rank's silence (1.5 s), b's next word (<= 1 s) and polls: not 60 s
+        assert hang["time"] - last_write < 15, hang  # type: ignore[operator]
+        # nothing is stopped and no watcher is silent: the evidence names no one
+        assert hang["ranks"] == [] and hang["nodes"] == [], hang
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for rank in (0, 1):  # the watchers killed the commands; else they are ours to end
+            with contextlib.suppress(OSError, ValueError):
+                pid = int((run / f"command-{rank}").read_text())
+                if "sleep" in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.killpg(pid, signal.SIGKILL)
