@@ -406,7 +406,8 @@ COMMAND_RANK = textwrap.dedent(
     from pathlib import Path
     from train.hang.heartbeat import Watchdog
 
-    run, rank, node, quiet_after = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    run, rank, node = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    quiet_after = float(sys.argv[4])
     command = subprocess.Popen(["sleep", "3600"], start_new_session=True)  # the user's command
     (run / f"command-{rank}").parent.mkdir(parents=True, exist_ok=True)
     (run / f"command-{rank}").write_text(str(command.pid))
@@ -440,11 +441,10 @@ def test_a_command_hang_is_found_soon_after_its_last_rank_falls_silent(tmp_path:
     script.write_text(COMMAND_RANK)
     run = tmp_path / "run"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(run), str(rank), node, quiet, summary],
-                         env=env)  # fmt: skip
-        for rank, node, quiet, summary in ((0, "a", "6", "2"), (1, "b", "0", "60"))
-    ]
+    procs = []
+    for rank, node, quiet, summary in ((0, "a", "6", "2"), (1, "b", "0", "60")):
+        argv = [sys.executable, str(script), str(run), str(rank), node, quiet, summary]
+        procs.append(subprocess.Popen(argv, env=env))
     try:
         nodes = run / ".progress" / "local-0" / "nodes"
         assert _wait(lambda: len(list(nodes.glob("*.json"))) == 2, 30), "no summaries"
