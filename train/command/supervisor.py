@@ -177,9 +177,6 @@ class CommandRun(StopHandling):
                 ) from exc
             assert proc.stderr is not None
             tail = StderrTail(proc.stderr)
-            self.watchdog = start_watchdog(
-                self.config.requeue, self.env, self.run_dir, command_pid=proc.pid
-            )
             try:
                 return self._supervise(proc, tail)
             finally:
@@ -195,13 +192,14 @@ class CommandRun(StopHandling):
 
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
         written, beats, next_look = written_bytes(proc.pid), 0, 0.0
+        watch = getattr(self.config.requeue, "hang_watchdog", True)
         while True:
             code = proc.poll()
             if self.stops:
                 return self._after_stop(proc, tail)
             if code is None:
                 now = time.monotonic()
-                if self.watchdog is not None and now >= next_look:
+                if watch and now >= next_look:
                     # progress of a command: its training processes wrote something (output,
                     # files, gloo's sockets), a launcher's own chatter not counted (torchrun's
                     # keep-alive): see README "Hangs of your own command"
@@ -209,7 +207,17 @@ class CommandRun(StopHandling):
                     now_written = written_bytes(proc.pid)
                     if now_written != written:
                         written, beats = now_written, beats + 1
-                        self.watchdog.beat(beats)
+                        if self.watchdog is None:
+                            # The watch starts with the command's first write: a command is
+                            # watched only once it wrote (before, it starts: imports, the
+                            # rendezvous), and the node's watcher process then does not take
+                            # the cores from the command's own start (the import of torch)
+                            self.watchdog = start_watchdog(
+                                self.config.requeue, self.env, self.run_dir, command_pid=proc.pid
+                            )
+                            watch = self.watchdog is not None
+                        if self.watchdog is not None:
+                            self.watchdog.beat(beats)
                 time.sleep(_POLL_S)
                 continue
             if code != 0:

@@ -32,17 +32,18 @@ phase ``max(T, BUSY_FLOOR_S)``; a command's ranks ``T`` with a default of
 ``max(COMMAND_FLOOR_S, 3 x the longest silence)``.
 
 Watcher: ONE process per node (``python -m train.hang.watcher``, no torch), started by the
-node's first local rank in its own session (a ``kill -STOP`` of the rank or its process group
-does not freeze it). It reads its node's heartbeats (node-local) every poll (T/10, 0.2-5 s) and,
-every :data:`SUMMARY_S`, publishes one small summary of its node
-(``RUN_DIR/.progress/ATTEMPT/nodes/NODE.json``: each local rank's step, phase, silence,
-allowance and process state, and a sequence number) and looks whether a hang was claimed
-(one ``stat``; every quarter of the timeout when that is shorter, at least 1 s apart). That
-is the whole cost on the shared file system while nothing is wrong: one file written and one
-looked at per node every 10 s (with the default timeout), whatever the number of ranks. A node
-whose ranks are silent past their allowance but judged "not a hang" (a peer elsewhere still
-works, or is busy) publishes every quarter of a short timeout instead (>= 1 s), so that a peer
-whose ranks fall silent later has this node's word at once, not a summary period later.
+node's first local rank (a command's supervisor: at the command's first write) in its own
+session (a ``kill -STOP`` of the rank or its process group does not freeze it). It reads its
+node's heartbeats (node-local) every poll (T/10, 0.2-5 s) and, every :data:`SUMMARY_S`,
+publishes one small summary of its node (``RUN_DIR/.progress/ATTEMPT/nodes/NODE.json``: each
+local rank's step, phase, silence, allowance and process state, and a sequence number) and looks
+whether a hang was claimed (one ``stat``; every quarter of the timeout when that is shorter, at
+least 1 s apart). That is the whole cost on the shared file system while nothing is wrong: one
+file written and one looked at per node every 10 s (with the default timeout), whatever the
+number of ranks. A node whose ranks are silent past their allowance but judged "not a hang" (a
+peer elsewhere still works, or is busy) publishes every quarter of a short timeout instead (>= 1
+s), so that a peer whose ranks fall silent later has this node's word at once, not a summary
+period later.
 
 When a local rank is silent past its allowance (for a command: every local rank), the watcher
 publishes at once, reads every node's summary and waits (at most ``SUMMARY_S + 3`` s) until
