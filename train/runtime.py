@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -42,10 +46,50 @@ def configure_torch(config: TrainConfig, env: DistEnv) -> None:
     if config.deterministic:
         # cuBLAS needs this for deterministic matmuls; harmless on CPU.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        deterministic_algorithms(compiles=config.compile)
         torch.backends.cudnn.benchmark = False
     else:
         torch.backends.cudnn.benchmark = True
+
+
+_INDUCTOR_CONFIG = "torch._inductor.config"
+
+
+def deterministic_algorithms(*, compiles: bool) -> None:
+    """``torch.use_deterministic_algorithms(True)`` without its import of the compiler.
+
+    The public call imports ``torch._inductor.config`` to set its ``deterministic`` flag: as long
+    as ``import torch`` itself (1.7-2.4 s on these machines) at every start of every rank, for a
+    run that never compiles. Here torch's own flag is set directly; the compiler's flag is set
+    now when the run compiles (``train.compile``) or the compiler is already imported, else the
+    moment anything (a user's function calling ``torch.compile``) imports its config.
+    """
+    if compiles or _INDUCTOR_CONFIG in sys.modules:
+        torch.use_deterministic_algorithms(True)
+        return
+    torch._C._set_deterministic_algorithms(True, warn_only=False)
+    if not any(isinstance(f, _DeterministicInductor) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeterministicInductor())
+
+
+class _DeterministicInductor(importlib.abc.MetaPathFinder):
+    """Sets ``torch._inductor.config.deterministic`` once that module is imported."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _INDUCTOR_CONFIG:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, run = spec.loader, spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            module.deterministic = torch.are_deterministic_algorithms_enabled()  # type: ignore[attr-defined]
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 class Runtime:

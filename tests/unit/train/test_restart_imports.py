@@ -55,6 +55,33 @@ def test_a_resumed_single_process_run_never_imports_dynamo(tmp_path: Path) -> No
     assert _run(code, tmp_path) == "[]"
 
 
+def test_a_deterministic_run_sets_torchs_flag_without_importing_the_compiler(
+    tmp_path: Path,
+) -> None:
+    # torch.use_deterministic_algorithms imports torch._inductor.config (with torch._dynamo:
+    # as long as `import torch` again); train.deterministic sets torch's flag without it, and
+    # the compiler's own flag the moment something imports it (a user's torch.compile)
+    code = f"""
+        import sys
+        from pathlib import Path
+        import torch
+        from train.spec.config import TrainConfig
+        from train.env import DistEnv
+        from train.loop.trainer import run_training
+        cfg = TrainConfig.model_validate({{
+            "model": "tinycnn", "width": 4, "data": {{"train_size": 64, "test_size": 16}},
+            "batch_size": 32, "epochs": 1, "num_threads": 1, "strategy": "single",
+            "deterministic": True,
+        }})
+        run_training(cfg, DistEnv(), Path({str(tmp_path / "run")!r}), max_steps=2)
+        compiler = sorted(m for m in sys.modules if m.startswith(("torch._dynamo", "torch._ind")))
+        on = torch.are_deterministic_algorithms_enabled()
+        import torch._inductor.config as inductor
+        print(compiler, on, inductor.deterministic)
+    """
+    assert _run(code, tmp_path) == "[] True True"
+
+
 def _train(cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[list[torch.Tensor], Any]:
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
