@@ -34,28 +34,7 @@ def _run(code: str, tmp_path: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_a_resumed_single_process_run_never_imports_dynamo(tmp_path: Path) -> None:
-    code = f"""
-        import sys
-        from pathlib import Path
-        from train.spec.config import TrainConfig
-        from train.env import DistEnv
-        from train.loop.trainer import run_training
-        cfg = TrainConfig.model_validate({{
-            "model": "tinycnn", "width": 4, "data": {{"train_size": 128, "test_size": 32}},
-            "batch_size": 32, "epochs": 2, "num_threads": 1, "strategy": "single",
-            "optimizer": {{"name": "adamw", "lr": 0.001}},
-        }})
-        run = Path({str(tmp_path / "run")!r})
-        run_training(cfg, DistEnv(), run, max_steps=2)
-        r = run_training(cfg, DistEnv(), run, max_steps=4, resume=True)
-        assert r.steps == 4 and r.resumed_from is not None, r
-        print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
-    """
-    assert _run(code, tmp_path) == "[]"
-
-
-def test_a_deterministic_run_sets_torchs_flag_without_importing_the_compiler(
+def test_a_resumed_deterministic_single_process_run_never_imports_the_compiler(
     tmp_path: Path,
 ) -> None:
     # torch.use_deterministic_algorithms imports torch._inductor.config (with torch._dynamo:
@@ -69,11 +48,14 @@ def test_a_deterministic_run_sets_torchs_flag_without_importing_the_compiler(
         from train.env import DistEnv
         from train.loop.trainer import run_training
         cfg = TrainConfig.model_validate({{
-            "model": "tinycnn", "width": 4, "data": {{"train_size": 64, "test_size": 16}},
-            "batch_size": 32, "epochs": 1, "num_threads": 1, "strategy": "single",
-            "deterministic": True,
+            "model": "tinycnn", "width": 4, "data": {{"train_size": 128, "test_size": 32}},
+            "batch_size": 32, "epochs": 2, "num_threads": 1, "strategy": "single",
+            "optimizer": {{"name": "adamw", "lr": 0.001}}, "deterministic": True,
         }})
-        run_training(cfg, DistEnv(), Path({str(tmp_path / "run")!r}), max_steps=2)
+        run = Path({str(tmp_path / "run")!r})
+        run_training(cfg, DistEnv(), run, max_steps=2)
+        r = run_training(cfg, DistEnv(), run, max_steps=4, resume=True)
+        assert r.steps == 4 and r.resumed_from is not None, r
         compiler = sorted(m for m in sys.modules if m.startswith(("torch._dynamo", "torch._ind")))
         on = torch.are_deterministic_algorithms_enabled()
         import torch._inductor.config as inductor
