@@ -64,10 +64,12 @@ def deterministic_algorithms(*, compiles: bool) -> None:
     now when the run compiles (``train.compile``) or the compiler is already imported, else the
     moment anything (a user's function calling ``torch.compile``) imports its config.
     """
-    if compiles or _INDUCTOR_CONFIG in sys.modules:
+    set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if compiles or _INDUCTOR_CONFIG in sys.modules or set_flag is None:
+        # (a torch without that private setter: the public call, import and all)
         torch.use_deterministic_algorithms(True)
         return
-    torch._C._set_deterministic_algorithms(True, warn_only=False)
+    set_flag(True, warn_only=False)
     if not any(isinstance(f, _DeterministicInductor) for f in sys.meta_path):
         sys.meta_path.insert(0, _DeterministicInductor())
 

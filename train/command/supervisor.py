@@ -192,7 +192,7 @@ class CommandRun(StopHandling):
 
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
         written, beats, next_look = written_bytes(proc.pid), 0, 0.0
-        watch = getattr(self.config.requeue, "hang_watchdog", True)
+        watch = True  # until start_watchdog says the watchdog is off
         while True:
             code = proc.poll()
             if self.stops:

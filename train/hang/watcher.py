@@ -297,6 +297,11 @@ def _confirm(a: _Args, node: _Node) -> list[NodeView] | None:
     return views
 
 
+def _quick(a: _Args, node: _Node) -> float:
+    """How often a node whose ranks are silent (judged "not a hang") publishes its summary."""
+    return min(a.summary, max(1.0, node.timeout() / 4))
+
+
 def _watch(a: _Args) -> int:
     """Watch the node until its first rank ends (0) or a hang is handled (1)."""
     node = _Node(a)
@@ -317,8 +322,7 @@ def _watch(a: _Args) -> int:
                 # timeout (>= 1 s; the default keeps one write per node per 10 s): the peer's
                 # watcher, once its own ranks fall silent too, waits that long for this
                 # node's word, not up to a whole summary period
-                quick = min(a.summary, max(1.0, node.timeout() / 4))
-                next_publish = now + (quick if suspicious else a.summary)
+                next_publish = now + (_quick(a, node) if suspicious else a.summary)
             if now >= next_claim_check:
                 # whether another node's watcher took charge: every summary period, sooner
                 # under a short timeout (a quarter of it, >= 1 s: one stat per node), so that
@@ -337,7 +341,7 @@ def _watch(a: _Args) -> int:
                     return 1
                 log.info("ranks %s silent, not a hang: %s", verdict.stalled, verdict.why)
                 next_judge = time.monotonic() + a.summary
-                next_publish = time.monotonic() + min(a.summary, max(1.0, node.timeout() / 4))
+                next_publish = time.monotonic() + _quick(a, node)
             timeout = node.timeout()
             time.sleep(a.poll or min(5.0, max(0.2, timeout / 10)))
     finally:
