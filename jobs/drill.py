@@ -215,10 +215,19 @@ class Drill:
         if state in _TERMINAL:
             raise DrillError(f"drill: job {self.job_id} already ended ({state})")
         started = [e for e in self.events() if e["event"] in ("start", "resume")]
-        # the built-in trainer logs its steps; a command's own steps are unknown to us
-        return (
-            state == "RUNNING" and bool(started) and (self._command() or bool(self.train_steps()))
-        )
+        if state != "RUNNING" or not started:
+            return False
+        # the built-in trainer logs its steps; a command's own steps are unknown to us. The
+        # attempt running now must have trained: steps of an earlier attempt (before a restart
+        # in place, say) are not what this drill interrupts
+        since = self._attempt_start(time.time())
+        return self._command() or any(t >= since for t, _ in self.train_steps())
+
+    def _attempt_start(self, before: float) -> float:
+        """When the attempt running at ``before`` started: its newest start or resume record
+        (a requeue and a restart in place each write one); 0 where there is none."""
+        starts = [e for e in self.events() if e["event"] in ("start", "resume")]
+        return max((_time(e) for e in starts if _time(e) <= before), default=0.0)
 
     def _command(self) -> bool:
         return not (self.run_dir / "metrics.jsonl").exists()
@@ -387,7 +396,10 @@ class Drill:
             r.signal_to_checkpoint_s = round(_time(checkpoint) - since, 2)
         resumed = self._resumed(t0, restarts) if self.kind != "cancel" else None
         until = _time(resumed) if resumed else time.time()
-        before = [s for t, s in self.train_steps() if t < until]
+        # the steps of the attempt the drill stopped: an earlier attempt may have gone further
+        # (its steps past its last save were lost then, and counted by that drill)
+        since = self._attempt_start(t0)
+        before = [s for t, s in self.train_steps() if since <= t < until]
         stop_step = _as_int(stop.get("step")) if stop else None
         known = [*before, *([stop_step] if stop_step is not None else [])]
         r.last_completed_step = max(known) if known else None

@@ -156,6 +156,32 @@ def test_cancel_drill_stays_cancelled(tmp_path: Path) -> None:
     assert ("release",) not in fake.calls
 
 
+def test_a_drill_counts_only_the_steps_of_the_attempt_it_stopped(tmp_path: Path) -> None:
+    """An earlier attempt got further (it crashed at 40 and restarted in place from its save at
+    30): a cancel at 34 saves 34 and loses nothing; the 40 is that crash's loss, not this one's."""
+    fake = FakeCluster(tmp_path, "cancel")
+    _append(fake.metrics, kind="train", step=40)
+    time.sleep(0.01)
+    _append(fake.events, event="resume", step=30, restart_count=0, in_place=1)
+    time.sleep(0.01)
+    _append(fake.metrics, kind="train", step=32)
+    report = Drill(_record(tmp_path), fake, "cancel", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert (report.last_completed_step, report.checkpoint_step, report.steps_lost) == (34, 34, 0)
+
+
+def test_a_drill_waits_for_the_attempt_running_now_to_train(tmp_path: Path) -> None:
+    """Just after a restart in place only the earlier attempt's steps are on record: the drill
+    does not act until the new attempt trains (else it would stop a run still starting)."""
+    fake = FakeCluster(tmp_path, "cancel")
+    time.sleep(0.01)
+    _append(fake.events, event="resume", step=30, restart_count=0, in_place=1)
+    drill = Drill(_record(tmp_path), fake, "cancel", poll_s=0.01, timeout_s=5)  # type: ignore[arg-type]
+    assert not drill._training()
+    time.sleep(0.01)
+    _append(fake.metrics, kind="train", step=31)
+    assert drill._training()
+
+
 def test_drill_gives_up_with_one_line(tmp_path: Path) -> None:
     fake = FakeCluster(tmp_path, "preempt")
     fake.submit = lambda script, args: "99"  # type: ignore[method-assign]  # nothing happens
