@@ -150,19 +150,18 @@ def wait_until(
     """Poll ``check`` until true; on time-out raise naming the daemon with its log tail."""
     deadline = time.monotonic() + timeout
     delay = 0.05
+    how = f"did not become ready within {timeout:g}s"
     while time.monotonic() < deadline:
         if check():
             return
         if pid_file is not None and pid_file.exists() and not pid_alive(read_pid(pid_file)):
+            how = "exited before it was ready"
             break
         time.sleep(delay)
         # Capped low: slurmctld answers a ping ~1 s after its start; a long sleep here is
         # most of a cold `up`.
         delay = min(delay * 1.5, 0.2)
-    raise LocalClusterError(
-        f"{what} did not become ready within {timeout:g}s\n--- {log} (last lines) ---\n"
-        f"{log_tail(log)}"
-    )
+    raise LocalClusterError(f"{what} {how}\n--- {log} (last lines) ---\n{log_tail(log)}")
 
 
 def stop_pid(pid: int, *, timeout: float = 15.0) -> None:

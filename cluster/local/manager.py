@@ -52,6 +52,8 @@ REQUIRED = {
     "sacctmgr": "slurm-wlm",
 }
 SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
+#: How long slurmdbd may take to answer after its start (see :meth:`LocalCluster._start_slurmdbd`).
+SLURMDBD_READY_S = 240.0
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,11 @@ class LocalCluster:
                 f"--tmpdir={L.mysql_tmp}", f"--socket={L.mysql_socket}", f"--port={L.mariadb_port}",
                 "--bind-address=127.0.0.1", f"--pid-file={L.mysql_dir / 'mariadbd.pid'}",
                 "--innodb-buffer-pool-size=64M", "--skip-name-resolve",
+                # the log is flushed at each commit, synced to disk once a second: a crash of
+                # mariadbd loses nothing, one of the host at most the last second of accounting,
+                # and jobs' accounting writes do not wait for the disk (several clusters at
+                # once on one disk: the test workers)
+                "--innodb-flush-log-at-trx-commit=2",
             ],
             env=self.env(),
             log=log,
@@ -288,9 +295,12 @@ class LocalCluster:
         env = self.env()
         env["SLURM_CONF"] = str(L.slurm_conf)
         run_checked(["slurmdbd"], env=env, what="slurmdbd", log=log)
+        # Its first start on a new database creates the accounting tables (dozens, each synced
+        # to disk) before it answers or logs a line: a minute and more on a busy disk (seen:
+        # a test's second cluster starting beside four test workers' busy ones).
         wait_until(
             lambda: run_ok(["sacctmgr", "-n", "-P", "list", "cluster"], env) is not None,
-            timeout=60, what="slurmdbd", log=log, pid_file=pid_file,
+            timeout=SLURMDBD_READY_S, what="slurmdbd", log=log, pid_file=pid_file,
         )  # fmt: skip
 
     def _register_cluster(self) -> None:

@@ -31,7 +31,7 @@ def _cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cluster", "--state-dir", str(state),
          "--port-offset", str(OFFSET), *args],
-        env=env, capture_output=True, text=True, timeout=240, check=False, cwd=REPO,
+        env=env, capture_output=True, text=True, timeout=420, check=False, cwd=REPO,
     )  # fmt: skip
 
 
