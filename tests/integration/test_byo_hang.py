@@ -133,7 +133,7 @@ def test_a_stuck_worker_under_torchrun_is_a_hang(run: ByoRun) -> None:
             (run.run_dir / ".progress" / f"{run.job_id}-0" / "rank-0.json").read_text()
         )
         workers = _children(int(meta["command_pid"]))  # the agent's children
-        assert len(workers) == 2, workers
+        assert len(workers) == 2, (workers, run.events(), run.log())
         os.kill(workers[-1], signal.SIGSTOP)
         frozen, frozen_at = workers[-1], time.time()
         run.wait("the hang", lambda: any(e["event"] == "hang" for e in run.events()), 120)
