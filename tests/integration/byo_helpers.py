@@ -79,6 +79,18 @@ class ByoRun:
     def events(self) -> list[dict[str, Any]]:
         return RunHistory(self.run_dir).events()
 
+    def attempt_dir(self) -> Path:
+        """The progress folder of the job's newest attempt (``JOB-R``, ``JOB-R.N`` for the N-th
+        restart in place): the one whose ``rank-R.json`` names the processes running now."""
+
+        def key(path: Path) -> tuple[int, int]:
+            restart, _, in_place = path.name.rsplit("-", 1)[1].partition(".")
+            return int(restart), int(in_place or 0)
+
+        attempts = sorted((self.run_dir / ".progress").glob(f"{self.job_id}-*"), key=key)
+        assert attempts, f"no attempt of job {self.job_id} under {self.run_dir}/.progress"
+        return attempts[-1]
+
     def steps_done(self) -> int:
         return max((int(p["step"]) for p in self.progress() if "step" in p), default=0)
 

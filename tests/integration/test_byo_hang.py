@@ -66,7 +66,7 @@ def test_frozen_command_rank_is_a_hang_requeued_off_its_node_and_completes(
     frozen = 0
     try:
         run.wait("step 25", lambda: run.steps_done() >= 25, 300)
-        attempt = run.run_dir / ".progress" / f"{run.job_id}-0"
+        attempt = run.attempt_dir()  # the first, unless the job restarted (then shown below)
         meta = json.loads((attempt / "rank-1.json").read_text())
         command = _command_of(int(meta["pid"]), "plain_ddp.py")
         assert command is not None, meta
@@ -129,11 +129,15 @@ def test_a_stuck_worker_under_torchrun_is_a_hang(run: ByoRun) -> None:
     frozen = 0
     try:
         run.wait("step 25", lambda: run.steps_done() >= 25, 300)
-        meta = json.loads(
-            (run.run_dir / ".progress" / f"{run.job_id}-0" / "rank-0.json").read_text()
-        )
-        workers = _children(int(meta["command_pid"]))  # the agent's children
-        assert len(workers) == 2, (workers, run.events(), run.log())
+        found: dict[str, Any] = {}
+
+        def two_workers() -> bool:  # the agent's children, in the attempt running now
+            found["meta"] = json.loads((run.attempt_dir() / "rank-0.json").read_text())
+            found["workers"] = _children(int(found["meta"]["command_pid"]))
+            return len(found["workers"]) == 2
+
+        run.wait("torchrun's two workers", two_workers, 60)  # says the events when not
+        meta, workers = found["meta"], found["workers"]
         os.kill(workers[-1], signal.SIGSTOP)
         frozen, frozen_at = workers[-1], time.time()
         run.wait("the hang", lambda: any(e["event"] == "hang" for e in run.events()), 120)

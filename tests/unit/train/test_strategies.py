@@ -72,7 +72,10 @@ WORKER = textwrap.dedent(
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.spawn(worker, args=(2, port), nprocs=2, join=True)
+        # forked, not spawned: the ranks start with torch, DDP's torch._dynamo and our modules
+        # already imported (a spawned rank imports them again: ~5 s of CPU each, here)
+        import torch._dynamo  # noqa: F401
+        mp.start_processes(worker, args=(2, port), nprocs=2, join=True, start_method="fork")
         print("ok")
     """
 )
