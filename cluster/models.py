@@ -59,9 +59,14 @@ class Partition:
     grace_time_s: int | None = None
 
 
+#: ``scontrol show node`` state flags (after a ``+``) of a node that takes no new work.
+_NO_WORK_FLAGS = ("DRAIN", "FAIL", "INVALID", "NOT_RESPONDING", "DOWN")
+
+
 @dataclass(frozen=True)
 class Node:
-    """One node: name, base state, CPUs and generic resources (e.g. ``{"gpu": 2}``)."""
+    """One node: name, state (``scontrol``'s whole ``IDLE+DRAIN``, or ``sinfo``'s ``draining``),
+    CPUs and generic resources (e.g. ``{"gpu": 2}``)."""
 
     name: str
     state: str
@@ -71,9 +76,13 @@ class Node:
 
     @property
     def usable(self) -> bool:
-        """Whether the scheduler can place work on this node now or soon."""
-        base = self.state.rstrip("*~#!%$@^-+").upper()
-        return base in {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
+        """Whether the scheduler can place work on this node now or soon: its base state
+        (``scontrol``'s ``IDLE+DRAIN``, ``sinfo``'s ``mixed-``) takes work and no flag says it
+        takes none (draining, failing, an invalid registration)."""
+        base, *flags = self.state.upper().split("+")
+        if any(f.startswith(_NO_WORK_FLAGS) for f in flags):
+            return False
+        return base.rstrip("*~#!%$@^-") in {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
 
 
 @dataclass(frozen=True)

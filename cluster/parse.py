@@ -116,7 +116,8 @@ def parse_nodes(text: str) -> list[Node]:
         nodes.append(
             Node(
                 name=kv["NodeName"],
-                state=kv.get("State", "UNKNOWN").split("+", 1)[0],
+                # whole: IDLE+DRAIN and ALLOCATED+FAIL take no new work (Node.usable)
+                state=kv.get("State", "UNKNOWN"),
                 cpus=_int(kv.get("CPUTot", "0")),
                 gres=parse_gres(kv.get("Gres", "")),
                 partitions=tuple(p for p in parts.split(",") if p),

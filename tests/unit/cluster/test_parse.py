@@ -51,10 +51,16 @@ def test_node_states() -> None:
     text = (
         "NodeName=a1 CPUTot=64 Gres=gpu:a100:8(S:0-1) State=MIXED+DRAIN Partitions=gpu\n"
         "NodeName=a2 CPUTot=64 Gres=(null) State=DOWN* Partitions=cpu\n"
+        "NodeName=a3 CPUTot=64 Gres=(null) State=ALLOCATED+FAIL Partitions=cpu\n"
+        "NodeName=a4 CPUTot=64 Gres=(null) State=IDLE+POWERED_DOWN Partitions=cpu\n"
+        "NodeName=a5 CPUTot=64 Gres=(null) State=MIXED+PLANNED Partitions=cpu\n"
     )
-    a1, a2 = parse.parse_nodes(text)
-    assert (a1.state, a1.gres, a1.usable) == ("MIXED", {"gpu": 8}, True)
+    a1, a2, a3, a4, a5 = parse.parse_nodes(text)
+    # a draining node runs its jobs but takes no new one; a failing one neither
+    assert (a1.state, a1.gres, a1.usable) == ("MIXED+DRAIN", {"gpu": 8}, False)
     assert (a2.state, a2.usable) == ("DOWN*", False)
+    assert (a3.state, a3.usable) == ("ALLOCATED+FAIL", False)
+    assert a4.usable and a5.usable  # powered down until needed; planned for a job
 
 
 def test_partitions_recorded() -> None:
