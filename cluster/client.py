@@ -47,6 +47,19 @@ class Started:
     deadline: float  # time.monotonic() after which it is killed
 
 
+#: What Slurm sends a job's processes when it ends or signals the job (every descendant of
+#: slurmstepd under proctrack/linuxproc, whatever its session).
+JOB_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT")
+
+
+def _ignore_job_signals() -> None:
+    """In a shielded command's child, before exec: ignored dispositions survive the exec."""
+    import signal
+
+    for name in JOB_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 class SlurmClient:
     """Talks to one Slurm cluster.
 
@@ -60,13 +73,19 @@ class SlurmClient:
         conf: str | os.PathLike[str] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         environ: Mapping[str, str] | None = None,
+        *,
+        shielded: bool = False,
     ) -> None:
+        """``shielded``: the commands ignore the signals Slurm sends a job's processes (TERM,
+        the requeue signal): a stop's own Slurm commands (the ``scontrol requeue``, then the
+        ``ExcNodeList`` of the requeued job) run while Slurm ends the step they run in."""
         base = dict(os.environ if environ is None else environ)
         self.conf = str(conf) if conf is not None else find_slurm_conf(base)
         if self.conf:
             base["SLURM_CONF"] = self.conf
         self._env = base
         self.timeout = timeout
+        self.shielded = shielded
         self._prefetched: Started | None = None
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -110,6 +129,7 @@ class SlurmClient:
             text=True,
             env=env,
             cwd=cwd,
+            preexec_fn=_ignore_job_signals if self.shielded else None,
         )
         return Started(tuple(cmd), proc, limit, time.monotonic() + limit)
 

@@ -221,7 +221,7 @@ class StopHandling:
         if self.client is None:
             from cluster.client import SlurmClient  # lazy: train does not need cluster
 
-            self.client = SlurmClient(timeout=30)
+            self.client = SlurmClient(timeout=30, shielded=True)
         return self.client
 
     # -- ranks ----------------------------------------------------------------------------------

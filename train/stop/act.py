@@ -132,7 +132,7 @@ def _client(client: Any) -> Any:
     if client is None:
         from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
 
-        client = SlurmClient(timeout=30)
+        client = SlurmClient(timeout=30, shielded=True)
     return client
 
 

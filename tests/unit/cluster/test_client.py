@@ -228,3 +228,17 @@ def test_a_requeue_whose_scontrol_the_requeue_itself_ended_is_done(tmp_path: Pat
     scontrol.write_text('#!/bin/sh\necho "Invalid job id specified" >&2\nexit 1\n')
     with pytest.raises(SlurmCommandError, match="Invalid job id"):
         client.requeue("42")
+
+
+def test_a_shielded_command_outlives_the_signals_slurm_sends_the_job(tmp_path: Path) -> None:
+    """A stop's `scontrol requeue` makes Slurm TERM the step the command runs in: the
+    commands that follow (the requeued job's ExcNodeList) must not die of it."""
+    script = tmp_path / "scontrol"
+    script.write_text("#!/bin/bash\nkill -TERM $$\nkill -USR2 $$\necho alive\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_CONF": "/nonexistent/slurm.conf"}
+    done = SlurmClient(environ=env, timeout=10, shielded=True).run(["scontrol", "x"])
+    assert (done.returncode, done.stdout) == (0, "alive\n")
+    with pytest.raises(SlurmCommandError) as exc:
+        SlurmClient(environ=env, timeout=10).run(["scontrol", "x"])
+    assert exc.value.returncode == -15  # unshielded: killed by the TERM
