@@ -116,6 +116,7 @@ def decide(
     TERM, job running, not preempted,       (none)        none (1): a rank died, srun ends the
       under an in-place batch script                      step; the batch script decides
     Slurm failed our nodes (NODE_FAIL)      node_fail     none: Slurm requeued (0); exclude them
+    a failure, a node of ours down already  node_fail     requeue (0), excluding it
     cancel (scancel, local cancel)          cancelled     none (0); a command is stopped, no save
     preemption / timeout / failure / hang   its event     within budget: requeue (Slurm: 0, 1 for
                                                           a failure), exit 75 (no Slurm), or none
@@ -159,6 +160,19 @@ def decide(
         )
     if facts.nodes_lost:
         nodes = tuple(sorted(facts.nodes_lost))
+        if facts.requeued_by is None:
+            # a failure on a node that is down already, before Slurm requeued the job: not the
+            # training's failure (no budget spent), and no restart in place on a lost node
+            return Decision(
+                kind="node_fail",
+                event="node_fail",
+                action="requeue",
+                exit_code=0,
+                exclude=nodes,
+                exclude_reason="node failure",
+                save=False,
+                note=f"{','.join(nodes)} went down under the job: requeued off it",
+            )
         return Decision(
             kind="node_fail",
             event="node_fail",

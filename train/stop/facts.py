@@ -154,10 +154,11 @@ def preemption_grace_s(job_id: str, client: Any) -> int | None:
 
 
 def node_failure(
-    job_id: str, restart_count: int, hosts: Sequence[str], client: Any
+    job_id: str, restart_count: int, hosts: Sequence[str], client: Any, *, now: bool = False
 ) -> dict[str, str] | None:
     """The nodes of this attempt that Slurm failed under job ``job_id`` (node -> state), when
-    this stop is a NODE_FAIL (see :func:`train.stop.quarantine.failed_nodes`); None otherwise."""
+    this stop is a NODE_FAIL (see :func:`train.stop.quarantine.failed_nodes`; ``now``: a
+    failure, whose nodes may be down before Slurm requeues the job); None otherwise."""
     if not hosts:
         return None
     try:
@@ -167,7 +168,7 @@ def node_failure(
         return None
     from train.stop.quarantine import failed_nodes
 
-    return failed_nodes(info, restart_count, hosts, client)
+    return failed_nodes(info, restart_count, hosts, client, now=now)
 
 
 class AskedOnce:
@@ -285,9 +286,11 @@ def gather(
     if client is None:
         from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
 
-        client = SlurmClient(timeout=30)
+        client = SlurmClient(timeout=30, shielded=True)
     asked = AskedOnce(client)
-    lost = node_failure(job_id, restart_count, hosts, asked)
+    # a failure may be a node's death that Slurm has not acted on yet (a step killed with
+    # its node, a rank that lost its peer there): the node's state says so
+    lost = node_failure(job_id, restart_count, hosts, asked, now=trigger == "failure")
     kind = "unknown"
     if lost is None and trigger in ("signal", "cancel"):
         found = classify_stop(job_id, signal_delay_s, client=asked, restart_count=restart_count)
@@ -295,7 +298,8 @@ def gather(
     info = asked.cached(job_id) or {}
     restarts = str(info.get("Restarts", ""))
     preempted = _parse_slurm_timestamp(info.get("PreemptTime")) is not None
-    requeued = lost is None and restarts.isdigit() and int(restarts) > restart_count
+    slurm_requeued = restarts.isdigit() and int(restarts) > restart_count
+    requeued = lost is None and slurm_requeued
     if requeued and not preempted and trigger in ("signal", "cancel"):
         kind = "requeued"  # scontrol requeue from outside (an administrator): not a preemption
     return facts(
@@ -306,5 +310,5 @@ def gather(
         preempt_evidence=preempted or requeued,
         # Slurm already requeued the job (a preemption's grace ended, an administrator):
         # requeueing it again fails ("Job is pending execution")
-        requeued_by="slurm" if requeued else None,
+        requeued_by="slurm" if slurm_requeued else None,
     )

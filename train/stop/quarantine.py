@@ -6,6 +6,9 @@ An interruption is attributed to a node when
   it DOWN): Slurm kills the job and requeues it itself, and the surviving ranks get SIGTERM.
   :func:`failed_nodes` tells this apart from a preemption or a cancel: the job was already
   requeued without a ``PreemptTime``, and some of the attempt's nodes are no longer usable;
+  or, at a failure (a step that died, a rank that lost a peer), one of the attempt's nodes is
+  already DOWN or failed while Slurm has not requeued the job yet (``now``): a node failure
+  too, not a failure of the training, and no reason to restart on the same nodes;
 - a rank hung on it (:mod:`train.hang.watcher`);
 - a failure's text names a device fault (:func:`device_fault`: ECC errors, a GPU that fell off
   the bus, NVIDIA Xid, NCCL's system errors), not a bug in the training code.
@@ -26,7 +29,7 @@ from typing import Any
 
 from train.history import STOP_EVENTS, RunHistory
 
-__all__ = ["device_fault", "exclude", "explain_previous_attempt", "failed_nodes"]
+__all__ = ["device_fault", "down", "exclude", "explain_previous_attempt", "failed_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +52,39 @@ def device_fault(*texts: object) -> bool:
     return any(isinstance(t, str) and _DEVICE_FAULT.search(t) for t in texts)
 
 
+def down(state: str) -> bool:
+    """Whether a node state (``sinfo``/``scontrol``: ``down*``, ``FAIL``, ``DOWN+DRAIN``) says
+    the node is gone for its jobs: down or failed. A draining node still runs its jobs."""
+    return any(
+        word.startswith("DOWN") or word.startswith("FAIL")
+        for word in state.rstrip("*~#!%$@^-").upper().split("+")
+    )
+
+
 def failed_nodes(
-    info: dict[str, str], restart_count: int, hosts: Sequence[str], client: Any
+    info: dict[str, str],
+    restart_count: int,
+    hosts: Sequence[str],
+    client: Any,
+    *,
+    now: bool = False,
 ) -> dict[str, str] | None:
-    """The nodes of this attempt (``hosts``) that Slurm failed under it, with Slurm's reason,
-    when ``info`` (``scontrol show job``) says Slurm already requeued the job without preempting
-    it; None when this is not a node failure (or Slurm cannot say)."""
+    """The nodes of this attempt (``hosts``) that Slurm failed under it, with their states, when
+    ``info`` (``scontrol show job``) says Slurm already requeued the job without preempting it;
+    with ``now`` (a failure), also the attempt's nodes that are down or failed already, before
+    Slurm requeues the job. None when this is not a node failure (or Slurm cannot say)."""
     restarts = str(info.get("Restarts", ""))
     preempted = str(info.get("PreemptTime", "None")).strip() not in ("", "None", "Unknown")
-    if not hosts or preempted or not restarts.isdigit() or int(restarts) <= restart_count:
+    requeued = restarts.isdigit() and int(restarts) > restart_count
+    if not hosts or preempted or not (requeued or now):
         return None
     try:
         nodes = {n.name: n for n in client.nodes()}
     except Exception as exc:  # controller busy or gone: not provable
         log.debug("cannot read the node states (%s)", exc)
         return None
-    bad = {h: nodes[h].state for h in hosts if h in nodes and not nodes[h].usable}
+    lost = (lambda n: not n.usable) if requeued else (lambda n: down(n.state))
+    bad = {h: nodes[h].state for h in hosts if h in nodes and lost(nodes[h])}
     return bad or None
 
 
@@ -89,7 +109,7 @@ def exclude(
         if client is None:
             from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
 
-            client = SlurmClient(timeout=30)
+            client = SlurmClient(timeout=30, shielded=True)
         job = client.show_job(str(job_id))
         need = int((job.get("NumNodes") or "1").split("-")[0])
         partition = client.partition(job.get("Partition", "").split(",")[0])
@@ -137,13 +157,18 @@ def explain_previous_attempt(
     history = RunHistory(run_dir)
     previous = restart_count - 1
     events = history.events()
-    if any(e.get("restart_count") == previous and e.get("event") in _ENDS for e in events):
+    if any(
+        e.get("restart_count") == previous
+        and e.get("event") in _ENDS
+        and e.get("action") != "restart_in_place"  # that attempt went on, in a new step
+        for e in events
+    ):
         return None
     try:
         if client is None:
             from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
 
-            client = SlurmClient(timeout=30)
+            client = SlurmClient(timeout=30, shielded=True)
         ended = [a for a in client.attempts(str(job_id)) if a.terminal or a.state == "REQUEUED"]
         if not ended:
             return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ class _StepEnv:
     world_size: int = 1
     is_main: bool = True
     in_place_supervised: bool = True
+    hosts: tuple[str, ...] = ()  # the allocation's nodes: one down makes it a node failure
 
     @property
     def attempt(self) -> str:
@@ -85,12 +87,16 @@ def after_step(
     restart_count: int,
     in_place: int,
     exit_code: int,
+    hosts: tuple[str, ...] | None = None,
     client: Any = None,
 ) -> int | None:
-    """None: restart the step in place; otherwise the batch script's exit code."""
+    """None: restart the step in place; otherwise the batch script's exit code. ``hosts``: the
+    allocation's nodes (default: the batch script's ``SLURM_JOB_NODELIST``); a step that died
+    while one of them is down is a node failure, requeued off it, not restarted in place."""
     if exit_code in _FINAL_CODES or not job_id:
         return exit_code
-    env = _StepEnv(job_id, restart_count, in_place)
+    hosts = _allocation_hosts() if hosts is None else hosts
+    env = _StepEnv(job_id, restart_count, in_place, hosts=hosts)
     history = RunHistory(run_dir)
     mine = _mine(history, env)
     if any(e["event"] in _SETTLED for e in mine):
@@ -126,6 +132,19 @@ def after_step(
     )
     log.warning("restarting in place (%d): a new step in this allocation", in_place + 1)
     return None
+
+
+def _allocation_hosts() -> tuple[str, ...]:
+    """The job's nodes, from the batch script's environment (none where it does not say)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    if not nodelist:
+        return ()
+    from cluster.hostlist import expand_hostlist  # lazy: train has no import-time cluster dep
+
+    try:
+        return tuple(expand_hostlist(nodelist))
+    except ValueError:
+        return ()
 
 
 def main(argv: list[str] | None = None) -> int:

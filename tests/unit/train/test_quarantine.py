@@ -203,6 +203,21 @@ def test_a_silent_attempt_that_slurm_node_failed_is_recorded_at_the_next_start(
     assert RunHistory(tmp_path).to_dict()["node_failures"] == 1
 
 
+def test_an_attempt_that_went_on_in_place_and_then_fell_silent_is_explained_late(
+    tmp_path: Path,
+) -> None:
+    """A failure decided "restart in place" does not end the attempt: its next step (or the
+    batch script, before it) died with its node, silently. The next attempt asks sacct."""
+    history = RunHistory(tmp_path)
+    history.append("start", step=0, restart_count=0, job_id="7")
+    history.append("failure", step=None, restart_count=0, job_id="7", action="restart_in_place")
+    history.append("restart_in_place", step=None, restart_count=0, job_id="7", next_in_place=1)
+    slurm = Accounting("NODE_FAIL", "RUNNING")
+    event = explain_previous_attempt(tmp_path, "7", 1, client=slurm)
+    assert event is not None and event["event"] == "node_fail" and event["late"] is True
+    assert slurm.asked == 1
+
+
 def test_an_explained_attempt_costs_no_slurm_query(tmp_path: Path) -> None:
     history = RunHistory(tmp_path)
     history.append("preempted", step=5, restart_count=0, job_id="7")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cluster.errors import BadInputError
+from cluster.models import Node, Partition
 from train.history import RunHistory
 from train.spec.config import RequeueConfig, load_run_config
 from train.stop.causes import classify, rules_of
@@ -123,6 +124,28 @@ def test_restarts_in_place_stop_at_their_budget_then_the_job_is_requeued(tmp_pat
     assert names.count("restart_in_place") == 2 and names[-1] == "requeue", names
 
 
+def test_a_step_that_died_with_a_node_of_its_allocation_is_a_node_failure(tmp_path: Path) -> None:
+    """The step died and n1 is down before Slurm requeued the job (its batch script lived on):
+    not the training's failure and no restart in place on a lost node; requeued off n1."""
+    client = _NoSlurm(down={"n1": "down*"})
+    code = after_step(tmp_path, BUDGETS, job_id="7", restart_count=0, in_place=0, exit_code=137,
+                      hosts=("n1", "n2", "n3"), client=client)  # fmt: skip
+    assert code == 137 and client.requeued == ["7"] and client.excluded == [["n1"]]
+    names = [e["event"] for e in RunHistory(tmp_path).events()]
+    assert names == ["node_fail", "requeue", "quarantine"], names
+    failed = RunHistory(tmp_path).events()[0]
+    assert failed["nodes"] == ["n1"] and failed["states"] == {"n1": "down*"}, failed
+
+
+def test_a_draining_node_is_no_node_failure(tmp_path: Path) -> None:
+    client = _NoSlurm(down={"n1": "draining"})
+    code = after_step(tmp_path, BUDGETS, job_id="7", restart_count=0, in_place=0, exit_code=137,
+                      hosts=("n1", "n2"), client=client)  # fmt: skip
+    assert code is None  # restarted in place: a draining node still runs its jobs
+    names = [e["event"] for e in RunHistory(tmp_path).events()]
+    assert names == ["failure", "restart_in_place"], names
+
+
 @pytest.mark.parametrize("code", [0, 2, 3, 75])
 def test_codes_that_say_what_to_do_end_the_script(tmp_path: Path, code: int) -> None:
     assert (
@@ -150,13 +173,26 @@ def test_the_command_line_answers_one_word_even_when_it_cannot_decide(
 
 
 class _NoSlurm:
-    """Slurm's answers for a job that runs on (no node lost): no preemption, no node failure."""
+    """Slurm's answers for a job that runs on (not requeued by Slurm, not preempted) on n1-n3,
+    whose nodes are idle or allocated unless ``down`` says otherwise."""
 
-    def __init__(self) -> None:
+    def __init__(self, down: dict[str, str] | None = None) -> None:
         self.requeued: list[str] = []
+        self.excluded: list[list[str]] = []
+        self.down = down or {}
 
     def show_job(self, job_id: str) -> dict[str, str]:
-        return {"JobState": "RUNNING", "Restarts": "0"}
+        return {"JobState": "RUNNING", "Restarts": "0", "NumNodes": "2", "Partition": "debug"}
+
+    def nodes(self) -> list[Node]:
+        return [Node(n, self.down.get(n, "allocated"), 2) for n in ("n1", "n2", "n3")]
+
+    def partition(self, name: str) -> Partition:
+        return Partition(name, True, None, ("n1", "n2", "n3"), "UP", "REQUEUE", 1, 4)
+
+    def exclude_nodes(self, job_id: str, nodes: list[str]) -> str:
+        self.excluded.append(list(nodes))
+        return ",".join(nodes)
 
     def requeue(self, job_id: str) -> None:
         self.requeued.append(job_id)

@@ -48,10 +48,17 @@ CASES = [
     ("known-preemption", "preemption", SLURM, NONE, ("preempted", "requeue", 0, False, ())),
     ("known-time-limit", "timeout", SLURM, NONE, ("timeout", "requeue", 0, False, ())),
     # a node failure wins over the signal's kind: Slurm requeued, no budget, nodes kept out
-    ("node-failure", "signal", _facts(SLURM, slurm_kind="preemption", nodes_lost={"n2": "DOWN"}),
+    ("node-failure", "signal",
+     _facts(SLURM, slurm_kind="preemption", nodes_lost={"n2": "DOWN"}, requeued_by="slurm"),
      SPENT, ("node_fail", "none", 0, False, ("n2",))),
-    ("node-failure-after-a-failure", "failure", _facts(SLURM, nodes_lost={"n1": "DOWN*"}), NONE,
+    ("node-failure-after-a-failure", "failure",
+     _facts(SLURM, nodes_lost={"n1": "DOWN*"}, requeued_by="slurm"), NONE,
      ("node_fail", "none", 0, False, ("n1",))),
+    # a failure while a node of ours is down and Slurm has not requeued yet: the node's death,
+    # requeued off it by us, never restarted in place on it, no failure budget spent
+    ("node-down-before-slurm-requeued", "failure",
+     _facts(SLURM, in_place=True, nodes_lost={"n1": "DOWN"}), SPENT,
+     ("node_fail", "requeue", 0, False, ("n1",))),
     # failures and hangs
     ("slurm-failure", "failure", SLURM, NONE, ("failure", "requeue", 1, False, ())),
     ("slurm-device-fault", "failure", _facts(SLURM, device_fault=True, node="n3"), NONE,
