@@ -82,8 +82,8 @@ def _wait(pred: Any, timeout: float, what: str, context: Any = lambda: "") -> An
 
 
 def _attempt(run_dir: Path, job: str) -> Path | None:
-    """The newest attempt's progress directory (another test's urgent job may have preempted
-    ours: then it is JOB-1, JOB-2, ...)."""
+    """The newest requeued attempt's progress directory (JOB-1, JOB-2, ... after a requeue;
+    each test worker has a cluster of its own, so only this job's own interruptions make them)."""
     attempts = sorted(
         (run_dir / ".progress").glob(f"{job}-*"), key=lambda p: int(p.name.rsplit("-", 1)[1])
     )

@@ -171,6 +171,21 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
     assert digests[0] == digests[1]
 
 
+def _submit_plain_ddp(run: ByoRun, name: str) -> None:
+    """The torchrun-style script on 2 nodes (150 steps of 0.1 s, its own save every 10), once
+    it has made 25 steps."""
+    argv = ["python", str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", "150",
+            "--step-time", "0.1", "--save-every", "10"]  # fmt: skip
+    run.submit(
+        {
+            "name": name,
+            "resources": {"partition": "debug", "nodes": 2, "time": "00:10:00"},
+            "entrypoint": {"command": argv},
+        }
+    )
+    run.wait("step 25", lambda: run.steps_done() >= 25, 300)
+
+
 @pytest.fixture
 def run(slurm_env: dict[str, str], slurm_client: SlurmClient, tmp_path: Path) -> Iterator[ByoRun]:
     yield from open_run(slurm_env, slurm_client, tmp_path)
@@ -182,18 +197,9 @@ def test_a_node_failure_that_took_rank_0_is_recorded_at_the_next_start(
     """A torchrun-style command whose rank 0 node dies (with the batch script): the ranks that
     survive record nothing (they are not rank 0), so the next attempt asks Slurm how the
     silent one ended and records the node failure then (``late``)."""
-    argv = ["python", str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", "150",
-            "--step-time", "0.1", "--save-every", "10"]  # fmt: skip
     dead = ""
     try:
-        run.submit(
-            {
-                "name": "nodefail-cmd-it",
-                "resources": {"partition": "debug", "nodes": 2, "time": "00:10:00"},
-                "entrypoint": {"command": argv},
-            }
-        )
-        run.wait("step 25", lambda: run.steps_done() >= 25, 300)
+        _submit_plain_ddp(run, "nodefail-cmd-it")
         attempt = run.run_dir / ".progress" / f"{run.job_id}-0"
         dead = json.loads((attempt / "rank-0.json").read_text())["node"]
         _kill_node(slurm_cluster, slurm_client, run.job_id, dead)
@@ -226,18 +232,9 @@ def test_a_rank_that_dies_on_a_failed_node_is_a_node_failure_before_slurm_requeu
     on); then the command's process there dies. Slurm has not requeued anything, so the failing
     rank's own stop decision must see the node's state: a node failure (no failure budget, no
     restart in place on that node), requeued off it at once, COMPLETED on the two others."""
-    argv = ["python", str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", "150",
-            "--step-time", "0.1", "--save-every", "10"]  # fmt: skip
     node = ""
     try:
-        run.submit(
-            {
-                "name": "nodefail-now-it",
-                "resources": {"partition": "debug", "nodes": 2, "time": "00:10:00"},
-                "entrypoint": {"command": argv},
-            }
-        )
-        run.wait("step 25", lambda: run.steps_done() >= 25, 300)
+        _submit_plain_ddp(run, "nodefail-now-it")
         meta = json.loads((run.attempt_dir() / "rank-1.json").read_text())
         node = meta["node"]
         slurm_client.run(["scontrol", "update", f"nodename={node}", "state=fail",
