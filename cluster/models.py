@@ -84,6 +84,13 @@ class Node:
             return False
         return base.rstrip("*~#!%$@^-") in {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
 
+    @property
+    def down(self) -> bool:
+        """Whether the node is gone for the jobs it runs: down or failed (``down*``, ``FAIL``,
+        ``MIXED+FAIL``, ``DOWN+DRAIN``). A draining node still runs its jobs."""
+        words = self.state.rstrip("*~#!%$@^-").upper().split("+")
+        return any(w.startswith(("DOWN", "FAIL")) for w in words)
+
 
 @dataclass(frozen=True)
 class ClusterState:

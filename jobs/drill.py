@@ -220,7 +220,7 @@ class Drill:
         # the built-in trainer logs its steps; a command's own steps are unknown to us. The
         # attempt running now must have trained: steps of an earlier attempt (before a restart
         # in place, say) are not what this drill interrupts
-        since = self._attempt_start(time.time())
+        since = max(_time(e) for e in started)  # the newest start: the attempt running now
         return self._command() or any(t >= since for t, _ in self.train_steps())
 
     def _attempt_start(self, before: float) -> float:

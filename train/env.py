@@ -70,6 +70,20 @@ def _req(environ: Mapping[str, str], name: str) -> int:
     return value
 
 
+def job_hosts(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The job's nodes (``SLURM_JOB_NODELIST``: the batch script's whole allocation); none
+    where Slurm does not say, or says something malformed."""
+    nodelist = environ.get("SLURM_JOB_NODELIST", "")
+    if not nodelist:
+        return ()
+    from cluster.hostlist import expand_hostlist  # lazy: train has no import-time cluster dep
+
+    try:
+        return tuple(expand_hostlist(nodelist))
+    except ValueError:
+        return ()
+
+
 def _parse_tasks_per_node(text: str) -> list[int]:
     """``2(x3),1`` -> [2, 2, 2, 1] (Slurm's SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE)."""
     out: list[int] = []

@@ -29,7 +29,7 @@ from typing import Any
 
 from train.history import STOP_EVENTS, RunHistory
 
-__all__ = ["device_fault", "down", "exclude", "explain_previous_attempt", "failed_nodes"]
+__all__ = ["device_fault", "exclude", "explain_previous_attempt", "failed_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +50,6 @@ _DEVICE_FAULT = re.compile(
 def device_fault(*texts: object) -> bool:
     """Whether any of ``texts`` (an error line, a stderr tail) names a device fault."""
     return any(isinstance(t, str) and _DEVICE_FAULT.search(t) for t in texts)
-
-
-def down(state: str) -> bool:
-    """Whether a node state (``sinfo``/``scontrol``: ``down*``, ``FAIL``, ``DOWN+DRAIN``) says
-    the node is gone for its jobs: down or failed. A draining node still runs its jobs."""
-    return any(
-        word.startswith("DOWN") or word.startswith("FAIL")
-        for word in state.rstrip("*~#!%$@^-").upper().split("+")
-    )
 
 
 def failed_nodes(
@@ -83,8 +74,13 @@ def failed_nodes(
     except Exception as exc:  # controller busy or gone: not provable
         log.debug("cannot read the node states (%s)", exc)
         return None
-    lost = (lambda n: not n.usable) if requeued else (lambda n: down(n.state))
-    bad = {h: nodes[h].state for h in hosts if h in nodes and lost(nodes[h])}
+    # Slurm requeued: whatever it no longer schedules on; before that, only a node that is
+    # down or failed (cluster.models.Node.down), not one merely draining
+    bad = {
+        h: nodes[h].state
+        for h in hosts
+        if h in nodes and (not nodes[h].usable if requeued else nodes[h].down)
+    }
     return bad or None
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from train.env import job_hosts
 from train.history import RunHistory
 from train.stop.act import RequeueSettings, stop_attempt
 from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
@@ -95,7 +96,7 @@ def after_step(
     while one of them is down is a node failure, requeued off it, not restarted in place."""
     if exit_code in _FINAL_CODES or not job_id:
         return exit_code
-    hosts = _allocation_hosts() if hosts is None else hosts
+    hosts = job_hosts(os.environ) if hosts is None else hosts
     env = _StepEnv(job_id, restart_count, in_place, hosts=hosts)
     history = RunHistory(run_dir)
     mine = _mine(history, env)
@@ -132,19 +133,6 @@ def after_step(
     )
     log.warning("restarting in place (%d): a new step in this allocation", in_place + 1)
     return None
-
-
-def _allocation_hosts() -> tuple[str, ...]:
-    """The job's nodes, from the batch script's environment (none where it does not say)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
-    if not nodelist:
-        return ()
-    from cluster.hostlist import expand_hostlist  # lazy: train has no import-time cluster dep
-
-    try:
-        return tuple(expand_hostlist(nodelist))
-    except ValueError:
-        return ()
 
 
 def main(argv: list[str] | None = None) -> int:

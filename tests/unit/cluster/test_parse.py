@@ -61,6 +61,8 @@ def test_node_states() -> None:
     assert (a2.state, a2.usable) == ("DOWN*", False)
     assert (a3.state, a3.usable) == ("ALLOCATED+FAIL", False)
     assert a4.usable and a5.usable  # powered down until needed; planned for a job
+    # gone for the jobs it runs: down or failed, not draining
+    assert [n.down for n in (a1, a2, a3, a4, a5)] == [False, True, True, False, False]
 
 
 def test_partitions_recorded() -> None:
