@@ -314,7 +314,12 @@ def _hang(run: Path) -> dict[str, object]:
 
 def _stepping(run: Path) -> bool:
     nodes = run / ".progress" / "local-0" / "nodes"
-    seen = [json.loads(p.read_text()) for p in nodes.glob("*.json")] if nodes.is_dir() else []
+    seen = []
+    for path in nodes.glob("*.json") if nodes.is_dir() else ():
+        # a summary is rewritten in place (one write): met mid-write, or just created, it is
+        # torn or empty, and read again at the next poll (as the watchers themselves do)
+        with contextlib.suppress(OSError, ValueError):
+            seen.append(json.loads(path.read_text()))
     steps = [r["step"] for s in seen for r in s["ranks"]]
     return len(steps) == 2 and min(steps) >= 5
 
