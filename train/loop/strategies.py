@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,7 +32,14 @@ from train.device import DeviceInfo
 from train.env import DistEnv
 from train.loop.models import split_stages
 
-__all__ = ["GlobalBatchNorm", "Pipeline", "Strategy", "build_strategy", "convert_global_batchnorm"]
+__all__ = [
+    "GlobalBatchNorm",
+    "Pipeline",
+    "Strategy",
+    "build_strategy",
+    "convert_global_batchnorm",
+    "eager_ddp",
+]
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -201,6 +210,73 @@ def _no_buffer_sync() -> dict[str, Any]:
     return {"broadcast_buffers": False}
 
 
+_DDP_MODE_WITHOUT_DYNAMO = "ddp_optimizer"  # torch._dynamo.config.optimize_ddp's default (True)
+
+
+def _dynamo_disable_on_demand(fn: Any) -> None:
+    """Give ``fn``, wrapped by ``torch._disable_dynamo``, its cached answer up front.
+
+    That wrapper imports ``torch._dynamo`` on its first call to build ``torch._dynamo.disable(fn)``,
+    which outside ``torch.compile`` just calls ``fn``. The answer given here calls ``fn`` while
+    ``torch._dynamo`` has never been imported (nothing can be compiling), and from the first call
+    after it has been, builds and caches torch's own answer.
+    """
+    if getattr(fn, "__dynamo_disable", None) is not None:
+        return
+
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" in sys.modules:
+            real = sys.modules["torch._dynamo"].disable(fn, recursive=False, wrapping=False)
+            setattr(fn, "__dynamo_disable", real)
+            return real(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    setattr(fn, "__dynamo_disable", dispatch)
+
+
+def eager_ddp(model: nn.Module, **kwargs: Any) -> nn.parallel.DistributedDataParallel:
+    """``DistributedDataParallel(model, **kwargs)`` without importing ``torch._dynamo``.
+
+    torch's DDP imports the compiler twice over for a run that never compiles: its constructor
+    reads ``torch._dynamo.utils.get_optimize_ddp_mode()`` (the compiler's config, whose default
+    picks the C++ reducer), and its forward enters a context wrapped by ``torch._disable_dynamo``,
+    which imports it on the first call. That import costs about as much CPU as ``import torch``
+    itself, in every rank of every start and restart (``bench``: requeued start -> first step).
+    While ``torch._dynamo`` has never been imported nobody can have changed that config, so the
+    answer is its default: the constructor is given it by a stand-in module that leaves
+    ``sys.modules`` at the moment it answers (before any collective), and the forward's context
+    gets :func:`_dynamo_disable_on_demand`. With ``torch._dynamo`` already imported (a compiled
+    model, a user's import), or on a torch whose DDP reads something else of the compiler, this
+    is torch's plain constructor: every rank takes the same path, so their collectives match.
+    """
+    ddp = nn.parallel.DistributedDataParallel
+    inside = inspect.unwrap(getattr(ddp, "_inside_ddp_forward", None) or (lambda: None))
+    if "torch._dynamo" in sys.modules or not hasattr(inside, "__code__"):
+        return ddp(model, **kwargs)
+    stub = types.ModuleType("torch._dynamo")
+
+    def optimize_ddp_mode() -> str:
+        if sys.modules.get("torch._dynamo") is stub:
+            del sys.modules["torch._dynamo"]
+        return _DDP_MODE_WITHOUT_DYNAMO
+
+    stub.utils = types.SimpleNamespace(get_optimize_ddp_mode=optimize_ddp_mode)  # type: ignore[attr-defined]
+    sys.modules["torch._dynamo"] = stub
+    try:
+        wrapped = ddp(model, **kwargs)
+    except AttributeError:
+        if sys.modules.get("torch._dynamo") is not stub:
+            raise
+        # torch asked the stand-in something else, first thing: before any collective
+        del sys.modules["torch._dynamo"]
+        return ddp(model, **kwargs)
+    finally:
+        if sys.modules.get("torch._dynamo") is stub:
+            del sys.modules["torch._dynamo"]
+    _dynamo_disable_on_demand(inside)
+    return wrapped
+
+
 def build_strategy(
     name: str,
     model: nn.Module,
@@ -221,7 +297,7 @@ def build_strategy(
                 model = convert_global_batchnorm(model)
         model.to(dev)
         if name == "ddp" and env.world_size > 1:
-            wrapped: nn.Module = nn.parallel.DistributedDataParallel(
+            wrapped: nn.Module = eager_ddp(
                 model,
                 device_ids=[dev] if devices.cuda else None,
                 **_no_buffer_sync() if sync_batchnorm else {},

@@ -14,14 +14,19 @@ import json
 import multiprocessing
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 
 from train.env import DistEnv
+from train.loop.optim import eager
+from train.loop.strategies import eager_ddp
 from train.loop.trainer import TrainResult, run_training
 from train.spec.config import TrainConfig
 from train.stop.signals import PreemptionGuard
@@ -85,14 +90,62 @@ PRELOAD = [
     "torch",
     "torch.distributed",
     "torch.nn.parallel",
-    # torch.use_deterministic_algorithms imports torch._inductor.config (and with it
-    # torch._dynamo: 2-2.4 s of a forked rank's 3.7 s start, profiled); DDP imports torch._dynamo
-    "torch._dynamo",
-    "torch._inductor.config",
+    # not torch._dynamo: the ranks train as a run does, without it (train.loop.strategies.eager_ddp,
+    # train.loop.optim.eager, train.deterministic), and a test that imports it pays for it
     "train.loop.trainer",
     "train.session",
     "_train_helpers",
 ]
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b(torch.relu(self.bn(self.a(x))))
+        return out
+
+
+def _train_ddp(ddp: nn.Module, model: nn.Module, rank: int) -> list[torch.Tensor]:
+    opt = eager(torch.optim.SGD)(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(4):
+        if step == 1:  # a non-final micro-step of gradient accumulation
+            with ddp.no_sync():  # type: ignore[operator]
+                ddp(torch.randn(5, 4, generator=g)).pow(2).sum().backward()
+        ddp(torch.randn(5, 4, generator=g)).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return [t.detach().clone() for t in model.state_dict().values()]
+
+
+def eager_ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The same training under :func:`train.loop.strategies.eager_ddp`, then torch's DDP; writes
+    whether the first left the compiler unimported, the two agree bitwise, and the first's
+    forward still runs (the same again) once the second has imported the compiler."""
+    os.environ.update(torchrun_env(rank, world, port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    ours_model = _Net()
+    ours = eager_ddp(ours_model)
+    ours_params = _train_ddp(ours, ours_model, rank)
+    compiler = "torch._dynamo" in sys.modules
+    torch.manual_seed(0)
+    theirs_model = _Net()
+    theirs = nn.parallel.DistributedDataParallel(theirs_model)
+    theirs_params = _train_ddp(theirs, theirs_model, rank)
+    same = all(torch.equal(a, b) for a, b in zip(ours_params, theirs_params, strict=True))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(7))
+    ours.eval()
+    theirs.eval()
+    again = torch.equal(ours(x), theirs(x))
+    dist.destroy_process_group()
+    result = {"compiler_after_ours": compiler, "same": same, "again": again}
+    Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
 
 
 def _with_environ(

@@ -1,12 +1,14 @@
 """A restart imports only what its first step needs (issue 17): no ``torch._dynamo``.
 
 torch's optimizers import ``torch._dynamo`` at their first ``step`` (and ``add_param_group``,
-``zero_grad``, ``state_dict``, ``load_state_dict``), which costs about as much again as
-``import torch``. :func:`train.loop.optim.eager` steps the same way without it.
+``zero_grad``, ``state_dict``, ``load_state_dict``), and so does DDP (its constructor and its
+first forward), which costs about as much again as ``import torch``.
+:func:`train.loop.optim.eager` and :func:`train.loop.strategies.eager_ddp` do the same without it.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -16,9 +18,16 @@ from typing import Any
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _train_helpers import eager_ddp_worker, free_port, start_ranks, torchrun_env
+
 from train.loop.optim import eager
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), **extra}
 
 
 def _run(code: str, tmp_path: Path) -> str:
@@ -29,9 +38,31 @@ def _run(code: str, tmp_path: Path) -> str:
         text=True,
         timeout=300,
         check=True,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)},
+        env=_env(tmp_path),
     )
     return out.stdout.strip().splitlines()[-1]
+
+
+def _run_ranks(code: str, tmp_path: Path, world: int = 2) -> list[str]:
+    """``code`` in ``world`` fresh interpreters that form one gloo world (torchrun's variables)."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(tmp_path, **torchrun_env(rank, world, port)),
+        )
+        for rank in range(world)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(out.strip().splitlines()[-1])
+    return outs
 
 
 def test_a_resumed_deterministic_single_process_run_never_imports_the_compiler(
@@ -62,6 +93,38 @@ def test_a_resumed_deterministic_single_process_run_never_imports_the_compiler(
         print(compiler, on, inductor.deterministic)
     """
     assert _run(code, tmp_path) == "[] True True"
+
+
+def test_a_resumed_ddp_run_never_imports_the_compiler(tmp_path: Path) -> None:
+    # two ranks over gloo, each a fresh interpreter as under srun: a run, then its resume from
+    # the checkpoint of step 4 (in the same interpreters: whatever either imported stays)
+    code = f"""
+        import os, sys
+        from pathlib import Path
+        from train.spec.config import TrainConfig
+        from train.env import DistEnv
+        from train.loop.trainer import run_training
+        cfg = TrainConfig.model_validate({{
+            "model": "tinycnn", "width": 4, "data": {{"train_size": 128, "test_size": 32}},
+            "batch_size": 32, "epochs": 2, "num_threads": 1, "strategy": "ddp",
+        }})
+        run = Path({str(tmp_path / "run")!r})
+        env = DistEnv.from_env(os.environ)
+        run_training(cfg, env, run, max_steps=4)
+        r = run_training(cfg, env, run, max_steps=6, resume=True)
+        assert r.steps == 6 and r.resumed_from is not None, r
+        compiler = sorted(m for m in sys.modules if m.startswith(("torch._dynamo", "torch._ind")))
+        print(compiler)
+    """
+    assert _run_ranks(code, tmp_path) == ["[]", "[]"]
+
+
+def test_eager_ddp_trains_bitwise_like_torchs(tmp_path: Path) -> None:
+    # each rank trains the same model under eager_ddp (no compiler imported), then under torch's
+    # DDP (which imports it), then eager_ddp's forward once more with the compiler imported
+    start_ranks(eager_ddp_worker, (2, free_port(), str(tmp_path)), 2)
+    results = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(2)]
+    assert results == [{"compiler_after_ours": False, "same": True, "again": True}] * 2
 
 
 def _train(cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[list[torch.Tensor], Any]:

@@ -72,9 +72,8 @@ WORKER = textwrap.dedent(
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        # forked, not spawned: the ranks start with torch, DDP's torch._dynamo and our modules
-        # already imported (a spawned rank imports them again: ~5 s of CPU each, here)
-        import torch._dynamo  # noqa: F401
+        # forked, not spawned: the ranks start with torch and our modules already imported (a
+        # spawned rank imports them again: ~3 s of CPU each, here)
         mp.start_processes(worker, args=(2, port), nprocs=2, join=True, start_method="fork")
         print("ok")
     """
