@@ -41,7 +41,7 @@ from train.history import RunHistory
 from train.resume import ResumePlan, plan_resume, record_config
 from train.spec.config import RequeueConfig, TrainConfig
 from train.startup import mark, resume_collector, summary
-from train.stop.act import describe_failure, request_requeue
+from train.stop.act import describe_failure, ended_elsewhere, request_requeue
 from train.stop.decision import Decision
 from train.stop.facts import end_time
 from train.stop.lead import EarlyStop, needed_lead_s
@@ -374,6 +374,15 @@ class RunSession:
         the save, meet at a barrier, record the checkpoint, then requeue; returns the exit code."""
         kind = kind or self._early_kind
         self.stopped = kind or "signal"
+        ended = ended_elsewhere(self.env, self.run_dir, kind)
+        if ended is not None:
+            # the attempt's end is already recorded (a hang watcher's requeue, a failed rank):
+            # this stop is its echo (Slurm's TERM, srun ending the step), not a stop of its own
+            log.warning("stop after this attempt's %s was recorded: nothing to save", ended)
+            self.stopped = ended
+            with contextlib.suppress(CheckpointError):
+                self.ckpt.wait()  # a save already under way finishes (it needs no other rank)
+            return request_requeue(self.env, self.run_dir, self.requeue, kind, step=step)
         # received_at: when this rank's signal arrived (None: another rank's), for jobs drill
         self.event(
             "signal",

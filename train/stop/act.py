@@ -35,6 +35,7 @@ __all__ = [
     "carry_out",
     "claim_failure",
     "describe_failure",
+    "ended_elsewhere",
     "failure_claimed",
     "record",
     "request_requeue",
@@ -112,6 +113,24 @@ def acts_for_attempt(env: StopEnv, run_dir: Any, trigger: str) -> bool:
     if trigger == "failure" and env.job_id and env.world_size > 1:
         return claim_failure(run_dir, env.job_id, _attempt(env), env.is_main)
     return env.is_main
+
+
+def ended_elsewhere(env: StopEnv, run_dir: Any, trigger: str | None = None) -> str | None:
+    """``"hang"`` or ``"failure"`` when another process has already decided and recorded how
+    this attempt ends (a node's hang watcher; the first rank that failed), else None.
+
+    A stop that comes after it (Slurm's TERM at the watcher's requeue, srun ending the step of
+    a failed rank, a peer's lost connection) is not a stop of its own: nothing to record, and
+    nothing to save (a checkpoint needs every rank, and one of them is frozen or gone).
+    ``trigger``: this process's own reason, which never counts against itself."""
+    if trigger != "hang":
+        from train.hang.heartbeat import hang_claimed  # lazy: the stop path needs it only here
+
+        if hang_claimed(run_dir, env.job_id, _attempt(env)):
+            return "hang"
+    if trigger != "failure" and env.job_id and failure_claimed(run_dir, env.job_id, _attempt(env)):
+        return "failure"
+    return None
 
 
 def _attempt(env: StopEnv) -> int | str:
@@ -238,11 +257,8 @@ def stop_attempt(
     """
     trigger = cast(Trigger, kind if kind in _KNOWN_KINDS else "signal")
     failed = trigger == "failure"
-    if hang_claimed is None:
-        from train.hang.heartbeat import hang_claimed as claimed
-
-        hang_claimed = trigger != "hang" and claimed(run_dir, env.job_id, _attempt(env))
-    if hang_claimed:
+    ended = ended_elsewhere(env, run_dir, trigger)
+    if hang_claimed or ended == "hang":
         log.warning("stop after a hang of this attempt: already recorded and requeued")
         return (1 if failed else 0), None
     if not acts_for_attempt(env, run_dir, trigger):
@@ -260,9 +276,7 @@ def stop_attempt(
         error_texts=(error, (details or {}).get("stderr_tail")),
         suspects=suspects,
         rules=rules_of(getattr(requeue_config, "failure_rules", ())),
-        failure_claimed=trigger != "failure"
-        and bool(env.job_id)
-        and failure_claimed(run_dir, env.job_id, _attempt(env)),
+        failure_claimed=ended == "failure",
         in_place=bool(getattr(env, "in_place_supervised", False)),
         signal=signal,
     )

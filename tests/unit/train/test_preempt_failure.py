@@ -6,16 +6,21 @@ Runs the real trainer in-process; the Slurm client is a fake (never the real clu
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _train_helpers import StopAtStep
+
 import train.loop.trainer
 import train.session
 from train.checkpoint.manager import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
+from train.hang.heartbeat import attempt_name
 from train.history import RunHistory
 from train.spec.config import RequeueConfig, TrainConfig
 from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
@@ -94,3 +99,37 @@ def test_failures_requeue_until_the_budget_is_spent(
     assert last.exit_code == 0 and last.resumed_from == run / "checkpoints" / "step-4"
     newest = CheckpointManager(run / "checkpoints", rank=1, world_size=1).latest_valid()
     assert newest is not None and verify_checkpoint(newest)["digest"] == ref_digest
+
+
+@pytest.mark.parametrize(("ended", "code"), [("hang", 0), ("failure", 1)])
+def test_a_stop_after_the_attempt_was_ended_elsewhere_records_and_saves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ended: str, code: int
+) -> None:
+    # a hang watcher (or the first failing rank) recorded this attempt's end and requeued the
+    # job; Slurm's TERM at that requeue (srun ending the step) reaches this rank at a step
+    # boundary: it is the end already recorded, not a stop of its own
+    client = FakeClient()
+    monkeypatch.setattr(train.session, "request_requeue", partial(request_requeue, client=client))
+    env = DistEnv.from_env({"SLURM_JOB_ID": "77"})
+    run = tmp_path / "run"
+    claimed = (
+        run / "hangs" / attempt_name("77", env.attempt) / "claimed"
+        if ended == "hang"
+        else run / ".failures" / f"77-{env.attempt}"
+    )
+    guard = StopAtStep(3)
+    original = guard.should_stop
+
+    def should_stop(reduce: Any) -> bool:
+        stop = original(reduce)
+        if stop:  # the claim lands while the step ran, the signal after it
+            claimed.parent.mkdir(parents=True, exist_ok=True)
+            claimed.write_text("")
+        return stop
+
+    guard.should_stop = should_stop  # type: ignore[method-assign]
+    result = train.loop.trainer.run_training(CONFIG, env, run, guard=guard)
+    assert (result.stopped, result.exit_code) == (ended, code)
+    assert [e["event"] for e in RunHistory(run).events()] == ["start"]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-2"]
+    assert client.requeued == []
