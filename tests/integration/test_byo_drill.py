@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from byo_helpers import ByoRun, open_run
+from byo_helpers import REPO, ByoRun, open_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,6 +33,15 @@ SPEC: dict[str, Any] = {
         "time": "00:30:00",
     },
     "requeue": {"signal": "USR2", "signal_delay_s": 30},
+    # each step sleeps 50 ms after it is done (tests/hooks; the parameters do not change): the
+    # job trains through every drill without taking a whole core from the other test workers
+    "environment": {
+        "variables": {
+            "PYTHONPATH": f"{REPO / 'tests' / 'hooks'}:{REPO}",
+            "TRAIN_TEST_STEP_S": "0.05",
+            "OMP_NUM_THREADS": "1",
+        }
+    },
     # other tests on a shared cluster pin their `urgent` jobs to n1: stay off it, so that
     # only this test interrupts this job
     "launch": {"sbatch_args": {"exclude": "n1"}},
