@@ -44,8 +44,9 @@ def _run(code: str, tmp_path: Path) -> str:
 
 
 def _run_ranks(code: str, tmp_path: Path, world: int = 2) -> list[str]:
-    """``code`` in ``world`` fresh interpreters that form one gloo world (torchrun's variables)."""
-    port = free_port()
+    """``code`` in ``world`` fresh interpreters that form one gloo world (torchrun's variables;
+    ``SECOND_PORT``: a free port for a second process group)."""
+    port, second = free_port(), free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code)],
@@ -53,15 +54,21 @@ def _run_ranks(code: str, tmp_path: Path, world: int = 2) -> list[str]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_env(tmp_path, **torchrun_env(rank, world, port)),
+            env=_env(tmp_path, **torchrun_env(rank, world, port), SECOND_PORT=str(second)),
         )
         for rank in range(world)
     ]
     outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        outs.append(out.strip().splitlines()[-1])
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-3000:]
+            outs.append(out.strip().splitlines()[-1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return outs
 
 
@@ -109,9 +116,11 @@ def test_a_resumed_ddp_run_never_imports_the_compiler(tmp_path: Path) -> None:
             "batch_size": 32, "epochs": 2, "num_threads": 1, "strategy": "ddp",
         }})
         run = Path({str(tmp_path / "run")!r})
-        env = DistEnv.from_env(os.environ)
-        run_training(cfg, env, run, max_steps=4)
-        r = run_training(cfg, env, run, max_steps=6, resume=True)
+        run_training(cfg, DistEnv.from_env(os.environ), run, max_steps=4)
+        # a new process group on another port: a rank done with the first must not find the
+        # first one's store, which the other rank may not have closed yet
+        os.environ["MASTER_PORT"] = os.environ["SECOND_PORT"]
+        r = run_training(cfg, DistEnv.from_env(os.environ), run, max_steps=6, resume=True)
         assert r.steps == 6 and r.resumed_from is not None, r
         compiler = sorted(m for m in sys.modules if m.startswith(("torch._dynamo", "torch._ind")))
         print(compiler)
