@@ -124,10 +124,12 @@ class StopHandling:
         self._mark_stopped()
         if decision is None:
             return 0
-        if seen is not None:  # the command requeued the job itself: recorded when seen
+        if seen == "command":  # the command requeued the job itself: recorded when seen
             return decision.exit_code if decision.exhausted else 0
         if decision.action != "none":
-            by = self._requeued_by_others(forwarded)
+            # a command we had to stop did not requeue the job after its last look: a requeue
+            # seen now is Slurm's (a preemption's grace that ended while it was being stopped)
+            by = self._requeued_by_others(forwarded and seen != "stopped")
             if by is not None:
                 decision = replace(decision, action="none", requeued_by=by)
             else:
@@ -180,13 +182,17 @@ class StopHandling:
         self, proc: subprocess.Popen[bytes] | None, deadline: float, *, watch: bool
     ) -> str | None:
         """Wait for the command to exit (stop it at ``deadline``); rank 0 watches whether the job
-        was requeued meanwhile (by the command, e.g. Lightning): recorded at once, ``"command"``."""
+        was requeued meanwhile (by the command, e.g. Lightning): recorded at once, ``"command"``.
+        ``"stopped"``: the command did not exit by ``deadline`` and was stopped (a last look
+        first: a requeue after it is not the command's); None: it exited."""
         if proc is None:
             return None
         next_check = 0.0
         while wait_exit(proc, 0.5) is None:
             now = time.time()
-            if watch and self.history is not None and self.env.job_id and now >= next_check:
+            late = now >= deadline
+            watching = watch and self.history is not None and bool(self.env.job_id)
+            if watching and (now >= next_check or late):
                 next_check = now + 2.0
                 if self._slurm_restarts() > self.env.restart_count:
                     log.warning("the command requeued the job itself: not requeuing it again")
@@ -195,12 +201,12 @@ class StopHandling:
                     wait_exit(proc, max(0.0, deadline - time.time()))
                     stop_group(proc)
                     return "command"
-            if now >= deadline:
+            if late:
                 log.warning(
                     "the command did not exit %.0f s after the stop: stopping it", self.grace_s
                 )
                 stop_group(proc)
-                return None
+                return "stopped"
         return None
 
     def _slurm_restarts(self) -> int:

@@ -283,6 +283,45 @@ def test_self_requeueing_framework_is_not_requeued_twice(tmp_path: Path, monkeyp
     assert events[-1]["via"] == "command"
 
 
+class SlurmRequeuesOnceTheCommandIsGone(FakeSlurm):
+    """A preemption's grace ending while a stuck command is being stopped: Slurm requeues the
+    job (``Restarts`` 1) once the command's process is gone."""
+
+    def __init__(self, pid_file: Path) -> None:
+        super().__init__(pid_file)
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        info = super().show_job(job_id)
+        try:
+            os.kill(int(self.flag.read_text()), 0)
+        except (OSError, ValueError):
+            info["Restarts"] = "1" if self.flag.exists() else "0"
+        else:
+            info["Restarts"] = "0"
+        return info
+
+
+def test_a_requeue_after_the_command_was_stopped_is_slurms_not_the_commands(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # the command got the save signal but never exited (Lightning's save deadlocked on a
+    # barrier); we stop it at the grace's end and Slurm's own requeue lands meanwhile: recorded
+    # as Slurm's, and not requeued a second time by us
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    config = _config(["python", str(_script(tmp_path)), "stubborn"])
+    slurm = SlurmRequeuesOnceTheCommandIsGone(Path(f"{out}.pid"))
+    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
+    run.grace_s = 1.0
+    t = _slurm_signal_later(Path(f"{out}.pid"))
+    assert run.run() == 0
+    t.join()
+    assert slurm.requeues == []
+    events = RunHistory(tmp_path).events()
+    assert [e["event"] for e in events] == ["preempted", "requeue"]
+    assert events[-1]["via"] == "slurm"
+
+
 def test_saver_under_slurm_is_requeued_by_us(tmp_path: Path, monkeypatch: Any) -> None:
     out = tmp_path / "c"
     monkeypatch.setenv("OUT", str(out))
