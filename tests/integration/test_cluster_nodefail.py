@@ -218,9 +218,13 @@ def test_a_node_failure_that_took_rank_0_is_recorded_at_the_next_start(
         assert names == ["start", "node_fail", "start", "complete"], names
     else:
         # the batch script (or rank 1) outlived the step for a moment: the node was down
-        # already, so the step's death is the node's, requeued off it, never a failure
-        # restarted in place on a dead node (seen in a fresh-clone run before that was so)
-        assert names == ["start", "node_fail", "requeue", "quarantine", "start", "complete"], names
+        # already, so the step's death is the node's, never a failure restarted in place on a
+        # dead node (seen in a fresh-clone run before that was so); requeued off it by us, or
+        # by Slurm itself (its NODE_FAIL) before the deciding process asked
+        assert names in (
+            ["start", "node_fail", "requeue", "quarantine", "start", "complete"],
+            ["start", "node_fail", "quarantine", "start", "complete"],
+        ), names
     assert run.steps_done() == 150
 
 

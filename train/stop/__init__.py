@@ -14,8 +14,12 @@ The protocol, for every way a run is interrupted::
                                                                      (claim: hangs/ATTEMPT/claimed)
     a rank died unrecorded         the local launcher               the local launcher
 
+    0. echo?    train.stop.act.ended_elsewhere  the attempt's end already recorded by another
+                                            process (a hang claim, a failure claim): a stop
+                                            after it records and saves nothing
     1. facts    train.stop.facts.gather     ONE `scontrol show job` per stop (why Slurm stops
-                                            the job, nodes it failed), the local launcher's
+                                            the job, nodes it failed; a failure also asks
+                                            `scontrol show node`), the local launcher's
                                             cancel file, the hang claim, a device fault's text
     2. decide   train.stop.decision.decide  pure: (trigger, facts, event counts, budgets) ->
                                             Decision (event, budget spent?, requeue / exit 75 /

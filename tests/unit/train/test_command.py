@@ -267,28 +267,34 @@ class FakeSlurm:
         self.requeues.append(job_id)
 
 
-def test_self_requeueing_framework_is_not_requeued_twice(tmp_path: Path, monkeypatch: Any) -> None:
+def _preempted_under_slurm(
+    tmp_path: Path, monkeypatch: Any, mode: str, slurm: FakeSlurm, grace_s: float | None = None
+) -> tuple[int, list[dict[str, Any]]]:
+    """The test script in ``mode`` as job 77's command under ``slurm``, preempted once it runs:
+    (the task's exit code, the events recorded)."""
     out = tmp_path / "c"
     monkeypatch.setenv("OUT", str(out))
-    config = _config(["python", str(_script(tmp_path)), "requeuer"])
-    slurm = FakeSlurm(Path(f"{out}.requeued"))
+    config = _config(["python", str(_script(tmp_path)), mode])
     run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
-    run.grace_s = 3.0
+    if grace_s is not None:
+        run.grace_s = grace_s
     t = _slurm_signal_later(Path(f"{out}.pid"))
-    assert run.run() == 0
+    code = run.run()
     t.join()
-    assert slurm.requeues == []
-    events = RunHistory(tmp_path).events()
+    return code, RunHistory(tmp_path).events()
+
+
+def test_self_requeueing_framework_is_not_requeued_twice(tmp_path: Path, monkeypatch: Any) -> None:
+    slurm = FakeSlurm(tmp_path / "c.requeued")
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "requeuer", slurm, 3.0)
+    assert code == 0 and slurm.requeues == []
     assert [e["event"] for e in events] == ["preempted", "requeue"]
     assert events[-1]["via"] == "command"
 
 
 class SlurmRequeuesOnceTheCommandIsGone(FakeSlurm):
     """A preemption's grace ending while a stuck command is being stopped: Slurm requeues the
-    job (``Restarts`` 1) once the command's process is gone."""
-
-    def __init__(self, pid_file: Path) -> None:
-        super().__init__(pid_file)
+    job (``Restarts`` 1) once the command's process (its pid in ``pid_file``) is gone."""
 
     def show_job(self, job_id: str) -> dict[str, str]:
         info = super().show_job(job_id)
@@ -307,32 +313,17 @@ def test_a_requeue_after_the_command_was_stopped_is_slurms_not_the_commands(
     # the command got the save signal but never exited (Lightning's save deadlocked on a
     # barrier); we stop it at the grace's end and Slurm's own requeue lands meanwhile: recorded
     # as Slurm's, and not requeued a second time by us
-    out = tmp_path / "c"
-    monkeypatch.setenv("OUT", str(out))
-    config = _config(["python", str(_script(tmp_path)), "stubborn"])
-    slurm = SlurmRequeuesOnceTheCommandIsGone(Path(f"{out}.pid"))
-    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
-    run.grace_s = 1.0
-    t = _slurm_signal_later(Path(f"{out}.pid"))
-    assert run.run() == 0
-    t.join()
-    assert slurm.requeues == []
-    events = RunHistory(tmp_path).events()
+    slurm = SlurmRequeuesOnceTheCommandIsGone(tmp_path / "c.pid")
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "stubborn", slurm, 1.0)
+    assert code == 0 and slurm.requeues == []
     assert [e["event"] for e in events] == ["preempted", "requeue"]
     assert events[-1]["via"] == "slurm"
 
 
 def test_saver_under_slurm_is_requeued_by_us(tmp_path: Path, monkeypatch: Any) -> None:
-    out = tmp_path / "c"
-    monkeypatch.setenv("OUT", str(out))
-    config = _config(["python", str(_script(tmp_path)), "saver"])
     slurm = FakeSlurm(tmp_path / "never")
-    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=slurm)
-    t = _slurm_signal_later(Path(f"{out}.pid"))
-    assert run.run() == 0
-    t.join()
-    assert slurm.requeues == ["77"]
-    events = RunHistory(tmp_path).events()
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "saver", slurm)
+    assert code == 0 and slurm.requeues == ["77"]
     assert [e["event"] for e in events] == ["preempted", "requeue"]
     assert events[-1]["via"] == "scontrol"
 
