@@ -526,7 +526,6 @@ def _record_and_requeue(a: _Args, node: _Node, verdict: Verdict, views: list[Nod
         step=step,
         details=details,
         suspects=tuple(verdict.nodes),
-        hang_claimed=False,
     )
     write_text(a.hangs / "decided", json.dumps({"exit_code": code, **details}))
 

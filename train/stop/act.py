@@ -240,7 +240,6 @@ def stop_attempt(
     error: str | None = None,
     details: dict[str, Any] | None = None,
     suspects: tuple[str, ...] = (),
-    hang_claimed: bool | None = None,
     on_decision: Callable[[Decision], None] | None = None,
     signal: str | None = None,
 ) -> tuple[int, Decision | None]:
@@ -258,7 +257,7 @@ def stop_attempt(
     trigger = cast(Trigger, kind if kind in _KNOWN_KINDS else "signal")
     failed = trigger == "failure"
     ended = ended_elsewhere(env, run_dir, trigger)
-    if hang_claimed or ended == "hang":
+    if ended == "hang":
         log.warning("stop after a hang of this attempt: already recorded and requeued")
         return (1 if failed else 0), None
     if not acts_for_attempt(env, run_dir, trigger):

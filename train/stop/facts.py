@@ -281,7 +281,10 @@ def gather(
         # .local-stop is the local launcher's word, read wherever there is no Slurm job
         cancel = trigger in ("signal", "cancel") and _local_cancel(run_dir)
         return facts("local" if local else "none", local_cancel=cancel)
-    if hang_claimed or trigger not in ("signal", "cancel", "failure"):
+    # nothing Slurm says changes these decisions: a known kind, a hang's, an echo of a claimed
+    # failure (train.stop.decision.decide: none)
+    echo = failure_claimed and trigger != "failure"
+    if hang_claimed or echo or trigger not in ("signal", "cancel", "failure"):
         return facts("slurm")
     if client is None:
         from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands

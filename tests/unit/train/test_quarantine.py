@@ -17,7 +17,7 @@ from cluster.models import JobInfo, Node, Partition
 from train.env import DistEnv
 from train.history import RunHistory
 from train.spec.config import RequeueConfig
-from train.stop.act import request_requeue
+from train.stop.act import claim_failure, request_requeue
 from train.stop.quarantine import device_fault, exclude, explain_previous_attempt, failed_nodes
 
 
@@ -234,3 +234,32 @@ def test_a_silent_attempt_that_was_not_a_node_failure_is_left_alone(tmp_path: Pa
     slurm = Accounting("REQUEUED", "RUNNING")  # requeued from outside (an admin)
     assert explain_previous_attempt(tmp_path, "7", 1, client=slurm) is None
     assert RunHistory(tmp_path).events() == []
+
+
+class _AskedSlurm(Slurm):
+    """The same Slurm, keeping what it was asked (a caller may swallow a failed query)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        self.asked.append("show_job")
+        return super().show_job(job_id)
+
+    def nodes(self) -> list[Node]:
+        self.asked.append("nodes")
+        return super().nodes()
+
+
+def test_a_stop_after_another_rank_claimed_the_failure_asks_slurm_nothing(
+    tmp_path: Path,
+) -> None:
+    # srun ends the step of a failed rank: rank 0's TERM is the echo of a failure already
+    # recorded (train.stop.act.ended_elsewhere); whatever Slurm would say, the decision is none
+    env = _env()
+    assert claim_failure(tmp_path, "7", env.attempt, is_main=False)
+    slurm = _AskedSlurm()
+    code = request_requeue(env, tmp_path, RequeueConfig(), "signal", step=40, client=slurm)
+    assert code == 1
+    assert _events(tmp_path) == [] and slurm.asked == []
