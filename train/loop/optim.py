@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from train.loop.nocompile import compiler_imported, disable_on_demand
 from train.spec.config import OptimizerConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "eager", "lr_factor"]
@@ -38,27 +38,27 @@ def eager(cls: type[_O]) -> type[_O]:
     ``defaults["differentiable"]`` around a ``torch._dynamo.graph_break()`` (a no-op outside
     ``torch.compile``, but its import is ~1x ``import torch``). This ``step`` sets the same grad
     mode around the same undecorated ``step``; under ``torch.compile`` or once ``torch._dynamo``
-    is imported anyway (DDP imports it), torch's own ``step`` runs. The ``_disable_dynamo``
-    wrappers of :data:`_DISABLE_WRAPPED` get their cached answer (the plain function) up front,
-    which is what they compute on their first call when nothing compiles. A torch whose
-    optimizers look different is left alone (only the speed-up is lost).
+    is imported anyway, torch's own ``step`` runs. The ``_disable_dynamo`` wrappers of
+    :data:`_DISABLE_WRAPPED` get their answer up front
+    (:func:`train.loop.nocompile.disable_on_demand`). A torch whose optimizers look different
+    is left alone (only the speed-up is lost).
     """
     if cls in _EAGER:
         return _EAGER[cls]
     raw: Any = inspect.unwrap(cls.step)
-    if raw is cls.step or "torch._dynamo" in sys.modules:
+    if raw is cls.step or compiler_imported():
         return cls
     for name in _DISABLE_WRAPPED:
         fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
-        if callable(fn) and getattr(fn, "__dynamo_disable", None) is None:
-            setattr(fn, "__dynamo_disable", fn)
+        if callable(fn):
+            disable_on_demand(fn, recursive=True)
 
     torch_step: Any = cls.__dict__.get("step", cls.step)
     if getattr(torch_step, "hooked", False):  # Optimizer's profiling wrapper, added per class
         torch_step = torch_step.__wrapped__
 
     def step(self: Any, closure: Any = None) -> Any:
-        if "torch._dynamo" in sys.modules or torch.compiler.is_compiling():
+        if compiler_imported() or torch.compiler.is_compiling():
             return torch_step(self, closure)
         with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
             return raw(self, closure)

@@ -31,6 +31,7 @@ from torch import nn
 from train.device import DeviceInfo
 from train.env import DistEnv
 from train.loop.models import split_stages
+from train.loop.nocompile import compiler_imported, disable_on_demand
 
 __all__ = [
     "GlobalBatchNorm",
@@ -213,27 +214,6 @@ def _no_buffer_sync() -> dict[str, Any]:
 _DDP_MODE_WITHOUT_DYNAMO = "ddp_optimizer"  # torch._dynamo.config.optimize_ddp's default (True)
 
 
-def _dynamo_disable_on_demand(fn: Any) -> None:
-    """Give ``fn``, wrapped by ``torch._disable_dynamo``, its cached answer up front.
-
-    That wrapper imports ``torch._dynamo`` on its first call to build ``torch._dynamo.disable(fn)``,
-    which outside ``torch.compile`` just calls ``fn``. The answer given here calls ``fn`` while
-    ``torch._dynamo`` has never been imported (nothing can be compiling), and from the first call
-    after it has been, builds and caches torch's own answer.
-    """
-    if getattr(fn, "__dynamo_disable", None) is not None:
-        return
-
-    def dispatch(*args: Any, **kwargs: Any) -> Any:
-        if "torch._dynamo" in sys.modules:
-            real = sys.modules["torch._dynamo"].disable(fn, recursive=False, wrapping=False)
-            setattr(fn, "__dynamo_disable", real)
-            return real(*args, **kwargs)
-        return fn(*args, **kwargs)
-
-    setattr(fn, "__dynamo_disable", dispatch)
-
-
 def eager_ddp(model: nn.Module, **kwargs: Any) -> nn.parallel.DistributedDataParallel:
     """``DistributedDataParallel(model, **kwargs)`` without importing ``torch._dynamo``.
 
@@ -245,13 +225,14 @@ def eager_ddp(model: nn.Module, **kwargs: Any) -> nn.parallel.DistributedDataPar
     While ``torch._dynamo`` has never been imported nobody can have changed that config, so the
     answer is its default: the constructor is given it by a stand-in module that leaves
     ``sys.modules`` at the moment it answers (before any collective), and the forward's context
-    gets :func:`_dynamo_disable_on_demand`. With ``torch._dynamo`` already imported (a compiled
-    model, a user's import), or on a torch whose DDP reads something else of the compiler, this
-    is torch's plain constructor: every rank takes the same path, so their collectives match.
+    gets its answer up front (:func:`train.loop.nocompile.disable_on_demand`). With
+    ``torch._dynamo`` already imported (a compiled model, a user's import), or on a torch whose
+    DDP reads something else of the compiler, this is torch's plain constructor: every rank
+    takes the same path, so their collectives match.
     """
     ddp = nn.parallel.DistributedDataParallel
-    inside = inspect.unwrap(getattr(ddp, "_inside_ddp_forward", None) or (lambda: None))
-    if "torch._dynamo" in sys.modules or not hasattr(inside, "__code__"):
+    inside = getattr(ddp, "_inside_ddp_forward", None)
+    if compiler_imported() or inside is None:
         return ddp(model, **kwargs)
     stub = types.ModuleType("torch._dynamo")
 
@@ -273,7 +254,7 @@ def eager_ddp(model: nn.Module, **kwargs: Any) -> nn.parallel.DistributedDataPar
     finally:
         if sys.modules.get("torch._dynamo") is stub:
             del sys.modules["torch._dynamo"]
-    _dynamo_disable_on_demand(inside)
+    disable_on_demand(inspect.unwrap(inside), recursive=False)
     return wrapped
 
 
