@@ -8,6 +8,9 @@ PYTEST_ARGS ?=
 # stop tests, child processes), so one per core left the cores idle (124 s vs 108 s here).
 UNIT_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
 UNIT_XDIST = -n $(UNIT_WORKERS) --dist worksteal
+# The unit half does not collect tests/integration at all (every test there is marked integration;
+# importing its modules cost each unit worker about a second).
+UNIT_SELECT = -m "not integration" --ignore=tests/integration
 # Integration tests: each worker has a Slurm cluster of its own, started afresh for the session
 # (tests/conftest.py: /var/tmp/slurm-train-test-N on ports shifted by (N+2) x 100), so one test's
 # preemptions and dead nodes never reach another's jobs; most of their time is waiting on Slurm.
@@ -39,13 +42,13 @@ demo: setup cluster-up
 ## real local cluster. pytest's exit 5 (no tests collected) is a failure, never a pass.
 test: setup
 	@set +e; \
-	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; \
+	$(PYTHON) -m pytest $(UNIT_SELECT) $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; \
 	$(PYTHON) -m pytest -m integration $(IT_XDIST) $(DURATIONS) $(PYTEST_ARGS); i=$$?; \
 	$(CHECK_RAN)
 
 unit: setup
 	@set +e; \
-	$(PYTHON) -m pytest -m "not integration" $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; i=5; \
+	$(PYTHON) -m pytest $(UNIT_SELECT) $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; i=5; \
 	$(CHECK_RAN)
 
 integration: setup

@@ -1,7 +1,8 @@
 """Fixtures shared by the integration tests (the cluster itself: tests/conftest.py), and their
 order: the tests marked ``long(SECONDS)`` (about what one takes on an idle machine) run first,
 longest first, so that the workers (``make test``: ``--dist load``, which hands tests out in
-this order) do not end waiting on one long test started last."""
+this order) do not end waiting on one long test started last. Every test here is marked
+``integration``: the unit half (``make unit``) does not even collect this directory."""
 
 from __future__ import annotations
 
@@ -15,7 +16,20 @@ def _expected_s(item: pytest.Item) -> float:
     return float(mark.args[0]) if mark is not None and mark.args else 0.0
 
 
+HERE = Path(__file__).parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects what is not marked
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [
+        i.nodeid
+        for i in items
+        if i.path.is_relative_to(HERE) and i.get_closest_marker("integration") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"not marked integration (neither half of make test would run it): {unmarked[0]}"
+        )
     items.sort(key=_expected_s, reverse=True)  # stable: the others keep their order
 
 
