@@ -148,6 +148,84 @@ def eager_ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
 
 
+def save_then_hold_worker(root: str, async_save: bool, kill_at: str, out: str) -> None:
+    """Saves step 1 (its model digest written to ``out``), then step 2 with a save-phase hook
+    that holds the save once ``kill_at`` exists, for the test to SIGKILL this process there
+    (tests/unit/train/test_checkpoint_kill.py)."""
+    import time
+
+    import train.checkpoint.manager as manager
+    from train.checkpoint.manager import CheckpointManager, capture_rng_state, model_digest
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = eager(torch.optim.SGD)(model.parameters(), lr=0.1, momentum=0.9)
+    cm = CheckpointManager(root, rank=0, world_size=1, async_save=async_save)
+
+    def step(n: int) -> None:
+        opt.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        cm.save(
+            n, {"optimizer": opt.state_dict()}, {"rng": capture_rng_state()},
+            epoch=0, epoch_step=n, model=model,
+        )  # fmt: skip
+
+    step(1)
+    cm.wait()
+    Path(out + ".tmp").write_text(model_digest(model))
+    os.replace(out + ".tmp", out)
+
+    def hold(phase: str) -> None:
+        if os.path.exists(kill_at):
+            time.sleep(120)
+
+    manager.SAVE_PHASE_HOOKS.append(hold)
+    step(2)
+    cm.wait()
+    Path(out + ".unexpected").write_text("the save finished")
+
+
+def start_process(fn: Callable[..., Any], *args: Any) -> multiprocessing.process.BaseProcess:
+    """``fn(*args)`` in one process forked from the fork server (see the module docstring),
+    started, not waited for: the caller may kill it."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    proc = ctx.Process(target=fn, args=args, daemon=True)
+    proc.start()
+    return proc
+
+
+def compiler_modules() -> list[str]:
+    """The modules of torch's compiler this process has imported."""
+    return sorted(m for m in sys.modules if m.startswith(("torch._dynamo", "torch._inductor")))
+
+
+def resumed_imports_worker(rank: int, world: int, ports: tuple[int, int], run_dir: str) -> None:
+    """A 2-rank DDP run of the built-in trainer to step 4, then its resume to step 6 in the same
+    process (whatever either imported stays); writes what of the compiler was imported before
+    the run (nothing: the fork server never imports it) and after the resume."""
+    before = compiler_modules()
+    cfg = TrainConfig.model_validate(
+        {
+            "model": "tinycnn", "width": 4, "data": {"train_size": 128, "test_size": 32},
+            "batch_size": 32, "epochs": 2, "num_threads": 1, "strategy": "ddp",
+        }
+    )  # fmt: skip
+    run = Path(run_dir)
+    run_training(cfg, DistEnv.from_env(torchrun_env(rank, world, ports[0])), run, max_steps=4)
+    # a new process group on another port: a rank done with the first must not find the first
+    # one's store, which the other rank may not have closed yet
+    env = DistEnv.from_env(torchrun_env(rank, world, ports[1]))
+    result = run_training(cfg, env, run, max_steps=6, resume=True)
+    out = {
+        "before": before,
+        "after": compiler_modules(),
+        "resumed": result.steps == 6 and result.resumed_from is not None,
+    }
+    Path(run_dir, f"imports-{rank}.json").write_text(json.dumps(out))
+
+
 def _with_environ(
     rank: int, environ: Mapping[str, str], fn: Callable[..., Any], *args: Any
 ) -> None:

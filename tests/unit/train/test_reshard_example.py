@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from train.history import read_jsonl
 
@@ -32,6 +31,10 @@ SPEC = {
 
 
 def _weights(run_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    # imported here, not at collection: it costs about as much as `import torch` again, in every
+    # test worker, for the one worker that runs this test
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     out = tmp_path / f"{run_dir.name}.pt"
     dcp_to_torch_save(run_dir / "dcp" / f"step-{STEPS}", out)
     return dict(torch.load(out, weights_only=True)["model"])
