@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+from slow_saves import slow_steps
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cifar.yaml"
 SMALL = [
@@ -372,13 +375,19 @@ def test_status_and_list_of_many_runs_is_one_query(env: dict[str, str], tmp_path
 
 
 @pytest.mark.long(89)
-def test_follow_shows_a_preemption_and_the_resume_as_lines(env: dict[str, str]) -> None:
+def test_follow_shows_a_preemption_and_the_resume_as_lines(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     """Issue 19: interruptions and resumes are readable lines, in time order, the state last."""
     cmd = [sys.executable, "-m", "jobs", "submit", str(EXAMPLE), *SMALL]
-    cmd += ["--set", "train.max_steps=1500", "--set", "train.checkpoint.interval_steps=5000"]
+    cmd += ["--set", "train.max_steps=400", "--set", "train.checkpoint.interval_steps=5000"]
+    # each step sleeps 0.1 s until the requeue is recorded (40 s of training to preempt, without
+    # a core spent on it); the rest of the run goes at full speed
+    pace = tmp_path / "pace"
+    job_env = {**env, **slow_steps(0.1, pace)}
     follower = subprocess.Popen(
-        [*cmd, "--follow"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        [*cmd, "--follow"], cwd=REPO, env=job_env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     job_id = ""
     urgent = ""
@@ -408,6 +417,7 @@ def test_follow_shows_a_preemption_and_the_resume_as_lines(env: dict[str, str]) 
         while '"requeue"' not in _read(run_dir / "events.jsonl"):
             assert time.monotonic() < deadline, "no requeue recorded"
             time.sleep(2)
+        pace.unlink()
         wait_state(env, job_id, {"PENDING"}, timeout=120)
         subprocess.run(
             ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
