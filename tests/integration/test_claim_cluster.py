@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+from slow_saves import slow_steps
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cifar.yaml"
 FILES = ("spec.yaml", "resolved.yaml", "run.json", "sbatch.sh")
@@ -60,7 +63,10 @@ def submit(env: dict[str, str], run_dir: Path, *args: str) -> subprocess.Complet
     """The example, tiny, trained in ``run_dir`` (train.run_dir), for as long as it is left."""
     sets = [f"train.run_dir={run_dir}", "train.max_steps=100000", "train.width=8"]
     sets += ["train.data.train_size=512", "train.data.test_size=64", "resources.time=10"]
-    return jobs(env, "submit", str(EXAMPLE), *(f"--set={s}" for s in sets), *args)
+    # each step sleeps 0.2 s (tests/hooks): running is all it has to do, without taking a core
+    return jobs(
+        {**env, **slow_steps(0.2)}, "submit", str(EXAMPLE), *(f"--set={s}" for s in sets), *args
+    )
 
 
 def test_a_running_or_pending_jobs_run_dir_is_refused(env: dict[str, str], tmp_path: Path) -> None:

@@ -39,6 +39,12 @@ SMALL = [
 pytestmark = pytest.mark.integration
 
 
+def _paced(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a job that only has to be running while a test looks at it: each step sleeps
+    0.2 s (tests/hooks), so that it does not take a core from the other tests for as long."""
+    return {**env, **slow_steps(0.2)}
+
+
 def jobs(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jobs", *args],
@@ -109,7 +115,7 @@ def test_example_follows_to_completed_with_status_and_logs(env: dict[str, str]) 
 
 
 def test_cancel_a_running_job(env: dict[str, str]) -> None:
-    proc = jobs(env, "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
+    proc = jobs(_paced(env), "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     try:
@@ -229,7 +235,7 @@ def test_local_executor_runs_without_slurm(env: dict[str, str]) -> None:
 def test_preemption_shows_in_status(env: dict[str, str]) -> None:
     """A higher-priority job preempts ours: train's guard (not submitit's) handles the signal,
     requeues, and `status` reads the history from events.jsonl."""
-    proc = jobs(env, "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
+    proc = jobs(_paced(env), "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     urgent = ""
@@ -358,7 +364,9 @@ def test_status_and_list_of_many_runs_is_one_query(env: dict[str, str], tmp_path
     ids = []
     try:
         for _ in range(3):
-            proc = jobs(env, "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
+            proc = jobs(
+                _paced(env), "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000"
+            )
             assert proc.returncode == 0, proc.stderr
             ids.append(proc.stdout.strip())
         time.sleep(6)
