@@ -25,6 +25,7 @@ WORKER = textwrap.dedent(
     from train.env import DistEnv
     from train.device import resolve_device
     from train.loop.models import build_model
+    from train.loop.optim import eager
     from train.loop.strategies import build_strategy
 
 
@@ -50,7 +51,8 @@ WORKER = textwrap.dedent(
         model = build_model("tinycnn", width=4, norm="batch")
         strategy = build_strategy("ddp", model, devices, env, sync_batchnorm=sync_bn)
         assert type(strategy.module).__name__ == "DistributedDataParallel"
-        opt = torch.optim.SGD(strategy.model.parameters(), lr=0.1)
+        # the trainer's optimizer step (torch's, without its import of the compiler)
+        opt = eager(torch.optim.SGD)(strategy.model.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(rank)
         for _ in range(2):
             x = torch.randn(8, 3, 32, 32, generator=gen)
