@@ -407,7 +407,7 @@ def test_a_declared_evaluation_longer_than_the_timeout_is_no_hang(
 # hangs when every rank is quiet), and node b's watcher has already judged "not a hang" once.
 COMMAND_RANK = textwrap.dedent(
     """
-    import subprocess, sys, time
+    import os, subprocess, sys, time
     from pathlib import Path
     from train.hang.heartbeat import Watchdog
 
@@ -430,7 +430,9 @@ COMMAND_RANK = textwrap.dedent(
         beats += 1
         wd.beat(beats)
         time.sleep(0.1)
-    (run / f"quiet-{rank}").write_text(str(time.time()))
+    quiet = run / f"quiet-{rank}"
+    quiet.with_suffix(".tmp").write_text(str(time.time()))
+    os.replace(quiet.with_suffix(".tmp"), quiet)  # whole or absent: the test reads it at once
     time.sleep(3600)
     """
 )
