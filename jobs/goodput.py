@@ -30,9 +30,13 @@ A *segment* is one process run: it opens with a ``start``/``resume`` event. A
 like a stop; the next segment opens in the same Slurm attempt. Without Slurm's times (a local
 run, sacct unreachable) the gaps between segments are ``unaccounted``.
 
-A command entrypoint records no steps: its window (from the supervisor's start event) is counted
-productive, the command's own start-up and any redone steps included (the ledger's ``notes`` say
-so).
+A command entrypoint records no steps. Its start-up runs from the supervisor's start event to
+the command's first output (``first_output_at``, on rank 0's supervisor's later events of the
+same process run: when it saw the command's processes write, to a file, a pipe or a socket, for
+the first time, within 0.2 s): its imports count as start-up, the rest of its window as
+productive, its own set-up after that first write and any redone steps included (the ledger's
+``notes`` say so). A segment without it (a silent command, a run recorded before this field,
+a process killed before it recorded anything) counts from its start event.
 """
 
 from __future__ import annotations
@@ -173,6 +177,16 @@ class _Segment:
     def step(self) -> int | None:
         return _int(self.opened.get("step"))
 
+    def training_from(self) -> float:
+        """When training began: the start/resume event, or for a command (which records no
+        steps) its first output in this segment."""
+        if self.step is None:
+            for e in self.events:
+                at = _num(e.get("first_output_at"))
+                if at is not None and at >= self.time:
+                    return at
+        return self.time
+
     def process_start(self) -> float | None:
         phases = self.opened.get("startup")
         if not isinstance(phases, Mapping):
@@ -273,8 +287,10 @@ def compute(
             if proc is None and not first_of_attempt:
                 ledger.notes.append("an in-place restart without start-up phases")
         cursor.to("startup", seg.time)
-        # -- training, until the stop
+        # -- a command's own start-up (its imports), up to its first output
         stop_at, ending = seg.stop()
+        cursor.to("startup", min(seg.training_from(), stop_at if stop_at is not None else end))
+        # -- training, until the stop
         if ending is None and nxt is None and not _terminal(segments):
             stop_at = end if stop_at is None else stop_at  # still training (or stopping) now
         if stop_at is None:  # ended without a record: its last step is the last we know
@@ -314,8 +330,9 @@ def compute(
     cursor.to("unaccounted", end)
     if any(seg.step is None for seg in segments):
         ledger.notes.append(
-            "a command records no steps: from its supervisor's start to the stop counts as "
-            "productive (the command's own start-up and any redone steps included)"
+            "a command records no steps: its start-up counts until its first output, the rest "
+            "until the stop as productive (its set-up after that output and any redone steps "
+            "included)"
         )
     return ledger
 

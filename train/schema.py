@@ -151,6 +151,7 @@ EVENT = Schema(
         "stderr_tail": "list[str]",
         "skipped": "str",
         "exit_code": "int",
+        "first_output_at": "time",  # a command's first write in this process run
     },
     by="event",
     # where readers name the hosts

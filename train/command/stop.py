@@ -61,6 +61,10 @@ class StopHandling:
     stop_signal: str
     client: Any
     proc_root: Path
+    # when the command's processes first wrote (output, a file, a socket): the end of its
+    # start-up as far as we can see it (its imports write nothing); on every later event of
+    # this process run, for the goodput ledger (jobs/goodput.py)
+    first_output_at: float | None = None
 
     def _append(self, event: str, **fields: Any) -> None:
         if self.history is not None:
@@ -69,7 +73,10 @@ class StopHandling:
 
     # -- stops --------------------------------------------------------------------------------
     def _base(self) -> dict[str, Any]:
-        return attempt_fields(self.env, None)
+        base = attempt_fields(self.env, None)
+        if self.first_output_at is not None:
+            base["first_output_at"] = round(self.first_output_at, 3)
+        return base
 
     def _decide(self, trigger: int) -> tuple[Decision, StopFacts]:
         """Rank 0: the facts of this stop (one ``scontrol show job``) and the decision."""

@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 # all-reduce. A sleep between two waitpid(WNOHANG) calls: 50 cheap calls a second.
 _POLL_S = 0.02
 _LOOK_S = 1.0  # how often a watched command's writes are summed (a /proc scan)
+_FIRST_LOOK_S = 0.2  # ... until its first write (the end of its start-up: first_output_at)
 # how long a failed rank other than 0 waits for rank 0 to record the run complete
 _COMPLETE_WAIT_S = 15.0
 
@@ -203,10 +204,12 @@ class CommandRun(StopHandling):
                     # progress of a command: its training processes wrote something (output,
                     # files, gloo's sockets), a launcher's own chatter not counted (torchrun's
                     # keep-alive): see README "Hangs of your own command"
-                    next_look = now + _LOOK_S
+                    next_look = now + (_LOOK_S if beats else _FIRST_LOOK_S)
                     now_written = written_bytes(proc.pid)
                     if now_written != written:
                         written, beats = now_written, beats + 1
+                        if self.first_output_at is None:
+                            self.first_output_at = time.time()
                         if self.watchdog is None:
                             # The watch starts with the command's first write: a command is
                             # watched only once it wrote (before, it starts: imports, the

@@ -185,6 +185,42 @@ def test_a_command_records_no_steps() -> None:
     assert any("command" in n for n in led.notes)
 
 
+def test_a_commands_start_up_runs_to_its_first_output_in_each_process_run() -> None:
+    """Each segment's start-up ends at its own first output (``first_output_at`` on the
+    supervisor's events of that process run); stopped before its first output: start-up until
+    the stop. Without it (a silent command, an older run's record) training starts at the start
+    event, as before; an older segment's value never moves a later one."""
+    events = [
+        ev(5, "start", None, startup=UP),
+        ev(20, "signal", None, signal="USR2", first_output_at=9),
+        ev(21, "requeue", None, reason="preempted", first_output_at=9),
+        ev(30, "resume", None, restart=1, startup=UP),
+        ev(50, "complete", None, restart=1, exit_code=0, first_output_at=34.5),
+    ]
+    led = compute(events, [], [A(0, 2, 22), A(22, 28, 50)], now=99.0)
+    # startup: 2 -> 9 and 28 -> 34.5; productive: 9 -> 20 and 34.5 -> 50
+    assert led.parts["startup"] == pytest.approx(7 + 6.5)
+    assert led.parts["productive"] == pytest.approx(11 + 15.5)
+    assert sum(led.parts.values()) == pytest.approx(50)
+    stale = [*events[:3], ev(30, "resume", None, restart=1), ev(50, "complete", None, restart=1)]
+    led = compute(stale, [], [A(0, 2, 22), A(22, 28, 50)], now=99.0)
+    assert led.parts["startup"] == pytest.approx(7 + 2)
+    late = [ev(5, "start", None), ev(7, "signal", None, first_output_at=7.5)]
+    led = compute([*late, ev(8, "requeue", None)], [], [A(0, 2, 9)], now=99.0)
+    assert led.parts["productive"] == 0 and led.parts["startup"] == 5
+    assert sum(led.parts.values()) == pytest.approx(9)
+    silent = [ev(5, "start", None), ev(7, "signal", None), ev(8, "requeue", None)]
+    led = compute(silent, [], [A(0, 2, 9)], now=99.0)
+    assert led.parts["productive"] == 2 and led.parts["startup"] == 3
+
+
+def test_a_first_output_never_moves_a_built_in_runs_start() -> None:
+    """The built-in trainer's segments carry their step: training starts at their event."""
+    events = [ev(5, "start", 0), ev(15, "complete", 10, first_output_at=6)]
+    led = compute(events, steps(5, 1, 10), [A(0, 2, 15)], now=99.0)
+    assert led.parts["startup"] == 3 and led.parts["productive"] == 10
+
+
 @pytest.mark.parametrize(
     "events",
     [

@@ -185,6 +185,26 @@ def test_completes_and_records(tmp_path: Path) -> None:
     assert _events(tmp_path) == ["complete"]
 
 
+def test_the_commands_first_output_is_on_its_events(tmp_path: Path) -> None:
+    """Its first write (here after 0.6 s of silence: its "imports") is on the events rank 0
+    records after it, for the goodput ledger's start-up; a silent command has none."""
+    quiet_then_speak = (
+        "import time, pathlib, sys; time.sleep(0.6); "
+        "pathlib.Path(sys.argv[1]).write_text(repr(time.time())); print('step 1', flush=True); "
+        "time.sleep(3)"
+    )
+    config = _config([sys.executable, "-c", quiet_then_speak, str(tmp_path / "spoke")])
+    started = time.time()
+    assert run_command(config, DistEnv(), tmp_path / "run") == 0
+    (complete,) = RunHistory(tmp_path / "run").events()
+    spoke = float((tmp_path / "spoke").read_text())
+    assert started + 0.5 < spoke <= complete["first_output_at"] <= spoke + 3, complete
+    config = _config([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    assert run_command(config, DistEnv(), tmp_path / "silent") == 0
+    (complete,) = RunHistory(tmp_path / "silent").events()
+    assert "first_output_at" not in complete
+
+
 def test_failure_records_exit_code_and_stderr_tail(tmp_path: Path) -> None:
     code = "import sys; print('line one', file=sys.stderr); sys.exit('ValueError: bad lr')"
     config = _config(["python", "-c", code])
