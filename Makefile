@@ -2,28 +2,10 @@
 SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
-# Both halves run in parallel (pytest-xdist). worksteal: a worker that runs out takes queued tests
-# from another (durations range from ms to a minute).
-# Unit tests: two workers per core; about half of their time is waiting (time-outs of the hang and
-# stop tests, child processes), so one per core left the cores idle (124 s vs 108 s here).
-UNIT_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
-UNIT_XDIST = -n $(UNIT_WORKERS) --dist worksteal
-# The unit half does not collect tests/integration at all (every test there is marked integration;
-# importing its modules cost each unit worker about a second).
-UNIT_SELECT = -m "not integration" --ignore=tests/integration
-# Integration tests: each worker has a Slurm cluster of its own, started afresh for the session
-# (tests/conftest.py: /var/tmp/slurm-train-test-N on ports shifted by (N+2) x 100), so one test's
-# preemptions and dead nodes never reach another's jobs; most of their time is waiting on Slurm.
-# load, one test at a time: tests are handed out in collection order, the long ones first
-# (tests/integration/conftest.py), to whichever worker is free.
-IT_WORKERS ?= 4
-IT_XDIST = -n $(IT_WORKERS) --dist load --maxschedchunk=1
-# The slowest tests of each half, in every run's output.
-DURATIONS = --durations=15
-# pytest's exit 5 means it ran no test. A half whose marker selects nothing is fine only when the
-# other half ran tests; no test run at all fails (`make unit` alone: its half must run tests).
-CHECK_RAN = if [ $$u -eq 5 ] && [ $$i -eq 5 ]; then echo "make $@: no tests were collected" >&2; exit 1; fi; \
-	for rc in $$u $$i; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
+# The suite's two halves, their workers (pytest-xdist) and the order they run in live in
+# scripts/test.sh: `make test` runs them side by side (the integration half waits on Slurm for
+# about a fifth of its time), `make unit` / `make integration` one of them. pytest's exit 5 (no
+# test collected) is a failure unless the other half ran tests. PYTEST_ARGS go to both.
 
 .PHONY: setup lock demo test unit integration lint format bench cluster-up cluster-down clean
 
@@ -38,21 +20,16 @@ lock:
 demo: setup cluster-up
 	$(PYTHON) -m jobs submit examples/cifar.yaml --follow
 
-## The whole suite: unit tests in parallel, then integration tests, one at a time, against the
-## real local cluster. pytest's exit 5 (no tests collected) is a failure, never a pass.
+## The whole suite: the unit half (in parallel) and, at the same time, the integration half
+## against real local clusters (scripts/test.sh).
 test: setup
-	@set +e; \
-	$(PYTHON) -m pytest $(UNIT_SELECT) $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; \
-	$(PYTHON) -m pytest -m integration $(IT_XDIST) $(DURATIONS) $(PYTEST_ARGS); i=$$?; \
-	$(CHECK_RAN)
+	@scripts/test.sh all $(PYTEST_ARGS)
 
 unit: setup
-	@set +e; \
-	$(PYTHON) -m pytest $(UNIT_SELECT) $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS); u=$$?; i=5; \
-	$(CHECK_RAN)
+	@scripts/test.sh unit $(PYTEST_ARGS)
 
 integration: setup
-	$(PYTHON) -m pytest -m integration $(IT_XDIST) $(DURATIONS) $(PYTEST_ARGS)
+	@scripts/test.sh integration $(PYTEST_ARGS)
 
 lint: setup
 	.venv/bin/ruff check .
