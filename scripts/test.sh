@@ -39,14 +39,26 @@ integration)
 	"${integration[@]}"; i=$?; u=5 ;;
 all)
 	log=$(mktemp /tmp/slurm-train-integration.XXXXXX.log)
-	"${integration[@]}" >"$log" 2>&1 &
+	# Every child runs in the background and the script waits for it: bash runs a trap only
+	# once the foreground command is done, and `wait` returns at once. A background command of
+	# a script starts with SIGINT ignored, and Python then installs no KeyboardInterrupt
+	# handler: each pytest gets SIGINT back (trap - INT).
+	(trap - INT; exec "${integration[@]}" >"$log" 2>&1) &
 	ipid=$!
-	# Ctrl-C or a CI time-out: the integration half tears its clusters' jobs down too
-	trap 'kill -INT "$ipid" 2>/dev/null; wait "$ipid"; exit 130' INT TERM
+	said="the integration half's output: $log"
+	# Ctrl-C reaches every half (one process group): wait for their teardown (the integration
+	# fixtures cancel their jobs). A TERM (a CI time-out) reaches this script only: it is
+	# passed on as one SIGINT to each half, then the same wait.
+	trap 'wait; echo "$said" >&2; exit 130' INT
+	trap 'kill -INT "$ipid" ${upid:-} ${tpid:-} 2>/dev/null; wait; echo "$said" >&2; exit 143' TERM
 	echo "== unit tests (the integration tests run beside them: $log) =="
-	"${unit[@]}"; u=$?
+	(trap - INT; exec "${unit[@]}") &
+	upid=$!
+	wait "$upid"; u=$?
 	echo "== integration tests =="
-	tail -n +1 -f --pid="$ipid" "$log"
+	tail -n +1 -f --pid="$ipid" "$log" &
+	tpid=$!
+	wait "$tpid"
 	wait "$ipid"; i=$?
 	trap - INT TERM
 	rm -f "$log" ;;
