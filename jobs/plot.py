@@ -113,8 +113,16 @@ def plot_run(run_dir: Path, out: Path, ledger: Ledger | None = None) -> Path:
         raise UsageError("plot: needs matplotlib (pip install matplotlib, or make setup)") from None
     t0 = min(p[1] for s in series for p in (s.train + s.evals))
     rows = 3 if ledger is not None and ledger.wall_s > 0 else 2
-    fig = plt.figure(figsize=(12, 8 if rows == 2 else 9.5))
-    grid = fig.add_gridspec(rows, 2, height_ratios=[1, 1, 0.3][:rows])
+    height = 8 if rows == 2 else 9.5
+    fig = plt.figure(figsize=(12, height))
+    # Margins fixed in inches (room for the tick labels, the titles and the bar's legend below
+    # it), not tight_layout: that measures by drawing the whole figure once more before the
+    # PNG is drawn (0.2-0.3 s of CPU of a 0.8 s `jobs plot`, median of 8, by hand).
+    grid = fig.add_gridspec(
+        rows, 2, height_ratios=[1, 1, 0.3][:rows], left=0.9 / 12, right=1 - 0.3 / 12,
+        top=1 - 0.65 / height, bottom=(1.15 if rows == 3 else 0.6) / height,
+        hspace=0.3 if rows == 2 else 0.4, wspace=0.2,
+    )  # fmt: skip
     axes = [[fig.add_subplot(grid[r, c]) for c in range(2)] for r in range(2)]
     if ledger is not None and rows == 3:
         _goodput_bar(fig.add_subplot(grid[2, :]), ledger)
@@ -145,7 +153,6 @@ def plot_run(run_dir: Path, out: Path, ledger: Ledger | None = None) -> Path:
     axes[0][0].legend(loc="best", fontsize="small")
     stops = sum(len(s.stops) for s in series)
     fig.suptitle(f"{run_dir.name}: {stops} interruption(s), {len(series)} task(s)")
-    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", dpi=100)
     plt.close(fig)
@@ -197,4 +204,4 @@ def _goodput_bar(ax: Any, ledger: Ledger) -> None:
     ax.set_yticks([])
     ax.set_xlabel("wall time (s)")
     ax.set_title(ledger.line(), fontsize="medium")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=5, fontsize="x-small")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=5, fontsize="x-small")
