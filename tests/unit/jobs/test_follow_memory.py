@@ -2,12 +2,13 @@
 
 A child ``python -m jobs logs -f`` follows a finished local run whose rank-0 log is 256 MiB:
 8 MiB of ordinary lines (160,000 of them), then a sparse hole (one line of 248 MiB of NUL bytes,
-no disk used), then a last line. A follower that held a whole line, or what it had not yet
-written out, would need more than twice the bound (a right one peaks near 28 MiB); a GiB (what
-issue 29 saw) proves no more and cost the unit suite 10 s more of CPU. It must print all of it, in order, to the end, and its peak resident memory (the
-kernel's high-water mark of the child's own memory, VmHWM, read as it exits: ``wait4``'s
-maxrss would count the pages of the pytest process it was forked from) must stay under
-100 MiB. A bound on memory is behaviour, not a timing.
+no disk used), then a last line. It must print all of it, in order, to the end, and its peak
+resident memory (the kernel's high-water mark of the child's own memory, VmHWM, read as it
+exits: ``wait4``'s maxrss would count the pages of the pytest process it was forked from) must
+stay under 100 MiB. A follower that held a whole line, or what it had not yet written out,
+would need more than twice that (a right one peaks near 28 MiB); a GiB (what issue 29 saw)
+proves no more and cost the unit suite 10 s more of CPU. A bound on memory is behaviour, not a
+timing.
 """
 
 from __future__ import annotations
