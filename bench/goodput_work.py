@@ -57,7 +57,7 @@ def _dist_env(env: dict[str, str]) -> tuple[int, int]:
 class Loop:
     """The model, its optimizer, the step, the checkpoint and the progress file."""
 
-    def __init__(self, run: Path, step_s: float, attempt: int) -> None:
+    def __init__(self, run: Path, step_s: float, attempt: int, *, eager: bool = False) -> None:
         import torch
         import torch.distributed as dist
         from torch import nn
@@ -69,8 +69,15 @@ class Loop:
             dist.init_process_group("gloo", init_method="env://")
         torch.manual_seed(0)
         self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-        self.ddp = nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        ddp: Any = nn.parallel.DistributedDataParallel
+        sgd: Any = torch.optim.SGD
+        if eager:  # the README's recipe: DDP and optimizer without importing torch's compiler
+            from train.loop.optim import eager as eager_optimizer
+            from train.loop.strategies import eager_ddp as ddp
+
+            sgd = eager_optimizer(sgd)
+        self.ddp = ddp(self.model) if self.world > 1 else self.model
+        self.opt = sgd(self.model.parameters(), lr=0.05)
         self.x = torch.randn(32, 8)
         self.y = (self.x.sum(dim=1, keepdim=True) > 0).float()
         self.run, self.step_s, self.attempt = run, step_s, attempt
@@ -122,9 +129,11 @@ def _attempt(env: dict[str, str]) -> int:
 def run_plain(run: Path, steps: int, step_s: float) -> int:
     """The README's recipe for ``entrypoint.command``: a flag set by the signal, agreed on by
     a lagged all-reduce (started after step k, read after step k+1: it overlaps the step, so
-    it costs nothing measurable), then save and exit 0; the supervisor requeues."""
+    it costs nothing measurable), then save and exit 0; the supervisor requeues. Its DDP and
+    optimizer are ``eager_ddp`` and ``eager`` (the recipe's one import from this project);
+    every peer's row keeps torch's."""
     signal.signal(signal.SIGUSR1, _on_stop)
-    loop = Loop(run, step_s, _attempt(dict(os.environ)))
+    loop = Loop(run, step_s, _attempt(dict(os.environ)), eager=True)
     torch, dist = loop.torch, loop.dist
     pending: Any = None
     flag = torch.zeros(1)

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
 from train.loop.nocompile import compiler_imported, disable_on_demand
-from train.spec.config import OptimizerConfig
+
+if TYPE_CHECKING:  # the spec models (pydantic) are not imported by a script that uses eager
+    from train.spec.config import OptimizerConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "eager", "lr_factor"]
 

@@ -24,6 +24,7 @@ from _train_helpers import (
     free_port,
     resumed_imports_worker,
     start_ranks,
+    torchrun_env,
 )
 
 from train.loop.optim import eager
@@ -95,6 +96,40 @@ def test_eager_ddp_trains_bitwise_like_torchs(tmp_path: Path) -> None:
     start_ranks(eager_ddp_worker, (2, free_port(), str(tmp_path)), 2)
     results = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(2)]
     assert results == [{"compiler_after_ours": False, "same": True, "again": True}] * 2
+
+
+# a script run as `python SCRIPT ARGS`, saying at its exit whether torch's compiler was imported
+_AS_MAIN = """
+import atexit, runpy, sys
+atexit.register(lambda: print("compiler imported:", "torch._dynamo" in sys.modules))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_the_readmes_plain_ddp_script_never_imports_the_compiler(tmp_path: Path) -> None:
+    # examples/byo/plain_ddp.py (the README's recipe) on two real ranks over gloo, as the job's
+    # supervisor or torchrun starts them: its one optional line of this project (eager_ddp) is
+    # found and used, and the run trains to its end
+    script = REPO / "examples" / "byo" / "plain_ddp.py"
+    port = free_port()
+    argv = [sys.executable, "-c", _AS_MAIN, str(script), "--steps", "6", "--log-every", "3"]
+    procs = [
+        subprocess.Popen(
+            argv,
+            cwd=tmp_path,
+            env=_env(tmp_path, RUN_DIR=str(tmp_path / "run"), **torchrun_env(rank, 2, port)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    assert [out.strip().splitlines()[-1] for out, _ in outs] == ["compiler imported: False"] * 2
+    progress = (tmp_path / "run" / "progress.jsonl").read_text().splitlines()
+    assert json.loads(progress[-1])["event"] == "done" and json.loads(progress[-1])["step"] == 6
 
 
 def _train(cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[list[torch.Tensor], Any]:
