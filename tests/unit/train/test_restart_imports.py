@@ -9,6 +9,8 @@ first forward), which costs about as much again as ``import torch``.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,7 +26,6 @@ from _train_helpers import (
     free_port,
     resumed_imports_worker,
     start_ranks,
-    torchrun_env,
 )
 
 from train.loop.optim import eager
@@ -108,26 +109,30 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def test_the_readmes_plain_ddp_script_never_imports_the_compiler(tmp_path: Path) -> None:
-    # examples/byo/plain_ddp.py (the README's recipe) on two real ranks over gloo, as the job's
-    # supervisor or torchrun starts them: its one optional line of this project (eager_ddp) is
-    # found and used, and the run trains to its end
+    # examples/byo/plain_ddp.py (the README's recipe) on two real ranks over gloo, started by
+    # torchrun (which binds the rendezvous port itself: two ranks given a port picked beforehand
+    # once met another test's ranks on it): its one optional import of this project (eager_ddp,
+    # eager) is found and used, and the run trains to its end
     script = REPO / "examples" / "byo" / "plain_ddp.py"
-    port = free_port()
-    argv = [sys.executable, "-c", _AS_MAIN, str(script), "--steps", "6", "--log-every", "3"]
-    procs = [
-        subprocess.Popen(
-            argv,
-            cwd=tmp_path,
-            env=_env(tmp_path, RUN_DIR=str(tmp_path / "run"), **torchrun_env(rank, 2, port)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
-    assert [out.strip().splitlines()[-1] for out, _ in outs] == ["compiler imported: False"] * 2
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "--no-python", sys.executable, "-c", _AS_MAIN, str(script), "--steps", "6",
+        "--log-every", "3",
+    ]  # fmt: skip
+    env = _env(tmp_path, RUN_DIR=str(tmp_path / "run"), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: torchrun and both ranks
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    said = [line.split(":")[-1].strip() for line in out.splitlines() if "compiler imported" in line]
+    assert said == ["False", "False"], out[-2000:]
     progress = (tmp_path / "run" / "progress.jsonl").read_text().splitlines()
     assert json.loads(progress[-1])["event"] == "done" and json.loads(progress[-1])["step"] == 6
 
