@@ -1,4 +1,4 @@
-"""A plain torchrun-style DDP script that survives Slurm stops: one optional import from this project.
+"""A plain torchrun-style DDP script that survives Slurm stops: one optional import of ours.
 
 Run it under ``entrypoint: {command: [python, examples/byo/plain_ddp.py]}`` (examples/byo/ddp.yaml),
 under ``torchrun --nproc-per-node=2 examples/byo/plain_ddp.py``, or alone. What makes it resumable:
