@@ -198,6 +198,15 @@ class RunHistory:
             "failures": counts["failure"],
             "hangs": counts["hang"],
             "node_failures": counts["node_fail"],
+            # the nodes Slurm failed under the run (every node_fail event's, late ones too)
+            "failed_nodes": sorted(
+                {
+                    str(n)
+                    for e in events
+                    if e["event"] == "node_fail" and isinstance(e.get("nodes"), list)
+                    for n in e["nodes"]
+                }
+            ),
             "restarts_in_place": counts["restart_in_place"],
             "requeues": counts["requeue"],
             "resumes": len(resumes),
@@ -241,6 +250,8 @@ class RunHistory:
         ):
             if d[key]:
                 parts.append(f"{label} {d[key]}x")
+                if key == "node_failures" and d["failed_nodes"]:
+                    parts[-1] += f" ({','.join(d['failed_nodes'])})"
         parts.extend(d["quarantined"])
         if d["resumed_at_step"] is not None:
             shape = f" {d['resumed_shape']}" if d["resumed_shape"] else ""

@@ -47,6 +47,7 @@ def test_a_node_failure_is_shown_in_status_and_follow(tmp_path: Path) -> None:
     h.append("node_fail", step=19, restart_count=0, job_id="7", nodes=["n2"], states={"n2": "DOWN"})
     h.append("quarantine", step=19, nodes=["n2"], reason="node failure at step 19")
     summary = h.summary()
-    assert "node failure 1x" in summary and "n2 excluded after node failure at step 19" in summary
+    assert "node failure 1x (n2)" in summary
+    assert "n2 excluded after node failure at step 19" in summary
     lines = [describe_event(e, tmp_path) for e in h.events()]
     assert "node failure at step 19: Slurm failed n2 and requeued the job" in lines

@@ -201,6 +201,8 @@ def test_a_silent_attempt_that_slurm_node_failed_is_recorded_at_the_next_start(
     assert (event["event"], event["restart_count"], event["nodes"]) == ("node_fail", 0, ["n1"])
     assert event["late"] is True and event["attempt_nodes"] == ["n1", "n2"]
     assert RunHistory(tmp_path).to_dict()["node_failures"] == 1
+    # `jobs status` names the node although nothing was excluded (too late for that)
+    assert "node failure 1x (n1)" in RunHistory(tmp_path).summary()
 
 
 def test_an_attempt_that_went_on_in_place_and_then_fell_silent_is_explained_late(
