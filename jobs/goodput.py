@@ -22,7 +22,8 @@ redone     steps trained in this segment beyond the step the next one resumed fr
 hang       a ``hang`` stop: the last metrics line (the last step seen) -> the hang event
 stop       training stopped (or ended) -> the process left (the save at the stop, the
            requeue): Slurm's ``End`` of the attempt, the next in-place restart's process
-           start, else the segment's last event
+           start, else the segment's last event; an attempt that recorded no end but whose
+           node failure the next attempt recorded (``late``): its last step -> Slurm's End
 ========== ================================================================================
 
 A *segment* is one process run: it opens with a ``start``/``resume`` event. A
@@ -164,6 +165,9 @@ def _int(value: Any) -> int | None:
 class _Segment:
     opened: Mapping[str, Any]
     events: list[Mapping[str, Any]] = field(default_factory=list)
+    # an end recorded afterwards, by the next attempt (a node failure that took rank 0 with
+    # it: ``late: true``): it says how the segment ended, not when
+    explained: Mapping[str, Any] | None = None
 
     @property
     def time(self) -> float:
@@ -236,11 +240,19 @@ def _timed(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def _segments(events: Sequence[Mapping[str, Any]]) -> list[_Segment]:
     segments: list[_Segment] = []
+    late = []
     for e in _timed(events):
-        if e.get("event") in ("start", "resume"):
+        if e.get("late") is True:
+            late.append(e)  # written at a later start: it belongs to its own attempt
+        elif e.get("event") in ("start", "resume"):
             segments.append(_Segment(e))
         elif segments:
             segments[-1].events.append(e)
+    for e in late:
+        restart = _int(e.get("restart_count"))
+        own = [seg for seg in segments if restart is not None and seg.restart == restart]
+        if own and own[-1].explained is None:
+            own[-1].explained = e
     return segments
 
 
@@ -296,7 +308,8 @@ def compute(
         if stop_at is None:  # ended without a record: its last step is the last we know
             lines = [m for m in timed_metrics if seg.time <= float(m["time"]) < _next_t(nxt)]
             stop_at = float(lines[-1]["time"]) if lines else seg.time
-            ledger.notes.append(f"attempt {seg.restart}: no stop recorded (unaccounted)")
+            if seg.explained is None:
+                ledger.notes.append(f"attempt {seg.restart}: no stop recorded (unaccounted)")
         stop_at = min(max(stop_at, cursor.at), end)
         _training(ledger, cursor, seg, nxt, stop_at, ending, timed_metrics)
         # -- the stop: signal (or end) -> the process left
@@ -308,6 +321,15 @@ def compute(
             ledger.stops += 1
         if ending is None and nxt is None and seg.stop()[0] is not None:
             cursor.to("stop", end)  # a signal arrived: stopping now
+        elif ending is None and seg.explained is not None and left is not None:
+            # its end is known (a node failure, from Slurm's account), its time is not: the
+            # last step seen -> Slurm's End is what the failure cost (and its detection)
+            ledger.stops += 1
+            cursor.to("stop", min(left, end))
+            ledger.notes.append(
+                f"attempt {seg.restart}: ended by a {seg.explained.get('event')} recorded at "
+                "the next start: its last step -> Slurm's end counts as stop"
+            )
         elif ending is None:
             cursor.to("unaccounted", None if left is None else min(left, end))
         elif left is not None:

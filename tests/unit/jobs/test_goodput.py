@@ -146,6 +146,29 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         },
         2,
     ),
+    # rank 0 died with its node; the next attempt asked Slurm and recorded it (late: true),
+    # before or after its own resume event: it ends attempt 0, never the attempt writing it
+    **{
+        f"node failure recorded late, {when} the next resume": (
+            [
+                ev(5, "start", 0, startup=UP),
+                ev(40, "resume", 10, restart=1, startup=UP),
+                ev(40 + dt, "node_fail", None, nodes=["n2"], late=True),
+                ev(50, "complete", 20, restart=1),
+            ],
+            steps(5, 1, 12),
+            [A(0, 2, 30), A(30, 35, 51)],
+            {
+                "queued": 2 + 5,
+                "startup": 3 + 5,
+                "productive": 12 - 2 + 10,
+                "redone": 2,
+                "stop": 30 - 17 + 1,
+            },
+            2,
+        )
+        for when, dt in (("before", -0.1), ("after", 0.3))
+    },
 }
 
 
