@@ -48,6 +48,7 @@ from train.command.processes import (
     signal_group,
     signal_name,
     signum_of,
+    stop_group,
     wait_exit,
     written_bytes,
 )
@@ -77,6 +78,12 @@ _LOOK_S = 1.0  # how often a watched command's writes are summed (a /proc scan)
 _FIRST_LOOK_S = 0.2  # ... until its first write (the end of its start-up: first_output_at)
 # how long a failed rank other than 0 waits for rank 0 to record the run complete
 _COMPLETE_WAIT_S = 15.0
+# A rank other than 0 whose command fell silent this long looks (then again every as long)
+# whether rank 0 recorded the run complete: a command still there stop_grace_s after that is
+# stopped (torch's destroy_process_group can hang at a process's exit, pytorch#75097). A stat
+# of events.jsonl, and a read only when it changed: nothing while the command writes, as a
+# training command does all the time (gloo's sockets).
+_QUIET_LOOK_S = 5.0
 
 
 class CommandRun(StopHandling):
@@ -114,6 +121,8 @@ class CommandRun(StopHandling):
         self.watchdog: Watchdog | None = None
         # a train.stop.signals.PreemptionGuard that held the stop signals while the run was set up
         self.early = early
+        # events.jsonl as last read by _rank0_completed_at: (size, mtime_ns), the answer
+        self._seen: tuple[tuple[int, int] | None, float | None] = (None, None)
 
     # -- signals ------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -194,12 +203,19 @@ class CommandRun(StopHandling):
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
         written, beats, next_look = written_bytes(proc.pid), 0, 0.0
         watch = True  # until start_watchdog says the watchdog is off
+        last_write = next_quiet_look = time.monotonic()
+        lingers = not self.env.is_main and self.env.world_size > 1
         while True:
             code = proc.poll()
             if self.stops:
                 return self._after_stop(proc, tail)
             if code is None:
                 now = time.monotonic()
+                if lingers and now >= next_quiet_look and now - last_write >= _QUIET_LOOK_S:
+                    next_quiet_look = now + _QUIET_LOOK_S
+                    done_at = self._rank0_completed_at()
+                    if done_at is not None and time.time() - done_at >= self.grace_s:
+                        return self._stop_lingering(proc, done_at)
                 if watch and now >= next_look:
                     # progress of a command: its training processes wrote something (output,
                     # files, gloo's sockets), a launcher's own chatter not counted (torchrun's
@@ -207,7 +223,7 @@ class CommandRun(StopHandling):
                     next_look = now + (_LOOK_S if beats else _FIRST_LOOK_S)
                     now_written = written_bytes(proc.pid)
                     if now_written != written:
-                        written, beats = now_written, beats + 1
+                        written, beats, last_write = now_written, beats + 1, now
                         if self.first_output_at is None:
                             self.first_output_at = time.time()
                         if self.watchdog is None:
@@ -235,6 +251,42 @@ class CommandRun(StopHandling):
             if self.history is not None:
                 self._append("complete", exit_code=0)
             return 0
+
+    def _rank0_completed_at(self) -> float | None:
+        """When rank 0 recorded this attempt's run complete (None: not yet). Reads
+        ``events.jsonl`` only when its size or time changed since the last look."""
+        path = self.run_dir / "events.jsonl"
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        key = (st.st_size, st.st_mtime_ns)
+        if key == self._seen[0]:
+            return self._seen[1]
+        at = next(
+            (
+                float(e["time"])
+                for e in RunHistory(self.run_dir).events()
+                if e.get("event") == "complete"
+                and e.get("restart_count") == self.env.restart_count
+                and isinstance(e.get("time"), int | float)
+            ),
+            None,
+        )
+        self._seen = (key, at)
+        return at
+
+    def _stop_lingering(self, proc: subprocess.Popen[bytes], done_at: float) -> int:
+        """Rank 0 completed the run ``grace_s`` or more ago and this rank's command, silent,
+        is still there (hung at its exit): it is stopped, and the task ends as complete."""
+        log.warning(
+            "rank %d: the command is still running, silent, %.0f s after rank 0 completed the "
+            "run: stopping it (the run is complete; a hang at exit, e.g. in "
+            "destroy_process_group)",
+            self.env.rank, time.time() - done_at,
+        )  # fmt: skip
+        stop_group(proc)
+        return 0
 
     def _completed_by_rank0(self) -> bool:
         """A rank other than 0 whose command failed: did rank 0's command complete the run

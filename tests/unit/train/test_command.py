@@ -656,6 +656,37 @@ def test_a_rank_whose_command_dies_after_rank_0_completed_the_run_is_no_failure(
     assert not (tmp_path / ".failures").exists()
 
 
+def test_a_rank_whose_command_hangs_at_exit_after_rank_0_completed_is_stopped(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Seen with the README's plain script under torchrun: rank 1 stuck at its exit (gloo's
+    destroy_process_group, pytorch#75097) after rank 0 finished; the job would hold its nodes
+    until the command hang timeout (30 min). Stopped stop_grace_s after rank 0's complete;
+    a complete of an older attempt is not this run's."""
+    monkeypatch.setattr("train.command.supervisor._QUIET_LOOK_S", 0.3)
+    pid_file = tmp_path / "pid"
+    hung = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    config = _config(["python", "-c", hung], stop_grace_s=1)
+    env = DistEnv(rank=1, world_size=2, job_id="7", restart_count=1)
+    history = RunHistory(tmp_path)
+    history.append("complete", step=None, restart_count=0, job_id="7")  # an older attempt
+
+    def rank0_completes() -> None:
+        time.sleep(1.5)
+        history.append("complete", step=None, restart_count=1, job_id="7")
+
+    t = threading.Thread(target=rank0_completes)
+    t.start()
+    began = time.monotonic()
+    assert CommandRun(config, env, tmp_path, None).run() == 0
+    took = time.monotonic() - began
+    t.join()
+    assert 2.5 <= took < 60, took  # not before this attempt's complete and its grace
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # the command is gone
+    assert _events(tmp_path) == ["complete", "complete"]  # nothing recorded by rank 1
+
+
 def test_a_rank_whose_command_dies_while_rank_0_trains_is_a_failure(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
