@@ -119,6 +119,7 @@ class Loop:
         if self._progress is not None:
             self._progress.close()
         if self.world > 1 and self.dist.is_initialized():
+            del self.ddp  # before the group: see examples/byo/plain_ddp.py
             self.dist.destroy_process_group()
 
 

@@ -147,6 +147,10 @@ def main() -> int:
         agreed.wait()  # every rank started the same collectives: finish them before leaving
     record(event="done", step=step)
     if world > 1:
+        # DDP first: its reducer holds the process group too, and if it lets go last, the group
+        # is destroyed with the GIL held while gloo's worker thread may need it (a rank stuck at
+        # its exit: torch 2.13). Released by destroy_process_group, the group goes without it.
+        del ddp
         dist.destroy_process_group()
     return 0
 

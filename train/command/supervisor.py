@@ -80,7 +80,7 @@ _FIRST_LOOK_S = 0.2  # ... until its first write (the end of its start-up: first
 _COMPLETE_WAIT_S = 15.0
 # A rank other than 0 whose command fell silent this long looks (then again every as long)
 # whether rank 0 recorded the run complete: a command still there stop_grace_s after that is
-# stopped (torch's destroy_process_group can hang at a process's exit, pytorch#75097). A stat
+# stopped (a gloo process can hang at its exit: README "End a DDP script"). A stat
 # of events.jsonl, and a read only when it changed: nothing while the command writes, as a
 # training command does all the time (gloo's sockets).
 _QUIET_LOOK_S = 5.0
@@ -281,8 +281,8 @@ class CommandRun(StopHandling):
         is still there (hung at its exit): it is stopped, and the task ends as complete."""
         log.warning(
             "rank %d: the command is still running, silent, %.0f s after rank 0 completed the "
-            "run: stopping it (the run is complete; a hang at exit, e.g. in "
-            "destroy_process_group)",
+            "run: stopping it (the run is complete; a hang at its exit, e.g. gloo's process "
+            "group destroyed by DDP's reducer)",
             self.env.rank, time.time() - done_at,
         )  # fmt: skip
         stop_group(proc)

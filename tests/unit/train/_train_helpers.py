@@ -10,6 +10,7 @@ test gives it (the fork server's own environment is not inherited).
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -79,10 +80,21 @@ def _worker(rank: int, world: int, port: int, cfg_json: str, run_dir: str, opts:
     guard = None
     if opts.get("stop_at"):
         guard = StopAtStep(opts["stop_at"], opts.get("stop_rank", 0), rank)
+    destroyed_with: list[int] = []  # DDP modules alive when the default group was destroyed
+    destroy = dist.destroy_process_group
+
+    def counting(group: Any = None) -> None:
+        if group is None:
+            ddp = nn.parallel.DistributedDataParallel
+            destroyed_with.append(sum(isinstance(o, ddp) for o in gc.get_objects()))
+        destroy(group)
+
+    dist.destroy_process_group = counting  # type: ignore[assignment]  # this rank's process
     result = run_training(
         cfg, env, Path(run_dir), opts.get("max_steps"), resume=opts.get("resume"), guard=guard
     )
-    Path(run_dir, f"result-{rank}.json").write_text(json.dumps(_summary(result)))
+    summary = {**_summary(result), "ddp_alive_at_destroy": destroyed_with}
+    Path(run_dir, f"result-{rank}.json").write_text(json.dumps(summary))
 
 
 #: What the fork server imports once, so that no rank imports it again.

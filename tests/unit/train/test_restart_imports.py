@@ -8,7 +8,10 @@ first forward), which costs about as much again as ``import torch``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -95,6 +98,57 @@ def test_eager_ddp_trains_bitwise_like_torchs(tmp_path: Path) -> None:
     start_ranks(eager_ddp_worker, (2, free_port(), str(tmp_path)), 2)
     results = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(2)]
     assert results == [{"compiler_after_ours": False, "same": True, "again": True}] * 2
+
+
+# a script run as `python SCRIPT ARGS`, saying at its exit whether torch's compiler was imported
+_AS_MAIN = """
+import atexit, runpy, sys
+atexit.register(lambda: print("compiler imported:", "torch._dynamo" in sys.modules))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _kill_marked(marker: str) -> None:
+    """SIGKILL every process whose environment carries ``marker`` (torchrun starts its ranks
+    in sessions of their own: a kill of its group would miss them)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if marker.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def test_the_readmes_plain_ddp_script_never_imports_the_compiler(tmp_path: Path) -> None:
+    # examples/byo/plain_ddp.py (the README's recipe) on two real ranks over gloo, started by
+    # torchrun (which binds the rendezvous port itself): its one optional import of this project
+    # (eager_ddp, eager) is found and used, and the run trains to its end and exits. Before its
+    # stop flag was one tensor filled in place, about one run in 40 here left a rank stuck at its
+    # exit (gloo's worker thread freeing a dropped flag tensor, the group destroyed: README)
+    script = REPO / "examples" / "byo" / "plain_ddp.py"
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "--no-python", sys.executable, "-c", _AS_MAIN, str(script), "--steps", "6",
+        "--log-every", "3",
+    ]  # fmt: skip
+    env = _env(tmp_path, RUN_DIR=str(tmp_path / "run"), OMP_NUM_THREADS="1")
+    env["PLAIN_DDP_TEST"] = str(tmp_path)  # what marks every process of this test
+    marker = f"PLAIN_DDP_TEST={tmp_path}"
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        _kill_marked(marker)  # torchrun and both ranks: the pipes close, communicate returns
+        out, err = proc.communicate()
+        pytest.fail(f"not done in 120 s (a rank stuck?): {out[-1000:]} {err[-2000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    said = [line.split(":")[-1].strip() for line in out.splitlines() if "compiler imported" in line]
+    assert said == ["False", "False"], out[-2000:]
+    progress = (tmp_path / "run" / "progress.jsonl").read_text().splitlines()
+    assert json.loads(progress[-1])["event"] == "done" and json.loads(progress[-1])["step"] == 6
 
 
 def _train(cls: type[torch.optim.Optimizer], **kw: Any) -> tuple[list[torch.Tensor], Any]:

@@ -88,6 +88,9 @@ def test_ddp_two_ranks_match_one_process(
 ) -> None:
     results = run_ranks(cfg(strategy="ddp", grad_accum=grad_accum), tmp_path, world=2)
     assert [r["steps"] for r in results] == [3, 3]
+    # the DDP wrapper is gone before the session destroys the group (its reducer must not
+    # hold the group's last reference: a rank could deadlock at its exit, README)
+    assert [r["ddp_alive_at_destroy"] for r in results] == [[0], [0]]
     assert max_abs_diff(final_params(results[0]["checkpoint"]), reference) < 1e-6
 
 
