@@ -216,17 +216,19 @@ class CommandRun(StopHandling):
                     done_at = self._rank0_completed_at()
                     if done_at is not None and time.time() - done_at >= self.grace_s:
                         return self._stop_lingering(proc, done_at)
-                if watch and now >= next_look:
+                if (watch or lingers) and now >= next_look:
                     # progress of a command: its training processes wrote something (output,
                     # files, gloo's sockets), a launcher's own chatter not counted (torchrun's
-                    # keep-alive): see README "Hangs of your own command"
+                    # keep-alive): see README "Hangs of your own command". Scanned with the
+                    # watchdog off too on ranks other than 0: their silence is when they look
+                    # for rank 0's complete (above), never all run long
                     next_look = now + (_LOOK_S if beats else _FIRST_LOOK_S)
                     now_written = written_bytes(proc.pid)
                     if now_written != written:
                         written, beats, last_write = now_written, beats + 1, now
                         if self.first_output_at is None:
                             self.first_output_at = time.time()
-                        if self.watchdog is None:
+                        if watch and self.watchdog is None:
                             # The watch starts with the command's first write: a command is
                             # watched only once it wrote (before, it starts: imports, the
                             # rendezvous), and the node's watcher process then does not take

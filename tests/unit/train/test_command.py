@@ -667,7 +667,12 @@ def test_a_rank_whose_command_hangs_at_exit_after_rank_0_completed_is_stopped(
     monkeypatch.setattr("train.command.supervisor._QUIET_LOOK_S", 0.3)
     pid_file = tmp_path / "pid"
     hung = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
-    config = _config(["python", "-c", hung], stop_grace_s=1)
+    config = RunConfig.model_validate(
+        {  # the watchdog off: the look needs none (its own scan of the command's writes)
+            "entrypoint": {"command": ["python", "-c", hung], "stop_grace_s": 1},
+            "requeue": {"signal_delay_s": 30, "hang_watchdog": False},
+        }
+    )
     env = DistEnv(rank=1, world_size=2, job_id="7", restart_count=1)
     history = RunHistory(tmp_path)
     history.append("complete", step=None, restart_count=0, job_id="7")  # an older attempt
