@@ -15,8 +15,8 @@
 # integration half: part of a unit test's time is waiting on a time-out or a child process,
 # but more workers make each test cost more CPU, not the suite less time. `make unit` on 2
 # cores, one after another, 07:40-08:00 UTC 2026-11-27: 2 workers 140 s, 3 workers 110 s and
-# 120 s, 4 workers 126 s, 6 workers 153 s; the hour's speed moves each by 15%), IT_WORKERS (4: each worker gets a Slurm cluster of its own,
-# tests/conftest.py).
+# 120 s, 4 workers 126 s, 6 workers 153 s; the hour's speed moves each by 15%), IT_WORKERS
+# (4: each worker gets a Slurm cluster of its own, tests/conftest.py).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PYTHON=.venv/bin/python

@@ -296,13 +296,9 @@ class CommandRun(StopHandling):
         another rank already claimed ends the wait at once."""
         if self.env.is_main or self.env.world_size <= 1:
             return False
-        history = RunHistory(self.run_dir)
         deadline = time.monotonic() + _COMPLETE_WAIT_S
         while True:
-            if any(
-                e.get("event") == "complete" and e.get("restart_count") == self.env.restart_count
-                for e in history.events()
-            ):
+            if self._rank0_completed_at() is not None:
                 return True
             if time.monotonic() >= deadline or failure_claimed(
                 self.run_dir, self.env.job_id, self.env.attempt

@@ -123,9 +123,9 @@ def _kill_marked(marker: str) -> None:
 def test_the_readmes_plain_ddp_script_never_imports_the_compiler(tmp_path: Path) -> None:
     # examples/byo/plain_ddp.py (the README's recipe) on two real ranks over gloo, started by
     # torchrun (which binds the rendezvous port itself): its one optional import of this project
-    # (eager_ddp, eager) is found and used, and the run trains to its end and exits. Before its
-    # stop flag was one tensor filled in place, about one run in 40 here left a rank stuck at its
-    # exit (gloo's worker thread freeing a dropped flag tensor, the group destroyed: README)
+    # (eager_ddp, eager) is found and used, and the run trains to its end and exits. Before the
+    # script released its DDP wrapper ahead of destroy_process_group, about one run in 40 here
+    # left a rank stuck at its exit (README, "End a DDP script")
     script = REPO / "examples" / "byo" / "plain_ddp.py"
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
