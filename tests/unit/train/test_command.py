@@ -661,9 +661,8 @@ def test_a_rank_whose_command_hangs_at_exit_after_rank_0_completed_is_stopped(
 ) -> None:
     """Seen with the README's plain script under torchrun: rank 1 stuck at its exit (gloo's
     process group destroyed by DDP's reducer with the GIL held) after rank 0 finished; the
-    job would hold its nodes
-    until the command hang timeout (30 min). Stopped stop_grace_s after rank 0's complete;
-    a complete of an older attempt is not this run's."""
+    job would hold its nodes until the command hang timeout (30 min). Stopped stop_grace_s
+    after rank 0's complete; a complete of an older attempt is not this run's."""
     monkeypatch.setattr("train.command.supervisor._QUIET_LOOK_S", 0.3)
     pid_file = tmp_path / "pid"
     hung = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
