@@ -16,14 +16,18 @@
 # but more workers make each test cost more CPU, not the suite less time. `make unit` on 2
 # cores, one after another, 07:40-08:00 UTC 2026-11-27: 2 workers 140 s, 3 workers 110 s and
 # 120 s, 4 workers 126 s, 6 workers 153 s; the hour's speed moves each by 15%), IT_WORKERS
-# (4: each worker gets a Slurm cluster of its own, tests/conftest.py).
+# (6: each worker gets a Slurm cluster of its own, tests/conftest.py). The integration half
+# mostly waits: one test at a time it took 1593 s for 579 CPU-s (12:40 UTC 2026-11-27, 2
+# cores), so its workers are many more than the cores: `make test` from a fresh clone with 4
+# workers took 489-564 s (six runs), with 6 workers 423 s, where the CPUs are about saturated
+# and the chaos test (about 4 minutes, handed out first) is most of what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PYTHON=.venv/bin/python
 what=${1:?usage: scripts/test.sh all|unit|integration [pytest args]}
 shift
 cores=$(nproc)
-it_workers=${IT_WORKERS:-4}
+it_workers=${IT_WORKERS:-6}
 if [ "$what" = all ]; then unit_workers=${UNIT_WORKERS:-$cores}; else unit_workers=${UNIT_WORKERS:-$(((3 * cores + 1) / 2))}; fi
 # The unit half does not collect tests/integration at all (every test there is marked
 # integration, tests/integration/conftest.py checks; importing those modules cost each unit
