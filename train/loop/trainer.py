@@ -412,38 +412,41 @@ def run_training(
     )
     with session:
         loop = _Loop(config, session)
-        mark("data_model")
-        if session.resume_from is not None:
-            loop.restore(session.resume_from)
-            mark("restored")
-        session.started(loop.step, **(loop.reshape_note() if loop.reshaped else {}))
-        loop.tracker = Tracker(
-            loop.run_dir,
-            is_main=env.is_main,
-            resumed_step=loop.step if session.resume_from is not None else None,
-            restart_count=env.restart_count,
-            wandb=wandb,
-        )
-        stop_at = min(loop.planned, max_steps) if max_steps else loop.planned
-        if env.is_main:
-            c, w, k = config, env.world_size, loop.split.grad_accum
-            log.info(
-                f"training {c.model}/{c.strategy} on {session.devices.device}: {w} rank(s), global "
-                f"batch {c.batch_size} = {w} rank(s) x {k} micro-step(s) x {loop.micro}"
-                f", {loop.steps_per_epoch} steps/epoch, steps {loop.step}..{stop_at}"
-            )
         try:
-            result = loop.run(stop_at, session.guard)
-        except Exception as exc:
-            # A failure while training is recorded and requeued while requeue.max_failures
-            # allows; the run resumes from the newest valid checkpoint.
-            code = session.fail(exc, f"training failed at step {loop.step}", loop.step)
-            result = loop.finish()
-            result.stopped, result.exit_code = "failure", code
-        result.wall_s = time.perf_counter() - t0
-        # DDP's reducer lets go of the process group now, before the session destroys it: the
-        # group's last reference is then torch's own, released without the GIL. Released by the
-        # reducer last (at this frame's end), the group is destroyed with the GIL held while a
-        # gloo worker thread may wait for it: a rank stuck at its exit (torch 2.13, README)
-        loop.strat.module = loop.strat.model
-        return result
+            mark("data_model")
+            if session.resume_from is not None:
+                loop.restore(session.resume_from)
+                mark("restored")
+            session.started(loop.step, **(loop.reshape_note() if loop.reshaped else {}))
+            loop.tracker = Tracker(
+                loop.run_dir,
+                is_main=env.is_main,
+                resumed_step=loop.step if session.resume_from is not None else None,
+                restart_count=env.restart_count,
+                wandb=wandb,
+            )
+            stop_at = min(loop.planned, max_steps) if max_steps else loop.planned
+            if env.is_main:
+                c, w, k = config, env.world_size, loop.split.grad_accum
+                log.info(
+                    f"training {c.model}/{c.strategy} on {session.devices.device}: {w} rank(s), "
+                    f"global batch {c.batch_size} = {w} rank(s) x {k} micro-step(s) x {loop.micro}"
+                    f", {loop.steps_per_epoch} steps/epoch, steps {loop.step}..{stop_at}"
+                )
+            try:
+                result = loop.run(stop_at, session.guard)
+            except Exception as exc:
+                # A failure while training is recorded and requeued while requeue.max_failures
+                # allows; the run resumes from the newest valid checkpoint.
+                code = session.fail(exc, f"training failed at step {loop.step}", loop.step)
+                result = loop.finish()
+                result.stopped, result.exit_code = "failure", code
+            result.wall_s = time.perf_counter() - t0
+            return result
+        finally:
+            # DDP's reducer lets go of the process group now, before the session destroys it
+            # (also when an exception or Ctrl-C escapes): the group's last reference is then
+            # torch's own, released without the GIL. Released by the reducer last (at this
+            # frame's end), the group is destroyed with the GIL held while a gloo worker thread
+            # may wait for it: a rank stuck at its exit (torch 2.13, README)
+            loop.strat.module = loop.strat.model

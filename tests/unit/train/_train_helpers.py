@@ -47,6 +47,20 @@ class StopAtStep(PreemptionGuard):
         return super().should_stop(all_reduce_max)
 
 
+class InterruptAtStep(PreemptionGuard):
+    """A guard that raises KeyboardInterrupt (a user's Ctrl-C) at the ``n``-th step boundary."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(("USR2",))
+        self.n, self.calls = n, 0
+
+    def should_stop(self, all_reduce_max: Callable[[int], int]) -> bool:
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return super().should_stop(all_reduce_max)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,6 +94,8 @@ def _worker(rank: int, world: int, port: int, cfg_json: str, run_dir: str, opts:
     guard = None
     if opts.get("stop_at"):
         guard = StopAtStep(opts["stop_at"], opts.get("stop_rank", 0), rank)
+    if opts.get("interrupt_at"):  # every rank at once, as a Ctrl-C of the job would
+        guard = InterruptAtStep(opts["interrupt_at"])
     destroyed_with: list[int] = []  # DDP modules alive when the default group was destroyed
     destroy = dist.destroy_process_group
 
@@ -90,10 +106,14 @@ def _worker(rank: int, world: int, port: int, cfg_json: str, run_dir: str, opts:
         destroy(group)
 
     dist.destroy_process_group = counting  # type: ignore[assignment]  # this rank's process
-    result = run_training(
-        cfg, env, Path(run_dir), opts.get("max_steps"), resume=opts.get("resume"), guard=guard
-    )
-    summary = {**_summary(result), "ddp_alive_at_destroy": destroyed_with}
+    try:
+        result = run_training(
+            cfg, env, Path(run_dir), opts.get("max_steps"), resume=opts.get("resume"), guard=guard
+        )
+    except KeyboardInterrupt:
+        summary: dict[str, Any] = {"interrupted": True, "ddp_alive_at_destroy": destroyed_with}
+    else:
+        summary = {**_summary(result), "ddp_alive_at_destroy": destroyed_with}
     Path(run_dir, f"result-{rank}.json").write_text(json.dumps(summary))
 
 

@@ -94,6 +94,14 @@ def test_ddp_two_ranks_match_one_process(
     assert max_abs_diff(final_params(results[0]["checkpoint"]), reference) < 1e-6
 
 
+def test_a_ctrl_c_that_escapes_the_run_releases_the_ddp_wrapper_first(tmp_path: Path) -> None:
+    """A KeyboardInterrupt escapes run_training (no save, no record of it): the session still
+    destroys the group, and the DDP wrapper must be gone by then on that path too."""
+    results = run_ranks(cfg(strategy="ddp"), tmp_path, world=2, interrupt_at=2)
+    assert [r.get("interrupted") for r in results] == [True, True]
+    assert [r["ddp_alive_at_destroy"] for r in results] == [[0], [0]]
+
+
 def test_grad_accum_matches_one_big_batch(tmp_path: Path) -> None:
     # Augmentation on: crops are drawn per optimizer step, so micro-splitting keeps them.
     big = single(cfg(strategy="single", data__augment=True), tmp_path / "k1")
