@@ -185,6 +185,15 @@ class Strategy:
         """Switch the (shared) modules to training or evaluation mode."""
         self.module.train(mode)
 
+    def release(self) -> None:
+        """Drop a DDP wrapper (``model`` stays): call it before the process group is destroyed.
+        DDP's reducer then lets go of the group, whose last reference is torch's own, released
+        without the GIL. Released by the reducer last, the group is destroyed with the GIL held
+        while a gloo worker thread may wait for it: a rank stuck at its exit (torch 2.13,
+        README: End a DDP script)."""
+        if isinstance(self.module, nn.parallel.DistributedDataParallel):
+            self.module = self.model
+
     def describe(self) -> dict[str, Any]:
         """A short description for the log / metrics header."""
         return {

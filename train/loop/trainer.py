@@ -444,9 +444,4 @@ def run_training(
             result.wall_s = time.perf_counter() - t0
             return result
         finally:
-            # DDP's reducer lets go of the process group now, before the session destroys it
-            # (also when an exception or Ctrl-C escapes): the group's last reference is then
-            # torch's own, released without the GIL. Released by the reducer last (at this
-            # frame's end), the group is destroyed with the GIL held while a gloo worker thread
-            # may wait for it: a rank stuck at its exit (torch 2.13, README)
-            loop.strat.module = loop.strat.model
+            loop.strat.release()  # before the session destroys the group, on every path
