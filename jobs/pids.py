@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "signal_if_ours",
     "start_ticks",
     "started_at",
+    "wait_exec",
 ]
 
 PROC = Path("/proc")
@@ -95,6 +97,22 @@ def cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def wait_exec(pid: int, timeout: float = 10.0) -> bool:
+    """Wait until the command line of ``pid``, a process just started, can be read; whether it
+    could (False: the process is gone, or ``timeout`` passed). ``subprocess.Popen`` returns once
+    the child's exec has closed its file descriptors, before the kernel has set up the new
+    program's argument vector: ``/proc/PID/cmdline`` is then empty (382 and 388 of 400 reads
+    right after ``Popen`` returned, 2026-11-27), and whoever proves the process ours by its
+    command line (:func:`jobs.monitor.supervisor`) takes it for another: a run just submitted
+    showed FAILED."""
+    deadline = time.monotonic() + timeout
+    while not cmdline(pid):
+        if not pid_alive(pid) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
 
 
 @dataclass(frozen=True)

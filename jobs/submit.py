@@ -25,6 +25,7 @@ from cluster.errors import ClusterError
 from jobs import records
 from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
+from jobs.pids import wait_exec
 from jobs.records import Plan
 from jobs.render import (
     command_note,
@@ -318,6 +319,9 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
         raise SubmitError(f"cannot start the local run: {exc}") from None
     finally:
         log.close()
+    # its command line proves it ours to every reader of the record (jobs.monitor.supervisor):
+    # the record names it only once the line can be read
+    wait_exec(proc.pid)
     record.pid = proc.pid
     record.job_id = f"local-{proc.pid}"
     _save(record)

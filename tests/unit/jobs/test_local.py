@@ -60,6 +60,21 @@ def test_local_run_cancel(tmp_path: Path) -> None:
         time.sleep(0.2)
 
 
+def test_a_local_run_is_not_failed_the_moment_it_is_submitted(
+    tmp_path: Path, started: list[str]
+) -> None:
+    """Its supervisor is proven by its command line, which the kernel sets up only after
+    ``Popen`` returned: asked at once (``submit --follow`` does), the run read FAILED."""
+    spec = tmp_path / "local.yaml"
+    spec.write_text(SPEC % "sleep 30")
+    for _ in range(5):
+        out = io.StringIO()
+        assert main(["submit", str(spec), "--executor", "local"], out) == 0
+        started.append(job_id := out.getvalue().strip())
+        state = task_states(find_run(job_id), _no_client)[job_id]  # type: ignore[arg-type]
+        assert state.state in ("PENDING", "RUNNING"), state
+
+
 # -- the requeue contract and no orphans (issue 14.4) ---------------------------------------------
 REPO = Path(__file__).resolve().parents[3]
 # A step takes a few ms here (one thread: tests run beside each other). The tests act on the

@@ -339,6 +339,25 @@ def test_process_handles_need_the_same_start_time() -> None:
     assert ProcHandle.from_json(me.to_json()) == me
 
 
+def test_a_process_just_started_is_proven_by_its_command_line_once_exec_is_done() -> None:
+    import subprocess
+    import sys
+
+    from jobs.pids import cmdline, wait_exec
+
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    for _ in range(10):
+        proc = subprocess.Popen(argv)
+        try:
+            assert wait_exec(proc.pid) and cmdline(proc.pid) == argv
+        finally:
+            proc.kill()
+            proc.wait()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not wait_exec(gone.pid, timeout=5)  # gone: no wait for the time-out
+
+
 def test_cancel_never_signals_a_process_that_reuses_the_pid(tmp_path: Path, bystander) -> None:  # type: ignore[no-untyped-def]
     from jobs.pids import ProcHandle
 
