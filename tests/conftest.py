@@ -68,6 +68,9 @@ def worker_cluster(worker: str | None) -> tuple[Path, int]:
     1001, 1501, ...; distinct rendezvous ports for up to 22 workers). The tests never touch the
     default cluster (``make demo``'s)."""
     index = int(worker.removeprefix("gw")) if worker else 0
+    # Several checkouts testing on one machine at once (git worktrees) keep their clusters
+    # apart by shifting their workers' indexes: SLURM_TRAIN_TEST_WORKER_BASE=8 -> gw0 is 8.
+    index += int(os.environ.get("SLURM_TRAIN_TEST_WORKER_BASE", "0") or 0)
     return Path(f"/var/tmp/slurm-train-test-{index}"), 100 * (index + 2)
 
 
