@@ -1,0 +1,84 @@
+"""Releases of the local cluster: names, state dirs and ports, the wrappers, mount points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cluster import cli
+from cluster.errors import LocalClusterError
+from cluster.local import config as cfg
+from cluster.local.release import (
+    HOST_RELEASE,
+    RELEASES,
+    Root,
+    mount_points,
+    release,
+    render_wrapper,
+)
+
+
+def test_unknown_release_is_one_line_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(LocalClusterError, match=r"^Slurm release '25\.11': choose one of 22\.05, "):
+        release("25.11")
+    assert cli.main(["--slurm", "25.11", "status"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Slurm release '25.11'") and err.count("\n") == 1
+
+
+def test_each_release_has_its_own_state_dir_and_ports() -> None:
+    base = Path("/var/tmp/slurm-train-cluster")
+    dirs = {r.default_state_dir(base) for r in RELEASES.values()}
+    assert release(HOST_RELEASE).default_state_dir(base) == base and len(dirs) == len(RELEASES)
+    # three slurmd ports each from the offset: no two clusters (the default, the life-cycle
+    # test's 100, the test workers' 200, 300, ...) share one
+    offsets = (
+        [r.port_offset for r in RELEASES.values()] + [100] + [100 * (n + 2) for n in range(24)]
+    )
+    ports = [cfg.Layout(base, o).slurmd_port(i) for o in offsets for i in range(3)]
+    assert len(set(ports)) == len(ports) and max(ports) < 20000
+
+
+def test_host_release_runs_programs_as_they_are() -> None:
+    root = Root(release(HOST_RELEASE), Path("/nonexistent"))
+    assert root.command(["slurmd", "-N", "n1"]) == ["slurmd", "-N", "n1"]
+    assert root.path is None and root.bin_dir is None
+    other = Root(release("24.11"), Path("/c"))
+    assert other.command(["slurmd", "-N", "n1"]) == ["chroot", "/c/slurm-24.11/root", "slurmd",
+                                                     "-N", "n1"]  # fmt: skip
+
+
+def test_cgroup_plugin_disabled_beyond_the_host_release() -> None:
+    assert "CgroupPlugin=autodetect" in cfg.render_cgroup_conf(HOST_RELEASE)
+    assert "CgroupPlugin=disabled" in cfg.render_cgroup_conf("24.11")
+
+
+def test_mount_points_unescaped() -> None:
+    text = (
+        "36 35 98:0 / /proc rw - proc proc rw\n"
+        "37 35 98:0 /x /var/cache/a\\040b/root/tmp rw - ext4 /dev/x rw\n"
+    )
+    assert mount_points(text) == {"/proc", "/var/cache/a b/root/tmp"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
+def test_wrapper_keeps_cwd_and_arguments_exactly(tmp_path: Path) -> None:
+    """The wrapper of a command runs it in the root (here ``/``) with the caller's working
+    directory and every argument as it was: nothing is re-parsed by a shell."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command in ("printf", "pwd"):
+        (bin_dir / command).write_text(render_wrapper(Path("/"), command, "24.11"))
+        (bin_dir / command).chmod(0o755)
+    work = tmp_path / "a dir; $(touch x)"
+    work.mkdir()
+    args = ["%s|", "two words", "$HOME", "';touch y'", "*", ""]
+    out = subprocess.run([str(bin_dir / "printf"), *args], cwd=work, capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert out == "two words|$HOME|';touch y'|*||"
+    cwd = subprocess.run([str(bin_dir / "pwd")], cwd=work, capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    assert cwd.strip() == str(work) and sorted(p.name for p in work.iterdir()) == []
