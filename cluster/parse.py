@@ -182,17 +182,34 @@ def parse_sinfo(text: str) -> ClusterState:
 
 
 def parse_config_limits(text: str) -> ClusterLimits:
-    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount)."""
+    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
+    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``)."""
     values: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
     defaults = ClusterLimits()
+    ctld = _options(values.get("SlurmctldParameters", ""))
+    sched = _options(values.get("SchedulerParameters", ""))
+    delay = sched.get("requeue_delay", "")
     return ClusterLimits(
         max_array_size=_int(values.get("MaxArraySize", ""), defaults.max_array_size),
         max_job_count=_int(values.get("MaxJobCount", ""), defaults.max_job_count),
+        expedited_requeue="enable_expedited_requeue" in ctld,
+        requeue_delay_s=int(delay) if delay.isdigit() else None,
     )
+
+
+def _options(text: str) -> dict[str, str]:
+    """``a,b=1,c`` (SlurmctldParameters, SchedulerParameters) to ``{"a": "", "b": "1", ...}``;
+    ``(null)`` is none."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, _, value = item.strip().partition("=")
+        if key and key != "(null)":
+            out[key] = value.strip()
+    return out
 
 
 def parse_slurm_user_uid(text: str) -> int | None:

@@ -153,6 +153,10 @@ def record(rel: str) -> Path:
         rec.save("sacct_attempts.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", times, "-j",
                                         requeued])  # fmt: skip
         rec.save("sbatch_help.txt", ["sbatch", "--help"])
+        if "SLUID" in rec.run(["sacct", "--helpformat"]).stdout.split():
+            # 25.11+: one SLUID per run of a requeued job (what a ledger may key attempts by)
+            rec.save("sacct_sluid.txt", ["sacct", "-D", "-X", "-n", "-P", "-o",
+                                         "JobID,SLUID,State", "-j", requeued])  # fmt: skip
         rec.run(["scancel", running, held, array])
         manifest = {"version": version, "jobs": jobs, "gpus": gpus}
         (out / "jobs.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

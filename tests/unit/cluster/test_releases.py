@@ -121,3 +121,32 @@ def test_unknown_output_names_the_field(parser: object, line: str, field: str) -
     that names the field (``jobs status`` prints it as one line), never a wrong state."""
     with pytest.raises(SlurmParseError, match=f"^{field}"):
         parser(line)  # type: ignore[operator]
+
+
+def test_restart_levers_read_from_the_config(rec: tuple[str, Path, dict]) -> None:
+    """The local 26.05 cluster allows expedited requeue (25.11+); 22.05 and 24.11 know none."""
+    release, folder, _ = rec
+    limits = parse.parse_config_limits((folder / "scontrol_config.txt").read_text())
+    assert limits.expedited_requeue is (release == "26.05")
+    assert limits.requeue_delay_s is None
+    levers = parse.parse_config_limits(
+        "SchedulerParameters     = bf_continue,requeue_delay=45\n"
+        "SlurmctldParameters     = enable_expedited_requeue,preempt_send_user_signal\n"
+    )
+    assert (levers.expedited_requeue, levers.requeue_delay_s) == (True, 45)
+
+
+def test_sluid_per_run_where_it_exists(rec: tuple[str, Path, dict]) -> None:
+    """26.05's accounting gives each run of a requeued job its own SLUID; older releases have
+    no such field (the recorder asks only where ``sacct --helpformat`` names it)."""
+    release, folder, manifest = rec
+    path = folder / "sacct_sluid.txt"
+    if release in ("22.05", "24.11"):
+        assert not path.exists()
+        return
+    rows = [line.split("|") for line in path.read_text().splitlines()]
+    assert [(r[0], r[2]) for r in rows] == [
+        (manifest["jobs"]["requeued"]["id"], "REQUEUED"),
+        (manifest["jobs"]["requeued"]["id"], "COMPLETED"),
+    ]
+    assert len({r[1] for r in rows}) == 2 and all(r[1] for r in rows)
