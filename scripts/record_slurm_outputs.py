@@ -7,7 +7,8 @@ parses, with the exact flags ``cluster/client.py`` uses, as unit-test data.
 brings that release's own local cluster up (``python -m cluster up --slurm 24.11``: its state
 dir and ports; 22.05's in /var/tmp/slurm-train-record, not the default one), submits a few small
 jobs whose ends are known (completed, failed, cancelled, requeued once then completed, running,
-held, a held array, GPU requests each way) and writes
+held, a held array, GPU requests each way, a job that requeues itself in its preemption's
+grace time) and writes
 ``tests/unit/cluster/data/<release>/``: one file per command, and ``jobs.json`` (which job is
 which, and the state each must parse to). ``tests/unit/cluster/test_releases.py`` parses every
 release's recordings. Run it again after a parser changes the flags it asks for.
@@ -98,6 +99,38 @@ def gpu_probe(rec: Recorder) -> dict[str, object]:
     return out
 
 
+REQUEUE_IN_GRACE = """\
+#!/bin/bash
+# asks for its own requeue when the preemption's signal comes (what train's stop path does)
+trap 'scontrol requeue "$SLURM_JOB_ID"; exit 0' USR2
+if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then sleep 3; exit 0; fi
+sleep 100 & wait
+"""
+
+
+def requeue_in_grace(rec: Recorder) -> str:
+    """A job in ``debug`` preempted by an ``urgent`` one requeues itself within its grace time
+    (``scontrol requeue`` on the preemption's signal), is released, and runs to its end: how
+    many runs does accounting show? (24.11.5: the preemption's own requeue also hits the next
+    run, which ends PREEMPTED; 22.05 and 26.05: one requeue.)"""
+    script = rec.work / "grace.sh"
+    script.write_text(REQUEUE_IN_GRACE)
+    job_id = rec.sbatch("--requeue", "--signal=B:USR2@60", "-w", "n1", str(script))
+    rec.wait(job_id, {"RUNNING"})
+    time.sleep(1)
+    rec.sbatch("-p", "urgent", "-w", "n1", "-c", "2", "--wrap", "sleep 2")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = rec.state(job_id)
+        if state == "GONE":
+            break
+        if state == "PENDING":
+            time.sleep(client.RELEASE_SETTLE_S + 1)
+            rec.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+        time.sleep(0.5)
+    return job_id
+
+
 def record(rel: str) -> Path:
     r = release(rel)
     if r.on_host:  # a cluster of its own, not the default one `make demo` uses
@@ -127,7 +160,7 @@ def record(rel: str) -> Path:
         rec.wait(requeued, {"PENDING"})
         time.sleep(client.RELEASE_SETTLE_S)
         rec.run(["scontrol", "update", f"JobId={requeued}", "StartTime=now"])
-        running = job("running", "RUNNING", rec.sbatch("--wrap", "sleep 300"))
+        running = job("running", "RUNNING", rec.sbatch("-w", "n3", "--wrap", "sleep 300"))
         held = job("held", "PENDING", rec.sbatch("--hold", "--wrap", "true"))
         array = job("array", "PENDING", rec.sbatch("--hold", "--array=0-2", "--wrap", "true"))
         rec.wait(running, {"RUNNING"})
@@ -135,6 +168,7 @@ def record(rel: str) -> Path:
         for role in ("completed", "failed"):
             rec.wait(jobs[role]["id"], {"GONE", "COMPLETED", "FAILED"})
         gpus = gpu_probe(rec)
+        grace = job("requeue_in_grace", "COMPLETED", requeue_in_grace(rec))
         time.sleep(3)  # accounting lags the controller a moment
         ids = [j["id"] for j in jobs.values()]
         rec.save("sinfo.txt", list(client._SINFO))
@@ -149,6 +183,8 @@ def record(rel: str) -> Path:
         sacct = ",".join(parse.SACCT_FIELDS)
         rec.save("sacct.txt", ["sacct", "-X", "-n", "-P", "-o", sacct, "-j", ",".join(ids)])
         rec.save("sacct_runs.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", sacct, "-j", requeued])
+        rec.save("sacct_requeue_in_grace.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", sacct,
+                                                "-j", grace])  # fmt: skip
         times = ",".join(parse.SACCT_TIME_FIELDS)
         rec.save("sacct_attempts.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", times, "-j",
                                         requeued])  # fmt: skip

@@ -137,11 +137,11 @@ def test_restart_levers_read_from_the_config(rec: tuple[str, Path, dict]) -> Non
 
 
 def test_sluid_per_run_where_it_exists(rec: tuple[str, Path, dict]) -> None:
-    """26.05's accounting gives each run of a requeued job its own SLUID; older releases have
+    """24.11's and 26.05's accounting give each run of a requeued job its own SLUID; 22.05 has
     no such field (the recorder asks only where ``sacct --helpformat`` names it)."""
     release, folder, manifest = rec
     path = folder / "sacct_sluid.txt"
-    if release in ("22.05", "24.11"):
+    if release == "22.05":
         assert not path.exists()
         return
     rows = [line.split("|") for line in path.read_text().splitlines()]
@@ -150,3 +150,21 @@ def test_sluid_per_run_where_it_exists(rec: tuple[str, Path, dict]) -> None:
         (manifest["jobs"]["requeued"]["id"], "COMPLETED"),
     ]
     assert len({r[1] for r in rows}) == 2 and all(r[1] for r in rows)
+
+
+def test_requeue_in_the_grace_time_of_a_preemption(rec: tuple[str, Path, dict]) -> None:
+    """A job that requeues itself on its preemption's signal (as train's stop path does): one
+    requeue on 22.05 and 26.05; on 24.11.5 the preemption's own requeue also ends the NEXT run
+    (PREEMPTED after it finished its work), a third run follows (recorded; README's table)."""
+    release, folder, manifest = rec
+    job_id = manifest["jobs"]["requeue_in_grace"]["id"]
+    runs = [
+        info.state
+        for line in (folder / "sacct_requeue_in_grace.txt").read_text().splitlines()
+        for info in parse.parse_sacct(line).values()
+        if info.job_id == job_id
+    ]
+    expected = ["REQUEUED", "COMPLETED"]
+    if release == "24.11":
+        expected = ["REQUEUED", "PREEMPTED", "COMPLETED"]
+    assert runs == expected
