@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.conf import BIN_FILE
 from cluster.errors import LocalClusterError
 from cluster.local import config as cfg
 from cluster.local.daemons import (
@@ -184,6 +185,7 @@ class LocalCluster:
         self._check_release()
         changed = write_config(self.layout, self.hostname, self.release.name)
         self.layout.release_file.write_text(f"{self.release.name}\n")
+        self._write_bin_file()
         self._ensure_hosts()
         self.slurm.prepare()
         started: list[str] = []
@@ -213,6 +215,16 @@ class LocalCluster:
                 self._register_cluster()
         self._wait_nodes(timeout)
         return UpResult(started, running, bool(changed), restarted)
+
+    def _write_bin_file(self) -> None:
+        """``etc/slurm-bin`` beside slurm.conf names the release's wrappers, so a client given
+        only ``SLURM_CONF`` runs them (:func:`cluster.conf.with_slurm_bin`); none for the host's
+        release."""
+        path = self.layout.etc / BIN_FILE
+        if self.slurm.bin_dir is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(f"{self.slurm.bin_dir}\n")
 
     def _check_release(self) -> None:
         """A running cluster keeps its release: another one is asked for after ``down``."""
