@@ -38,6 +38,9 @@ ACTIVE_STATES = frozenset(
         "STAGE_OUT",
         "STOPPED",
         "RESV_DEL_HOLD",
+        # 25.11+: a --requeue=expedite job requeued after a node failure, on its way back at
+        # once (recorded on 26.05: EXPEDITING, then RUNNING within seconds)
+        "EXPEDITING",
     }
 )
 

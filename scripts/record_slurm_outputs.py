@@ -8,7 +8,8 @@ brings that release's own local cluster up (``python -m cluster up --slurm 24.11
 dir and ports; 22.05's in /var/tmp/slurm-train-record, not the default one), submits a few small
 jobs whose ends are known (completed, failed, cancelled, requeued once then completed, running,
 held, a held array, GPU requests each way, a job that requeues itself in its preemption's
-grace time) and writes
+grace time, a node failure's requeue with and without ``--requeue=expedite`` where the release
+has it) and writes
 ``tests/unit/cluster/data/<release>/``: one file per command, and ``jobs.json`` (which job is
 which, and the state each must parse to). ``tests/unit/cluster/test_releases.py`` parses every
 release's recordings. Run it again after a parser changes the flags it asks for.
@@ -59,6 +60,18 @@ class Recorder:
     def sbatch(self, *args: str) -> str:
         out = self.run(["sbatch", "--parsable", "-o", f"{self.work}/%j.out", *args]).stdout
         return parse.parse_sbatch_job_id(out)
+
+    def resume(self, node: str, timeout: float = 30.0) -> None:
+        """Bring a node set down back: Slurm refuses the resume until the down is done, and
+        a node whose slurmd answers may come back by itself (ReturnToService=2)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+            state = self.run(["sinfo", "-h", "-n", node, "-o", "%T"], check=False).stdout
+            if state.strip() and not state.strip().startswith(("down", "drain")):
+                return
+        raise SystemExit(f"node {node} could not be resumed within {timeout:g}s")
 
     def state(self, job_id: str) -> str:
         out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
@@ -131,6 +144,37 @@ def requeue_in_grace(rec: Recorder) -> str:
     return job_id
 
 
+def expedited_requeue(rec: Recorder) -> dict[str, object]:
+    """25.11+: a ``--requeue=expedite`` job whose node fails comes back at once (state
+    EXPEDITING, then RUNNING) where a plain ``--requeue`` one waits as PENDING (BeginTime).
+    Saves squeue's line of the job while it is EXPEDITING and sacct's runs afterwards."""
+    cmd = ["squeue", "-h", "--states=all", "-O", parse.SQUEUE_FORMAT, "-j"]
+    seen: dict[str, object] = {}
+    for mode in ("expedite", "plain"):
+        flag = "--requeue=expedite" if mode == "expedite" else "--requeue"
+        job_id = rec.sbatch(flag, "-w", "n2", "--wrap", "sleep 120")
+        rec.wait(job_id, {"RUNNING"})
+        start = time.monotonic()
+        rec.run(["scontrol", "update", "nodename=n2", "state=down", "reason=recorded"])
+        rec.resume("n2")
+        states: list[str] = []
+        while time.monotonic() - start < 20:
+            line = rec.run([*cmd, job_id]).stdout
+            state = line.split("|")[2] if line.count("|") > 2 else "GONE"
+            if state == "EXPEDITING" and not (rec.out / "squeue_expediting.txt").exists():
+                (rec.out / "squeue_expediting.txt").write_text(line)
+            if not states or states[-1] != state:
+                states.append(state)
+            if state == "RUNNING" and len(states) > 1:
+                break
+            time.sleep(0.3)
+        seen[mode] = {"states": states, "running_again_s": round(time.monotonic() - start)
+                      if states[-1] == "RUNNING" else None}  # fmt: skip
+        rec.run(["scancel", job_id])
+        rec.wait(job_id, {"GONE", "CANCELLED"})
+    return seen
+
+
 def record(rel: str) -> Path:
     r = release(rel)
     if r.on_host:  # a cluster of its own, not the default one `make demo` uses
@@ -168,6 +212,8 @@ def record(rel: str) -> Path:
         for role in ("completed", "failed"):
             rec.wait(jobs[role]["id"], {"GONE", "COMPLETED", "FAILED"})
         gpus = gpu_probe(rec)
+        help_text = rec.run(["sbatch", "--help"]).stdout
+        expedite = expedited_requeue(rec) if "--requeue[=expedite]" in help_text else None
         grace = job("requeue_in_grace", "COMPLETED", requeue_in_grace(rec))
         time.sleep(3)  # accounting lags the controller a moment
         ids = [j["id"] for j in jobs.values()]
@@ -194,7 +240,7 @@ def record(rel: str) -> Path:
             rec.save("sacct_sluid.txt", ["sacct", "-D", "-X", "-n", "-P", "-o",
                                          "JobID,SLUID,State", "-j", requeued])  # fmt: skip
         rec.run(["scancel", running, held, array])
-        manifest = {"version": version, "jobs": jobs, "gpus": gpus}
+        manifest = {"version": version, "jobs": jobs, "gpus": gpus, "expedite": expedite}
         (out / "jobs.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return out
 

@@ -168,3 +168,19 @@ def test_requeue_in_the_grace_time_of_a_preemption(rec: tuple[str, Path, dict]) 
     if release == "24.11":
         expected = ["REQUEUED", "PREEMPTED", "COMPLETED"]
     assert runs == expected
+
+
+def test_expedited_requeue_where_the_release_has_it(rec: tuple[str, Path, dict]) -> None:
+    """26.05: a ``--requeue=expedite`` job whose node went down is EXPEDITING (a state the tool
+    knows: not over), then RUNNING again within seconds; a plain ``--requeue`` one waits as
+    PENDING (BeginTime). 22.05 and 24.11 have no such option (``sbatch --help``)."""
+    release, folder, manifest = rec
+    if release != "26.05":
+        assert manifest.get("expedite") is None
+        assert "--requeue[=expedite]" not in (folder / "sbatch_help.txt").read_text()
+        return
+    (info,) = parse.parse_squeue((folder / "squeue_expediting.txt").read_text()).values()
+    assert info.state == "EXPEDITING" and not info.terminal and info.restarts == 1
+    expedite, plain = manifest["expedite"]["expedite"], manifest["expedite"]["plain"]
+    assert expedite["states"][-1] == "RUNNING" and expedite["running_again_s"] <= 15
+    assert plain["states"] == ["PENDING"] and plain["running_again_s"] is None
