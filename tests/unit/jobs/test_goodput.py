@@ -55,7 +55,8 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         steps(5, 1, 15),
         [A(0, 2, 30), A(30, 45, 80)],
         {
-            "queued": 17,
+            "queued": 2,
+            "held": 15,
             "startup": 8,
             "redone": 15.1 * 5 / 15,
             "productive": 15.1 * 10 / 15 + 20,
@@ -107,7 +108,7 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         ],
         steps(5, 1, 15),
         [A(0, 2, 20), A(20, 28, 41)],  # End 20: the requeue at 20.9 was cut to the second
-        {"queued": 2 + 7.1, "startup": 3 + 2, "productive": 15.2 + 10, "stop": 0.7 + 1},
+        {"queued": 2, "held": 7.1, "startup": 3 + 2, "productive": 15.2 + 10, "stop": 0.7 + 1},
         0,
     ),
     "stopping now": (
@@ -125,7 +126,7 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         ],
         steps(5, 1, 15),
         [A(0, 2, 22), A(22, None, None)],
-        {"queued": 2 + 18, "startup": 3, "productive": 15, "stop": 2},
+        {"queued": 2, "held": 18, "startup": 3, "productive": 15, "stop": 2},
         0,
     ),
     "died without a record": (
@@ -137,7 +138,8 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         steps(5, 1, 12),
         [A(0, 2, 30), A(30, 35, 51)],
         {
-            "queued": 2 + 5,
+            "queued": 2,
+            "held": 5,
             "startup": 3 + 5,
             "productive": 12 - 2 + 10,
             "redone": 2,
