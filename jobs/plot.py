@@ -188,6 +188,7 @@ _PART_COLORS = {
     "hang": "tab:brown",
     "stop": "tab:orange",
     "queued": "tab:purple",
+    "held": "tab:pink",
     "unaccounted": "lightgray",
 }
 
