@@ -106,7 +106,7 @@ _ENDS = (
 _TERMINAL = ("complete", "budget_exhausted", "cancelled")
 # Slurm states of a task that is over (no attempt will follow)
 _OVER = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED")  # fmt: skip
+         "BOOT_FAIL", "DEADLINE", "REVOKED")  # fmt: skip
 #: a run this short is mostly start-up whatever it does: its line says so
 SHORT_RUN_S = 120.0
 

@@ -86,8 +86,9 @@ class RequeueConfig(StrictModel):
     ] = 3  # fmt: skip
     failure_rules: Annotated[
         list[FailureRule],
-        Field(description="your own rules sorting failures by cause, checked before the "
-              "built-in ones (train.stop.causes)"),
+        Field(description="your own rules sorting failures by cause, each line on its own: "
+              "after the built-in evidence of the machines (a device, the node's driver, the "
+              "environment missing on the node), before the built-in rest (train.stop.causes)"),
     ] = []  # fmt: skip  # noqa: RUF012
     max_hangs: Annotated[
         int, Field(description="requeues after a hang (the hang watchdog) before giving up", ge=0)

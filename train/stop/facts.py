@@ -251,8 +251,7 @@ def failure_cause(
     if same:
         return (
             "user",
-            f"the same failure at {same + 1} starts in a row with no checkpoint progress "
-            f"({sig}): a retry repeats it",
+            f"the same failure at {same + 1} starts in a row with no checkpoint progress ({sig})",
             False,
         )
     return cause.cls, cause.why, cause.node
