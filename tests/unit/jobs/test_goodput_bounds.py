@@ -62,7 +62,7 @@ ATTEMPT = st.builds(A, IN_RANGE, IN_RANGE, IN_RANGE)
 STATE = st.sampled_from([None, "PENDING", "RUNNING", "COMPLETED", "CANCELLED", "FAILED"])
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(EVENT, max_size=12),
     st.lists(METRIC, max_size=12),
