@@ -21,6 +21,7 @@ from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
+    from jobs.load import LoadedSpec
     from jobs.records import RunRecord
 
 
@@ -75,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--runs-dir", help="parent of run directories (default: $SLURM_TRAIN_RUNS_DIR or ./runs)"
+    )
+    s.add_argument(
+        "--continue-files",
+        action="store_true",
+        help="a command: let it continue from the checkpoint files an earlier run left in this "
+        "folder (without it, jobs submit refuses to: see jobs/workdir.py)",
     )
 
     st = sub.add_parser("status", help="state of a run (or of recent runs)")
@@ -155,6 +162,8 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
     try:
         loaded = load_spec(args.spec, args.overrides)
         plan = make_plan(loaded, runs_root(args.runs_dir))
+        if not args.dry_run and not args.continue_files:
+            _refuse_earlier_files(loaded, runs_root(args.runs_dir))
         if args.dry_run:  # the one dry-run route: what Slurm would get (jobs.render's mapping)
             from jobs.submit import dry_run, dry_run_note
 
@@ -178,6 +187,19 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
 
         return follow(record, _client, out=out, as_json=args.json)
     return 0
+
+
+def _refuse_earlier_files(loaded: LoadedSpec, runs: Path) -> None:
+    """A command runs in this folder: refuse when an earlier run's checkpoint is here."""
+    if loaded.spec.entrypoint is None or loaded.spec.entrypoint.command is None:
+        return
+    from jobs.records import read_index
+    from jobs.workdir import earlier_checkpoints, refusal
+
+    here = Path.cwd()
+    found = earlier_checkpoints(here, read_index(report=False), runs)
+    if found:
+        raise UsageError(f"submit: {refusal(found, here)}")
 
 
 def _print_submitted(record: RunRecord, as_json: bool, out: IO[str]) -> None:
