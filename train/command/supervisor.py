@@ -34,10 +34,12 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from train.command.launchers import TorchrunNode, expand_vars, torchrun_argv
 from train.command.processes import (
     PROC,
     StderrTail,
@@ -175,9 +177,12 @@ class CommandRun(StopHandling):
                 self.stop_signal,
                 checkpoint_world_size=self.checkpoint_world_size,
             )
+            argv = self.command_line(env)
+            if argv != self.argv:
+                log.info("as %s", " ".join(argv))
             try:
                 proc = subprocess.Popen(  # the user's own argv, no shell
-                    self.argv,
+                    argv,
                     env=env,
                     stderr=subprocess.PIPE,
                     start_new_session=True,  # its own group: we can stop all of it at once
@@ -201,6 +206,19 @@ class CommandRun(StopHandling):
                 proc.stderr.close()
         finally:
             self._uninstall()
+
+    def command_line(self, environ: Mapping[str, str]) -> list[str]:
+        """The argv that runs: ``${NAME}`` expanded from the command's environment, and a
+        torchrun launch told the allocation's nodes (:mod:`train.command.launchers`)."""
+        env = self.env
+        node = TorchrunNode(
+            num_nodes=env.num_nodes,
+            node_rank=env.node_rank,
+            master_addr=env.master_addr,
+            master_port=env.master_port,
+            gpus_on_node=env.gpus_on_node,
+        )
+        return torchrun_argv(expand_vars(self.argv, environ), node)
 
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
         written, beats, next_look = written_bytes(proc.pid), 0, 0.0
