@@ -38,7 +38,7 @@ def _commands(doc: str) -> Iterator[tuple[str, int, str, bool]]:
     command line of a shell block (run as it is), not for a mention in the text (a program
     and its options named, what it needs left out; a span may go on over a line break)."""
     lines = (REPO / doc).read_text(encoding="utf-8").splitlines()
-    shell = False
+    block: str | None = None  # inside a code block: its language
     text: list[tuple[int, str]] = []  # the paragraph so far: a span may cross a line break
 
     def mentions() -> Iterator[tuple[str, int, str, bool]]:
@@ -53,13 +53,15 @@ def _commands(doc: str) -> Iterator[tuple[str, int, str, bool]]:
         fence = _FENCE.match(raw.strip())
         if fence:
             yield from mentions()
-            shell = not shell and fence.group(1) in ("bash", "sh", "console", "shell", "")
+            block = None if block is not None else fence.group(1)
             continue
-        if not shell:
+        if block is None:
             if raw.strip():
                 text.append((number, raw.strip()))
             else:
                 yield from mentions()
+            continue
+        if block not in ("bash", "sh", "console", "shell", ""):
             continue
         line = raw.strip().removeprefix("$ ")
         line = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
