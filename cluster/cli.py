@@ -98,12 +98,11 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     if args.slurm is None:
         return LocalCluster(args.state_dir, port_offset=args.port_offset)
     rel = release(args.slurm)
-    root = args.state_dir
+    root, offset = args.state_dir, args.port_offset
     if root is None and not os.environ.get(STATE_ENV):
         root = rel.default_state_dir(state_dir())
-    offset = args.port_offset
-    if offset is None and not os.environ.get(PORT_OFFSET_ENV) and root is not None:
-        offset = rel.port_offset
+        if offset is None and not os.environ.get(PORT_OFFSET_ENV):
+            offset = rel.port_offset
     return LocalCluster(root, port_offset=offset, slurm=rel.name)
 
 

@@ -82,3 +82,26 @@ def test_wrapper_keeps_cwd_and_arguments_exactly(tmp_path: Path) -> None:
     cwd = subprocess.run([str(bin_dir / "pwd")], cwd=work, capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     assert cwd.strip() == str(work) and sorted(p.name for p in work.iterdir()) == []
+
+
+def test_slurm_flag_picks_the_release_cluster(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``up --slurm 24.11`` (the flag before or after the command) is 24.11's own cluster: its
+    state dir and port offset; a state dir or offset given explicitly wins."""
+    from cluster.local.paths import PORT_OFFSET_ENV, STATE_ENV
+
+    monkeypatch.delenv(STATE_ENV, raising=False)
+    monkeypatch.delenv(PORT_OFFSET_ENV, raising=False)
+    for argv in (["up", "--slurm", "24.11"], ["--slurm", "24.11", "status"]):
+        lc = cli._cluster(cli._parser().parse_args(argv))
+        assert lc.layout.root == Path("/var/tmp/slurm-train-cluster-24.11")
+        assert (lc.layout.port_offset, lc.release.name) == (130, "24.11")
+    lc = cli._cluster(
+        cli._parser().parse_args(["--state-dir", str(tmp_path), "up", "--slurm", "26.05"])
+    )
+    assert (lc.layout.root, lc.layout.port_offset, lc.release.name) == (tmp_path, 0, "26.05")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "slurm-release").write_text("24.11\n")  # what `up` recorded there
+    lc = cli._cluster(cli._parser().parse_args(["--state-dir", str(tmp_path), "down"]))
+    assert lc.release.name == "24.11"
