@@ -105,3 +105,14 @@ def test_slurm_flag_picks_the_release_cluster(
     (tmp_path / "etc" / "slurm-release").write_text("24.11\n")  # what `up` recorded there
     lc = cli._cluster(cli._parser().parse_args(["--state-dir", str(tmp_path), "down"]))
     assert lc.release.name == "24.11"
+
+
+def test_a_missing_mmdebstrap_is_one_line_saying_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import cluster.local.release as rel
+
+    monkeypatch.setattr(rel.shutil, "which", lambda name, path=None: None)
+    with pytest.raises(LocalClusterError, match=r"apt-get install -y mmdebstrap") as exc:
+        Root(release("26.05"), tmp_path).prepare()
+    assert "\n" not in str(exc.value) and not (tmp_path / "slurm-26.05" / "root").exists()
