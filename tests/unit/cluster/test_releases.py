@@ -176,7 +176,7 @@ def test_expedited_requeue_where_the_release_has_it(rec: tuple[str, Path, dict])
     PENDING (BeginTime). 22.05 and 24.11 have no such option (``sbatch --help``)."""
     release, folder, manifest = rec
     if release != "26.05":
-        assert manifest.get("expedite") is None
+        assert manifest["expedite"] is None
         assert "--requeue[=expedite]" not in (folder / "sbatch_help.txt").read_text()
         return
     (info,) = parse.parse_squeue((folder / "squeue_expediting.txt").read_text()).values()
