@@ -7,7 +7,9 @@ PYTEST_ARGS ?=
 # `make cluster-up SLURM=26.05`. Passed to the tests as SLURM_TRAIN_TEST_SLURM (tests/conftest.py)
 # and to the set-up (which installs mmdebstrap only for a release other than the host's).
 SLURM ?=
+ifneq ($(SLURM),)
 export SLURM_TRAIN_TEST_SLURM := $(SLURM)
+endif
 # The suite's two halves, their workers (pytest-xdist) and the order they run in live in
 # scripts/test.sh: `make test` runs them side by side (the integration half waits on Slurm for
 # about a fifth of its time), `make unit` / `make integration` one of them. pytest's exit 5 (no
