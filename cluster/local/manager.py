@@ -33,6 +33,7 @@ from cluster.local.daemons import (
     pid_alive,
     pid_runs,
     read_pid,
+    read_text,
     run_checked,
     run_ok,
     spawn_detached,
@@ -94,8 +95,6 @@ class LocalCluster:
 
     def recorded_release(self) -> str | None:
         """The release the state directory's cluster was last brought up with (None: none)."""
-        from cluster.local.daemons import read_text
-
         return read_text(self.layout.release_file) or None
 
     # -- paths and environment ---------------------------------------------------------------
@@ -227,13 +226,15 @@ class LocalCluster:
             path.write_text(f"{self.slurm.bin_dir}\n")
 
     def _check_release(self) -> None:
-        """A running cluster keeps its release: another one is asked for after ``down``."""
+        """A state directory keeps its release: its accounting database and the controller's
+        state are that release's (an older Slurm cannot read a newer one's). Another release
+        gets a state directory of its own (each release's default is)."""
         recorded = self.recorded_release()
-        if recorded and recorded != self.release.name and any(d.alive for d in self.status()):
+        if recorded and recorded != self.release.name:
             raise LocalClusterError(
-                f"the cluster in {self.layout.root} runs Slurm {recorded}, not "
-                f"{self.release.name}: bring it down first (python -m cluster --state-dir "
-                f"{self.layout.root} down)"
+                f"{self.layout.root} holds a cluster of Slurm {recorded}, not "
+                f"{self.release.name}: use another --state-dir, or bring it down "
+                f"(python -m cluster --state-dir {self.layout.root} down) and remove it"
             )
 
     def _ensure_hosts(self) -> None:
@@ -350,7 +351,7 @@ class LocalCluster:
         pid_file.unlink(missing_ok=True)
         env = self.env()
         env["SLURM_CONF"] = str(L.slurm_conf)
-        run_checked(self.slurm.command(["slurmdbd"]), env=env, what="slurmdbd", log=log)
+        run_checked(self._cmd("slurmdbd"), env=env, what="slurmdbd", log=log)
         # Its first start on a new database creates the accounting tables (dozens, each synced
         # to disk) before it answers or logs a line: a minute and more on a busy disk (seen:
         # a test's second cluster starting beside four test workers' busy ones).

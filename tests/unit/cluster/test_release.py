@@ -116,3 +116,16 @@ def test_a_missing_mmdebstrap_is_one_line_saying_what_to_install(
     with pytest.raises(LocalClusterError, match=r"apt-get install -y mmdebstrap") as exc:
         Root(release("26.05"), tmp_path).prepare()
     assert "\n" not in str(exc.value) and not (tmp_path / "slurm-26.05" / "root").exists()
+
+
+def test_a_state_dir_keeps_its_release(tmp_path: Path) -> None:
+    """Its database and controller state are that release's: another release is refused in
+    one line that says what to do; the same release (or none recorded) is fine."""
+    from cluster.local.manager import LocalCluster
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "slurm-release").write_text("26.05\n")
+    with pytest.raises(LocalClusterError, match=r"holds a cluster of Slurm 26\.05, not 22\.05"):
+        LocalCluster(tmp_path, port_offset=0, slurm="22.05")._check_release()
+    LocalCluster(tmp_path, port_offset=0)._check_release()  # the recorded one
+    LocalCluster(tmp_path / "new", port_offset=0, slurm="24.11")._check_release()
