@@ -118,9 +118,18 @@ def bind_sources() -> list[Path]:
     out = [p for p in wanted if p.is_dir()]
     for path in extra:
         path = path.resolve()
+        if len(path.parts) < 2 or path.parts[1] in _SYSTEM_TOPS:
+            # never over the root's own system (Debian's /usr/bin/python3 has the prefix /usr:
+            # a venv of it cannot run in another release's root; one of pyenv or uv can)
+            continue
         if path.is_dir() and not any(path == p or p in path.parents for p in out):
             out.append(path)
     return out
+
+
+#: Top folders of a root that are its own system: never bind-mounted over.
+_SYSTEM_TOPS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var",
+                          "boot", "run"})  # fmt: skip
 
 
 def _unescape(field: str) -> str:

@@ -129,3 +129,17 @@ def test_a_state_dir_keeps_its_release(tmp_path: Path) -> None:
         LocalCluster(tmp_path, port_offset=0, slurm="22.05")._check_release()
     LocalCluster(tmp_path, port_offset=0)._check_release()  # the recorded one
     LocalCluster(tmp_path / "new", port_offset=0, slurm="24.11")._check_release()
+
+
+def test_binds_never_cover_the_roots_own_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A venv of Debian's own python has the prefix /usr: binding it would replace the root's
+    Slurm and libraries with the host's. Such a prefix is left out; pyenv's or uv's is bound."""
+    import cluster.local.release as rel
+
+    monkeypatch.setattr(rel.sys, "base_prefix", "/usr")
+    sources = [str(p) for p in rel.bind_sources()]
+    assert "/usr" not in sources and "/proc" in sources and "/dev/shm" in sources
+    assert sources.index("/dev") < sources.index("/dev/shm")
+    assert str(rel.checkout()) in sources or any(
+        str(rel.checkout()).startswith(s + "/") for s in sources
+    )
