@@ -48,8 +48,8 @@ def cluster_limits(client: SlurmClient, cache_dir: Path) -> ClusterLimits:
             return ClusterLimits(
                 int(data["max_array_size"]),
                 int(data["max_job_count"]),
-                # an entry written before these fields existed is asked again (KeyError)
-                expedited_requeue=data["expedited_requeue"] is True,
+                # an entry written before these fields existed reads as none set
+                expedited_requeue=data.get("expedited_requeue") is True,
                 requeue_delay_s=delay if isinstance(delay, int) else None,
             )
     except (OSError, ValueError, KeyError, TypeError):
