@@ -112,22 +112,29 @@ def gpu_probe(rec: Recorder) -> dict[str, object]:
     return out
 
 
-REQUEUE_IN_GRACE = """\
+GRACE_JOB = """\
 #!/bin/bash
-# asks for its own requeue when the preemption's signal comes (what train's stop path does)
-trap 'scontrol requeue "$SLURM_JOB_ID"; exit 0' USR2
-if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then sleep 3; exit 0; fi
+# on the preemption's signal: {what}
+trap '{trap}' USR2
+if [ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]; then sleep 3; exit 0; fi
 sleep 100 & wait
 """
+#: asks for its own requeue when the preemption's signal comes (what train's stop path does)
+REQUEUE_IN_GRACE = GRACE_JOB.format(
+    what="scontrol requeue, then exit", trap='scontrol requeue "$SLURM_JOB_ID"; exit 0'
+)
+#: only exits when the preemption's signal comes (leaves the requeue to Slurm)
+EXIT_IN_GRACE = GRACE_JOB.format(what="exit 0", trap="exit 0")
 
 
-def requeue_in_grace(rec: Recorder) -> str:
-    """A job in ``debug`` preempted by an ``urgent`` one requeues itself within its grace time
-    (``scontrol requeue`` on the preemption's signal), is released, and runs to its end: how
-    many runs does accounting show? (24.11.5: the preemption's own requeue also hits the next
-    run, which ends PREEMPTED; 22.05 and 26.05: one requeue.)"""
+def requeue_in_grace(rec: Recorder, text: str = REQUEUE_IN_GRACE) -> str:
+    """A job in ``debug`` preempted by an ``urgent`` one does ``text``'s trap within its grace
+    time, is released whenever it waits, and runs to its end: how many runs does accounting
+    show? (A self-requeue: 24.11.5's preemption requeues the next run too, which ends
+    PREEMPTED; 22.05 and 26.05 requeue once. Only exiting: 22.05 ends COMPLETED, never
+    requeued; 24.11 and 26.05 requeue it themselves.)"""
     script = rec.work / "grace.sh"
-    script.write_text(REQUEUE_IN_GRACE)
+    script.write_text(text)
     job_id = rec.sbatch("--requeue", "--signal=B:USR2@60", "-w", "n1", str(script))
     rec.wait(job_id, {"RUNNING"})
     time.sleep(1)
@@ -215,6 +222,7 @@ def record(rel: str) -> Path:
         help_text = rec.run(["sbatch", "--help"]).stdout
         expedite = expedited_requeue(rec) if "--requeue[=expedite]" in help_text else None
         grace = job("requeue_in_grace", "COMPLETED", requeue_in_grace(rec))
+        exit_grace = job("exit_in_grace", "COMPLETED", requeue_in_grace(rec, EXIT_IN_GRACE))
         time.sleep(3)  # accounting lags the controller a moment
         ids = [j["id"] for j in jobs.values()]
         rec.save("sinfo.txt", list(client._SINFO))
@@ -231,6 +239,8 @@ def record(rel: str) -> Path:
         rec.save("sacct_runs.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", sacct, "-j", requeued])
         rec.save("sacct_requeue_in_grace.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", sacct,
                                                 "-j", grace])  # fmt: skip
+        rec.save("sacct_exit_in_grace.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", sacct,
+                                             "-j", exit_grace])  # fmt: skip
         times = ",".join(parse.SACCT_TIME_FIELDS)
         rec.save("sacct_attempts.txt", ["sacct", "-D", "-X", "-n", "-P", "-o", times, "-j",
                                         requeued])  # fmt: skip

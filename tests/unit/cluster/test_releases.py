@@ -184,3 +184,17 @@ def test_expedited_requeue_where_the_release_has_it(rec: tuple[str, Path, dict])
     expedite, plain = manifest["expedite"]["expedite"], manifest["expedite"]["plain"]
     assert expedite["states"][-1] == "RUNNING" and expedite["running_again_s"] <= 15
     assert plain["states"] == ["PENDING"] and plain["running_again_s"] is None
+
+
+def test_exit_in_the_grace_time_of_a_preemption(rec: tuple[str, Path, dict]) -> None:
+    """A preempted job that only exits on the signal: 22.05 ends it COMPLETED, never requeued
+    (the stop path must ask for the requeue there); 24.11 and 26.05 requeue it themselves."""
+    release, folder, manifest = rec
+    job_id = manifest["jobs"]["exit_in_grace"]["id"]
+    runs = [
+        info.state
+        for line in (folder / "sacct_exit_in_grace.txt").read_text().splitlines()
+        for info in parse.parse_sacct(line).values()
+        if info.job_id == job_id
+    ]
+    assert runs == (["COMPLETED"] if release == "22.05" else ["PREEMPTED", "COMPLETED"])
