@@ -21,9 +21,10 @@ from typing import Any, NoReturn
 
 from cluster.errors import BadInputError
 from train.errors import ConfigError, TrainError
-from train.spec.config import RunConfig, load_run_config
+from train.runfiles import default_run_dir
+from train.spec.config import load_run_config
 
-__all__ = ["build_parser", "default_run_dir", "main"]
+__all__ = ["build_parser", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_run_dir(config: RunConfig, job_id: str | None) -> Path:
-    """``train.run_dir``, else ``runs/job-JOBID`` (stable across requeues), else ``runs/local``."""
-    if config.train.run_dir:
-        return Path(config.train.run_dir)
-    return Path("runs") / (f"job-{job_id}" if job_id else "local")
-
-
 def _fail(exc: BaseException, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exception(exc)
@@ -111,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
         env = DistEnv.from_env(os.environ)
         env.export(os.environ)  # libraries that read RANK/WORLD_SIZE/... see the same answer
-        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config, env.job_id)
+        run_dir = (
+            Path(args.run_dir)
+            if args.run_dir
+            else default_run_dir(config.train.run_dir, env.job_id)
+        )
         from train.logsetup import setup_logging
 
         setup_logging(env.rank, run_dir, debug=args.debug)

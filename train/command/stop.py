@@ -25,17 +25,17 @@ from train.command.processes import (
     StopPlan,
     caught_signals,
     plan_stop,
-    process_tree,
     signal_group,
     signal_name,
     stop_group,
     wait_exit,
 )
 from train.env import DistEnv
-from train.hang.heartbeat import hang_claimed
 from train.history import RunHistory
+from train.procfs import process_tree
 from train.runfiles import touch
 from train.spec.config import RunConfig
+from train.stop import hang_claimed
 from train.stop.act import attempt_fields, carry_out, failure_claimed, record
 from train.stop.decision import Decision, decide
 from train.stop.facts import AskedOnce, StopFacts, gather, preemption_grace_s

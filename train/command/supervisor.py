@@ -39,7 +39,6 @@ from types import FrameType
 from typing import Any
 
 from train.command.processes import (
-    PROC,
     StderrTail,
     StopPlan,
     child_environ,
@@ -57,6 +56,7 @@ from train.env import DistEnv
 from train.errors import EntrypointError
 from train.hang.heartbeat import Watchdog, start_watchdog
 from train.history import RunHistory
+from train.procfs import PROC
 from train.spec.config import RunConfig
 from train.stop.act import (
     BUDGET_EXHAUSTED_EXIT_CODE,

@@ -95,6 +95,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from train.runfiles import open_fd, open_text, write_text
+from train.stop import attempt_name
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -108,11 +109,8 @@ __all__ = [
     "Heartbeat",
     "Watchdog",
     "allowance",
-    "attempt_name",
     "auto_timeout",
-    "hang_claimed",
     "node_local_dir",
-    "proc_state",
     "read_beats",
     "start_watchdog",
 ]
@@ -138,19 +136,6 @@ NOT_BUSY = ("train", "wait")
 _BEAT = struct.Struct("<qdqq")  # step, wall time, phase, pulse counter
 #: The fields of ``requeue:`` the watcher needs (passed to it as JSON).
 BUDGET_FIELDS = ("max_preemptions", "max_timeouts", "max_failures", "max_hangs", "signal_delay_s")
-
-
-def attempt_name(job_id: str | None, attempt: int | str) -> str:
-    """``JOB-ATTEMPT``: ATTEMPT is the restart count, or ``DistEnv.attempt`` (``2.1``: a
-    restart in place)."""
-    return f"{job_id or 'local'}-{attempt}"
-
-
-def hang_claimed(run_dir: Path | str, job_id: str | None, attempt: int | str) -> bool:
-    """True once a watcher took charge of a hang in this attempt: it records and requeues; a
-    rank that comes back to life afterwards (Slurm's SIGCONT at the requeue, a peer's 'connection
-    closed') must not record a failure or a stop of its own."""
-    return (Path(run_dir) / "hangs" / attempt_name(job_id, attempt) / "claimed").exists()
 
 
 def node_local_dir(run_dir: Path, attempt: str, node: str, root: Path | None = None) -> Path:
@@ -240,15 +225,6 @@ def allowance(phase: str, timeout: float, *, command: bool = False) -> float:
     if command or phase in NOT_BUSY:
         return timeout
     return max(timeout, BUSY_FLOOR_S)
-
-
-def proc_state(pid: int) -> str | None:
-    """The kernel's one-letter state of ``pid`` (``T``: stopped), None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()[0]
 
 
 # ------------------------------------------------------------------------------ rank side

@@ -35,11 +35,11 @@ from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import TrainingError
 from train.loop.data import Augmenter
+from train.loop.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
 from train.loop.optim import build_optimizer, build_scheduler, lr_factor
 from train.loop.order import epoch_batches
 from train.loop.setup import build_training_model, shard_data
 from train.loop.strategies import Strategy
-from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
 from train.resume import load_training_state
 from train.runtime import StopPoll, precision_context
 from train.session import RunSession

@@ -36,7 +36,8 @@ requeue on it), 3 (:data:`BUDGET_EXHAUSTED_EXIT_CODE`: a budget is spent, never 
 
 Modules: :mod:`train.stop.signals` (the early-signal store and the preemption guard: handlers
 only set a flag), :mod:`train.stop.facts`, :mod:`train.stop.decision`, :mod:`train.stop.act`,
-:mod:`train.stop.quarantine` (which node an interruption is due to; ExcNodeList). Callers: the
+:mod:`train.stop.quarantine` (which node an interruption is due to; ExcNodeList),
+:mod:`train.stop.claims` (the hang claim the watcher makes and every stopper reads). Callers: the
 run session (:mod:`train.session`, the built-in trainer and ``entrypoint.function``), the command
 supervisor (:mod:`train.command.stop`), the hang watcher (:mod:`train.hang.watcher`) and the
 local executor (:mod:`jobs.localrun`).
@@ -50,6 +51,7 @@ from train._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from train.stop.act import carry_out, describe_failure, record, request_requeue, stop_attempt
+    from train.stop.claims import attempt_name, claim_hang, hang_claimed, hang_dir, is_claimed
     from train.stop.decision import (
         BUDGET_EXHAUSTED_EXIT_CODE,
         EVENT_OF_KIND,
@@ -67,6 +69,11 @@ _EXPORTS = {
     "Decision": "decision",
     "decide": "decision",
     "StopFacts": "facts",
+    "attempt_name": "claims",
+    "claim_hang": "claims",
+    "hang_claimed": "claims",
+    "hang_dir": "claims",
+    "is_claimed": "claims",
     "gather": "facts",
     "carry_out": "act",
     "describe_failure": "act",
@@ -84,11 +91,16 @@ __all__ = [
     "Decision",
     "PreemptionGuard",
     "StopFacts",
+    "attempt_name",
     "carry_out",
+    "claim_hang",
     "decide",
     "describe_failure",
     "gather",
+    "hang_claimed",
+    "hang_dir",
     "install_early",
+    "is_claimed",
     "pop_early_signals",
     "record",
     "request_requeue",

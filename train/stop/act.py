@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 from cluster.errors import BadInputError
 from train.history import BudgetConfig, RunHistory
 from train.stop.causes import rules_of
+from train.stop.claims import hang_claimed
 from train.stop.decision import (
     BUDGET_EXHAUSTED_EXIT_CODE,
     REQUEUE_EXIT_CODE,
@@ -123,11 +124,8 @@ def ended_elsewhere(env: StopEnv, run_dir: Any, trigger: str | None = None) -> s
     a failed rank, a peer's lost connection) is not a stop of its own: nothing to record, and
     nothing to save (a checkpoint needs every rank, and one of them is frozen or gone).
     ``trigger``: this process's own reason, which never counts against itself."""
-    if trigger != "hang":
-        from train.hang.heartbeat import hang_claimed  # lazy: the stop path needs it only here
-
-        if hang_claimed(run_dir, env.job_id, _attempt(env)):
-            return "hang"
+    if trigger != "hang" and hang_claimed(run_dir, env.job_id, _attempt(env)):
+        return "hang"
     if trigger != "failure" and env.job_id and failure_claimed(run_dir, env.job_id, _attempt(env)):
         return "failure"
     return None

@@ -34,6 +34,7 @@ from typing import Any
 
 from train.env import job_hosts
 from train.history import RunHistory
+from train.runfiles import default_run_dir
 from train.stop.act import RequeueSettings, stop_attempt
 from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 
@@ -147,14 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[after step] %(message)s", stream=sys.stderr)
     try:
-        from train.cli import default_run_dir
         from train.spec.config import load_run_config
 
         if ns.config is None and ns.run_dir is None:
             raise ValueError("give --config or --run-dir")
         spec = ns.config or ns.run_dir / "resolved.yaml"
         config = load_run_config(spec if Path(spec).is_file() else None, ns.set)
-        run_dir = ns.run_dir or default_run_dir(config, ns.job_id or None)
+        run_dir = ns.run_dir or default_run_dir(config.train.run_dir, ns.job_id or None)
         code = after_step(
             run_dir,
             config.requeue,

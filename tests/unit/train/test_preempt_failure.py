@@ -20,10 +20,10 @@ import train.loop.trainer
 import train.session
 from train.checkpoint.manager import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
-from train.hang.heartbeat import attempt_name
 from train.history import RunHistory
 from train.spec.config import RequeueConfig, TrainConfig
 from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+from train.stop.claims import attempt_name
 
 CONFIG = TrainConfig.model_validate(
     {
