@@ -18,9 +18,9 @@ from jobs.pids import ProcHandle, cmdline, signal_if_ours
 from jobs.records import RunRecord
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
 # Reasons of an UNKNOWN state that Slurm's answer is not about this run's job.
 OTHER_CLUSTER = "not this run's job: submitted to cluster"

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from cluster.errors import BadInputError
 from train.errors import ConfigError, TrainError
 from train.runfiles import default_run_dir
-from train.spec.config import load_run_config
+from train.spec import load_run_config
 
 __all__ = ["build_parser", "main"]
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         config = load_run_config(args.config, args.set)
         mark("config")
-        from train.stop.signals import install_early
+        from train.stop import install_early
 
         # Before torch is imported (~1 s): a stop signal in that window is kept, not fatal.
         # The caller's handlers come back when main returns (it also runs in-process).
@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_entrypoint(
                 config, env, run_dir, args.resume, allow_config_change=args.allow_config_change
             )
-        from train.loop.data import describe_data
-        from train.loop.trainer import run_training
+        from train.loop import describe_data, run_training
 
         mark("imports")
 

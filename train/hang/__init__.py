@@ -13,10 +13,10 @@ if TYPE_CHECKING:
     from train.hang.heartbeat import Heartbeat, Watchdog, auto_timeout, start_watchdog
 
 _EXPORTS = {
-    "Watchdog": "heartbeat",
     "Heartbeat": "heartbeat",
-    "start_watchdog": "heartbeat",
+    "Watchdog": "heartbeat",
     "auto_timeout": "heartbeat",
+    "start_watchdog": "heartbeat",
 }
 __all__ = [
     "Heartbeat",

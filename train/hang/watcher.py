@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train.env import job_hosts
 from train.hang.evidence import NodeView, RankView, Verdict, judge, node_view
 from train.hang.heartbeat import (
     COMMAND_FLOOR_S,
@@ -36,7 +37,8 @@ from train.hang.heartbeat import (
 )
 from train.procfs import describe_tree, is_child, proc_state, process_tree
 from train.runfiles import open_fd, write_text
-from train.stop import claim_hang, hang_dir, is_claimed
+from train.spec import RequeueConfig
+from train.stop import Decider, claim_hang, hang_dir, is_claimed, request_requeue
 
 __all__ = ["main"]
 
@@ -59,11 +61,12 @@ class _Args:
     timeout: float | None
     poll: float | None
     summary: float
-    budgets: dict[str, int]
+    budgets: dict[str, Any]  # the run's requeue: section (RequeueConfig as JSON)
     job_id: str | None
     restart_count: int
     command: bool = False  # the ranks supervise an entrypoint.command
     in_place: int = 0  # restarts in place within the same allocation (DistEnv.in_place)
+    in_place_supervised: bool = False  # a batch script restarts steps in place (DistEnv's)
 
     @property
     def shared(self) -> Path:
@@ -480,53 +483,28 @@ def _record_and_requeue(a: _Args, node: _Node, verdict: Verdict, views: list[Nod
         "hang: suspects rank(s) %s on %s (%s); stacks in %s",
         list(verdict.ranks), list(verdict.nodes), verdict.why, a.hangs,
     )  # fmt: skip
-    from train.stop.act import request_requeue  # torch-free
-
-    # the one stop decision: the hang event, its budget, the requeue and the suspects' nodes
+    # the one stop decision, with the facts a rank would give it: the hang event, its budget,
+    # a restart in place (no suspect, a batch script that restarts steps, budget left) or the
+    # requeue and the suspects' nodes
+    env = Decider(
+        a.job_id,
+        a.restart_count,
+        a.in_place,
+        in_place_supervised=a.in_place_supervised,
+        world_size=a.world_size,
+        hosts=job_hosts(os.environ),
+        node_name=a.node,
+    )
     code = request_requeue(
-        _MainEnv(a.job_id, a.restart_count, a.world_size, a.in_place),
+        env,
         a.run_dir,
-        _Budget(a.budgets),
+        RequeueConfig.model_validate(a.budgets),
         "hang",
         step=step,
         details=details,
         suspects=tuple(verdict.nodes),
     )
     write_text(a.hangs / "decided", json.dumps({"exit_code": code, **details}))
-
-
-@dataclass(frozen=True)
-class _MainEnv:
-    """The watcher acts as rank 0 for the requeue (one claimant per attempt)."""
-
-    job_id: str | None
-    restart_count: int
-    world_size: int
-    in_place: int = 0
-    is_main: bool = True
-
-    @property
-    def attempt(self) -> str:
-        """As :attr:`train.env.DistEnv.attempt`."""
-        return f"{self.restart_count}.{self.in_place}" if self.in_place else str(self.restart_count)
-
-
-_DEFAULT_BUDGETS = {
-    "max_preemptions": 20, "max_timeouts": 10, "max_failures": 3, "max_hangs": 2,
-    "signal_delay_s": 90,
-}  # fmt: skip
-
-
-class _Budget:
-    """The run's ``requeue:`` budgets, as :func:`train.stop.act.request_requeue` reads them."""
-
-    def __init__(self, budgets: dict[str, int]) -> None:
-        values = {**_DEFAULT_BUDGETS, **budgets}
-        self.max_preemptions = values["max_preemptions"]
-        self.max_timeouts = values["max_timeouts"]
-        self.max_failures = values["max_failures"]
-        self.max_hangs = values["max_hangs"]
-        self.signal_delay_s = values["signal_delay_s"]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -553,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-id", default="")
     p.add_argument("--restart-count", type=int, default=0)
     p.add_argument("--in-place", type=int, default=0)
+    p.add_argument("--in-place-supervised", action="store_true")
     p.add_argument("--command", action="store_true")
     ns = p.parse_args(argv)
     logging.basicConfig(
@@ -562,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _Args(
         ns.run_dir, ns.attempt, ns.node, ns.local_dir, ns.world_size, ns.local_world_size,
         ns.pid, ns.timeout, ns.poll, ns.summary, ns.budgets, ns.job_id or None,
-        ns.restart_count, ns.command, ns.in_place,
+        ns.restart_count, ns.command, ns.in_place, ns.in_place_supervised,
     )  # fmt: skip
     return _watch(args)
 

@@ -14,17 +14,20 @@ from typing import TYPE_CHECKING
 from train._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from train.loop.data import describe_data
     from train.loop.models import build_model
     from train.loop.trainer import TrainResult, run_training
 
 _EXPORTS = {
-    "run_training": "trainer",
-    "TrainResult": "trainer",
+    "describe_data": "data",
     "build_model": "models",
+    "TrainResult": "trainer",
+    "run_training": "trainer",
 }
 __all__ = [
     "TrainResult",
     "build_model",
+    "describe_data",
     "run_training",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

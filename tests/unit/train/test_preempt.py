@@ -14,7 +14,7 @@ import pytest
 
 from train.history import RunHistory
 from train.spec.config import RequeueConfig
-from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
+from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
 from train.stop.facts import classify_from_job_info, classify_stop
 from train.stop.signals import PreemptionGuard
 
