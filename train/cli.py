@@ -17,12 +17,15 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cluster.errors import BadInputError
 from train.errors import ConfigError, TrainError
 from train.runfiles import default_run_dir
 from train.spec import load_run_config
+
+if TYPE_CHECKING:
+    from train.env import DistEnv
 
 __all__ = ["build_parser", "main"]
 
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     mark("main")
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     run_dir: Path | None = None
-    env = None
+    env: DistEnv | None = None
     previous: dict[signal.Signals, Any] = {}
     try:
         args = build_parser().parse_args(argv)
@@ -157,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def _record_failure(exc: BaseException, env: object, run_dir: Path | None) -> None:
+def _record_failure(exc: BaseException, env: DistEnv | None, run_dir: Path | None) -> None:
     """Rank 0 appends a ``failure`` event (runtime failures only, not bad input)."""
     if run_dir is None or env is None or isinstance(exc, BadInputError):
         return
-    if not getattr(env, "is_main", False) or not run_dir.is_dir():
+    if not env.is_main or not run_dir.is_dir():
         return
     try:
         from train.history import RunHistory
@@ -169,8 +172,8 @@ def _record_failure(exc: BaseException, env: object, run_dir: Path | None) -> No
         RunHistory(run_dir).append(
             "failure",
             step=None,
-            restart_count=getattr(env, "restart_count", 0),
-            job_id=getattr(env, "job_id", None),
+            restart_count=env.restart_count,
+            job_id=env.job_id,
             error=f"{type(exc).__name__}: {exc}"[:300],
         )
     except Exception as err:  # never mask the original error

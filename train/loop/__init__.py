@@ -4,7 +4,8 @@ strategies (ddp, dp, pipeline, single), the optimizer step and the loop itself, 
 
 Modules: :mod:`train.loop.trainer` (:func:`run_training`), :mod:`train.loop.data`,
 :mod:`train.loop.models`, :mod:`train.loop.strategies`, :mod:`train.loop.optim`,
-:mod:`train.loop.setup` (data sharding and the model for a strategy).
+:mod:`train.loop.setup` (data sharding and the model for a strategy),
+:mod:`train.loop.metrics` (``metrics.jsonl``, step timing, evaluation).
 """
 
 from __future__ import annotations
