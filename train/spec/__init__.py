@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         where,
     )
     from train.spec.messages import FieldIssue, error_lines, resolve_field, validate
+    from train.spec.policy import launches_torchrun
     from train.spec.yamlsafe import Source
 
 _EXPORTS = {
@@ -59,6 +60,7 @@ _EXPORTS = {
     "FieldIssue": "messages",
     "error_lines": "messages",
     "resolve_field": "messages",
+    "launches_torchrun": "policy",
     "validate": "messages",
     "Source": "yamlsafe",
 }
@@ -76,6 +78,7 @@ __all__ = [
     "config_hash",
     "dump_spec",
     "error_lines",
+    "launches_torchrun",
     "load_run_config",
     "load_source",
     "read_spec_file",

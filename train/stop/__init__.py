@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         request_requeue,
         stop_attempt,
     )
+    from train.stop.causes import exception_line, root_report, rules_of, signature
     from train.stop.claims import attempt_name, claim_hang, hang_claimed, hang_dir, is_claimed
     from train.stop.decision import (
         BUDGET_EXHAUSTED_EXIT_CODE,
@@ -78,8 +79,6 @@ if TYPE_CHECKING:
     from train.stop.stopenv import Decider, StopEnv
 
 _EXPORTS = {
-    "Decider": "stopenv",
-    "StopEnv": "stopenv",
     "attempt_fields": "act",
     "carry_out": "act",
     "describe_failure": "act",
@@ -88,6 +87,10 @@ _EXPORTS = {
     "record": "act",
     "request_requeue": "act",
     "stop_attempt": "act",
+    "exception_line": "causes",
+    "root_report": "causes",
+    "rules_of": "causes",
+    "signature": "causes",
     "attempt_name": "claims",
     "claim_hang": "claims",
     "hang_claimed": "claims",
@@ -111,6 +114,8 @@ _EXPORTS = {
     "install_early": "signals",
     "pop_early_signals": "signals",
     "after_step": "step",
+    "Decider": "stopenv",
+    "StopEnv": "stopenv",
 }
 __all__ = [
     "BUDGET_EXHAUSTED_EXIT_CODE",
@@ -132,6 +137,7 @@ __all__ = [
     "describe_failure",
     "end_time",
     "ended_elsewhere",
+    "exception_line",
     "explain_previous_attempt",
     "failure_claimed",
     "gather",
@@ -145,6 +151,9 @@ __all__ = [
     "preemption_grace_s",
     "record",
     "request_requeue",
+    "root_report",
+    "rules_of",
+    "signature",
     "stop_attempt",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)
