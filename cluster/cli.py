@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_status(lc: LocalCluster) -> bool:
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
 
     all_alive = True
     print(f"state dir: {lc.layout.root}")
@@ -71,7 +71,7 @@ def _print_status(lc: LocalCluster) -> bool:
     print(f"  slurm {lc.release.name}" + ("" if lc.release.on_host else f" (root {lc.slurm.path})"))
     if not lc.status()[3].alive:  # slurmctld
         return False
-    client = SlurmClient(conf=lc.conf, timeout=10, environ=lc.client_environ())
+    client = slurm_client(conf=lc.conf, timeout=10, environ=lc.client_environ())
     try:
         for n in client.nodes():
             gres = ",".join(f"{k}:{v}" for k, v in n.gres.items()) or "-"
