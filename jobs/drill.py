@@ -45,13 +45,15 @@ from cluster.models import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory
+from train.runfiles import EVENT_KINDS
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
     from cluster.client import SlurmClient
 
-KINDS = ("preempt", "timeout", "cancel", "fail")
-_STOP_EVENTS = {"preempted", "timeout", "cancelled", "failure"}
+# the drills, in the table's order of the events they produce (train.runfiles.EVENT_KINDS)
+KINDS = tuple(k.drill for k in EVENT_KINDS if k.drill)
+_STOP_EVENTS = frozenset(k.name for k in EVENT_KINDS if k.drill)
 _TERMINAL = TERMINAL_STATES  # the controller's word (scontrol show job): final
 
 

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from cluster.models import JobInfo
 from jobs.records import RunRecord
+from train.runfiles import events_where
 from train.schema import EVENT, check_lines, report
 
 if TYPE_CHECKING:
@@ -49,20 +50,8 @@ CHUNK = 1 << 20  # the most of a file one read holds (a GiB of new log: 1024 pie
 MIN_POLL_S = 3.0
 MAX_POLL_S = 60.0
 # Events after which Slurm's view of the job changes (or the run is over): ask at once.
-_HURRY = {
-    "start",
-    "resume",
-    "preempted",
-    "timeout",
-    "failure",
-    "hang",
-    "node_fail",
-    "requeue",
-    "complete",
-    "budget_exhausted",
-    "cancelled",
-}
-_FINAL_EVENTS = {"complete", "budget_exhausted", "cancelled"}
+_HURRY = events_where(asks_slurm=True)
+_FINAL_EVENTS = events_where(final=True)
 _OURS = re.compile(r"^(\d\d:\d\d:\d\d) \[rank (\d+)\] ([A-Z]+) ([\w.]+): (.*)$")
 _SUBMITIT = re.compile(r"^submitit ([A-Z]+) \(\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d),\d+\) - (.*)$")
 

@@ -46,6 +46,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from train.runfiles import events_where
+
 __all__ = ["LABELS", "PARTS", "Attempt", "Ledger", "compute", "sum_ledgers"]
 
 PARTS = (
@@ -70,19 +72,9 @@ LABELS = {
     "queued": "requeue holds",
     "unaccounted": "unaccounted",
 }
-# events that end a segment (the process stops training)
-_ENDS = (
-    "preempted",
-    "timeout",
-    "failure",
-    "hang",
-    "node_fail",
-    "cancelled",
-    "complete",
-    "budget_exhausted",
-    "restart_in_place",
-)
-_TERMINAL = ("complete", "budget_exhausted", "cancelled")
+# events that end a segment (the process stops training), and those that end the run
+_ENDS = events_where(ends_segment=True)
+_TERMINAL = events_where(final=True)
 
 
 class Attempt(Protocol):

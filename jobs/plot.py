@@ -20,19 +20,13 @@ from typing import Any
 from jobs.errors import UsageError
 from jobs.goodput import LABELS, Ledger
 from train.history import STOP_EVENTS
+from train.runfiles import EVENT_KINDS
 from train.schema import EVENT, METRIC, read_records
 
 __all__ = ["TaskSeries", "plot_run", "read_series"]
 
 STOPS = STOP_EVENTS
-_COLORS = {
-    "preempted": "tab:orange",
-    "timeout": "tab:purple",
-    "failure": "tab:red",
-    "hang": "tab:brown",
-    "node_fail": "tab:pink",
-    "cancelled": "tab:gray",
-}
+_COLORS = {k.name: k.colour for k in EVENT_KINDS if k.colour}
 
 
 @dataclass

@@ -1,37 +1,341 @@
-"""Writes inside a run directory never follow a symbolic link (torch-free, stdlib only).
+"""The one owner of the run directory and of node-local state (torch-free, stdlib only).
 
-A link planted in a shared run directory (``events.jsonl -> ~/.bashrc``) must not make a rank
-truncate or append to a file elsewhere. Every file this project writes in ``RUN_DIR`` (events,
-metrics, heartbeats, hang stacks and reports, markers, the saved config, tracking ids) is
-opened here, with ``O_NOFOLLOW``: the open fails (``ELOOP``) before anything is truncated,
-and the error says which path is a link. Checkpoints follow the same rule in
-:mod:`train.checkpoint` (links are never loaded, replaced or written through).
+Three things live here and nowhere else:
+
+- **the layout**: every name inside ``RUN_DIR`` (:data:`SPEC`, :data:`RESOLVED`,
+  :data:`EVENTS_FILE`, ...) and :data:`LAYOUT`, the table of who writes and who reads each one
+  (ARCHITECTURE.md shows it; a test keeps the two the same);
+- **the only writers**: :func:`atomic_write` (a temporary file, fsync, rename),
+  :func:`append_line`, :func:`create_exclusive`, :func:`write_text` / :func:`open_text` /
+  :func:`touch`, :func:`make_dirs`, :func:`remove` and, for node-local state,
+  :func:`private_dir` and :func:`remove_own_tree`;
+- **the table of event kinds** (:data:`EVENT_KINDS`, :data:`FAILURE_KINDS`): what ends an
+  attempt, which budget an event spends, its label and its plot colour. Every list of event
+  names elsewhere (``train.history``, ``train.stop.decision.EVENT_OF_KIND``, ``jobs.goodput``,
+  ``jobs.follow``, ``jobs.drill``, ``jobs.plot``, ...) is derived from it.
+
+Links. A link planted in a shared run directory (``events.jsonl -> ~/.bashrc``) must not make
+a rank or ``jobs`` truncate, append to, rename over or delete a file elsewhere. Every open is
+``O_NOFOLLOW`` (the open fails with ``ELOOP`` before anything is truncated, and the error says
+which path is a link); renames and deletes work on the entry in a directory opened with
+``O_NOFOLLOW`` (``dir_fd``), never on what a link names; :func:`remove` deletes only a regular
+file owned by this user. The run directory itself is the user's choice (it may sit under a
+link they made, ``/scratch -> /lustre/...``); below it, :func:`make_dirs` walks one directory
+at a time, refusing links. Checkpoints follow the same rule in :mod:`train.checkpoint`.
+
+Node-local state (hang heartbeats under ``/dev/shm``) and the state folder
+(``$SLURM_TRAIN_STATE_DIR``) sit in places other users can write to or predict. Their folders
+come from :func:`private_dir`: created ``0700``, then checked (``fstat`` of the directory
+opened without following a link: a directory, owned by this user, no access for others),
+walked from a root one directory fd at a time so that no planted parent is ever followed.
+Anything else is refused with one line (:class:`NotOursError`). A clean-up
+(:func:`remove_own_tree`) deletes only entries owned by this user, never through a link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["LinkRefusedError", "open_fd", "open_text", "touch", "write_text"]
+from cluster.errors import BadInputError
+
+__all__ = [
+    "BUDGETS",
+    "EVENTS",
+    "EVENT_KINDS",
+    "EVENT_OF_KIND",
+    "FAILURE_CLASSES",
+    "FAILURE_KINDS",
+    "LAYOUT",
+    "EventKind",
+    "FailureKind",
+    "LayoutEntry",
+    "LinkRefusedError",
+    "NotOursError",
+    "append_line",
+    "atomic_write",
+    "create_exclusive",
+    "events_where",
+    "make_dirs",
+    "open_dir",
+    "open_fd",
+    "open_text",
+    "private_dir",
+    "remove",
+    "remove_own_tree",
+    "touch",
+    "write_text",
+]
+
+# -- the layout -------------------------------------------------------------------------------
+SPEC = "spec.yaml"  # the spec as written
+RESOLVED = "resolved.yaml"  # the validated spec after --set (a sweep: also tasks/N/resolved.yaml)
+RUN_RECORD = "run.json"  # jobs.records.RunRecord
+SBATCH = "sbatch.sh"  # the submitted script (sbatch-K.sh for a sweep's K-th array)
+SLURM_DIR = "slurm"  # submitit pickles and per-rank logs
+TASKS_DIR = "tasks"  # a sweep's task directories: tasks/N
+EVENTS_FILE = "events.jsonl"  # the history (train.history)
+METRICS_FILE = "metrics.jsonl"  # the metrics, rank 0
+CHECKPOINTS = "checkpoints"  # step-N/, step-N.bB/, branch.json (train.checkpoint)
+CONFIGS = "configs"  # configs/HASH.json (train.resume)
+LOGS = "logs"  # logs/rank-R.log (train.logsetup)
+TENSORBOARD = "tensorboard"
+WANDB_ID = "wandb-id"
+PROGRESS = ".progress"  # .progress/JOB-RESTART/rank-R.json, nodes/NODE.json
+HANGS = "hangs"  # hangs/JOB-RESTART/: claimed, decided, stacks, reports
+FAILURES = ".failures"  # .failures/JOB-RESTART: one failure record per attempt
+STOPS = ".stops"  # .stops/JOB-RESTART/R: a rank's command exited
+LOCAL_STATE = "local_state.json"  # the local executor's state
+LOCAL_STOP = ".local-stop"  # "cancel": the local executor's ranks stop for good
+OWNER = ".owner"  # jobs.claim: who owns the directory
+OWNER_LOCK = ".owner.lock"
+RUN_INDEX = "runs.jsonl"  # in the state folder ($SLURM_TRAIN_STATE_DIR), not in RUN_DIR
 
 
+@dataclass(frozen=True)
+class LayoutEntry:
+    """One name in the run directory: what it holds, who writes it, who reads it."""
+
+    path: str
+    writer: str
+    reader: str
+
+
+#: The run directory, as ARCHITECTURE.md draws it (tests/unit/train/test_runfiles.py checks).
+LAYOUT: tuple[LayoutEntry, ...] = (
+    LayoutEntry(SPEC, "jobs/submit.py", "people"),
+    LayoutEntry(RESOLVED, "jobs/submit.py (a lazy sweep task: jobs/launch.py)", "python -m train"),
+    LayoutEntry(SBATCH, "jobs/submit.py", "sbatch, people"),
+    LayoutEntry(SLURM_DIR, "jobs/submit.py (pickles), Slurm (logs)", "submitit, jobs logs"),
+    LayoutEntry(TASKS_DIR, "jobs/submit.py", "jobs status/logs"),
+    LayoutEntry(RUN_RECORD, "jobs/records.py", "status/list/logs/cancel"),
+    LayoutEntry(EVENTS_FILE, "train/history.py", "budgets, status, --follow, plot"),
+    LayoutEntry(METRICS_FILE, "train/metrics.py", "status, --follow, plot, the goodput ledger"),
+    LayoutEntry(CHECKPOINTS, "train/checkpoint/", "resume, pruning"),
+    LayoutEntry(CONFIGS, "train/resume.py", "the config-change check on resume"),
+    LayoutEntry(LOGS, "train/logsetup.py", "jobs logs, people"),
+    LayoutEntry(TENSORBOARD, "train/tracking.py", "TensorBoard"),
+    LayoutEntry(WANDB_ID, "train/tracking.py", "W&B (a resume continues the run)"),
+    LayoutEntry(PROGRESS, "train/hang/heartbeat.py, train/hang/watcher.py", "hang watchers"),
+    LayoutEntry(HANGS, "train/hang/watcher.py", "hang watchers, people"),
+    LayoutEntry(FAILURES, "train/stop/act.py", "train/stop/act.py"),
+    LayoutEntry(STOPS, "train/command/stop.py", "rank 0's command supervisor"),
+    LayoutEntry(LOCAL_STATE, "jobs/localrun.py", "jobs/monitor.py"),
+    LayoutEntry(LOCAL_STOP, "jobs/localrun.py", "train/stop/facts.py"),
+    LayoutEntry(OWNER, "jobs/claim.py", "jobs/claim.py"),
+    LayoutEntry(OWNER_LOCK, "jobs/claim.py", "jobs/claim.py"),
+)
+
+
+# -- the table of event kinds -----------------------------------------------------------------
+@dataclass(frozen=True)
+class EventKind:
+    """One kind of ``events.jsonl`` line and everything the code knows about it."""
+
+    name: str
+    #: it interrupts an attempt: what ``jobs plot`` marks, what explains an attempt's end
+    interrupts: bool = False
+    #: the run is over (the last word of a run)
+    final: bool = False
+    #: after it the batch script has nothing left to do for the attempt (train.stop.step)
+    settles: bool = False
+    #: the process stops training: it ends a goodput segment
+    ends_segment: bool = False
+    #: Slurm's view of the job changes with it: ``--follow`` asks at once
+    asks_slurm: bool = False
+    #: the stop kinds (train.stop.decision) recorded as this event
+    stop_kinds: tuple[str, ...] = ()
+    #: the RequeueConfig field whose budget it spends (failures: per class, FAILURE_KINDS)
+    budget: str | None = None
+    #: the key of its count in ``RunHistory.to_dict`` and the word of the summary line
+    count_key: str | None = None
+    summary: str | None = None
+    #: the ``jobs drill`` kind that produces it
+    drill: str | None = None
+    #: its colour in ``jobs plot`` (interruptions)
+    colour: str | None = None
+
+
+_STOP: dict[str, Any] = {"interrupts": True, "ends_segment": True, "asks_slurm": True}
+_FINAL: dict[str, Any] = {"final": True, "settles": True, "ends_segment": True, "asks_slurm": True}
+
+#: Every event kind, in the order ``train.history.EVENTS`` lists them.
+# fmt: off
+EVENT_KINDS: tuple[EventKind, ...] = (
+    EventKind("start", asks_slurm=True),
+    EventKind("resume", asks_slurm=True),
+    EventKind("signal"),
+    EventKind("checkpoint"),
+    EventKind("requeue", settles=True, asks_slurm=True),
+    EventKind(
+        "preempted",
+        **_STOP,
+        stop_kinds=("preemption", "requeued"),
+        budget="max_preemptions",
+        count_key="preemptions",
+        summary="preempted",
+        drill="preempt",
+        colour="tab:orange",
+    ),
+    EventKind(
+        "timeout",
+        **_STOP,
+        stop_kinds=("timeout",),
+        budget="max_timeouts",
+        count_key="timeouts",
+        summary="timeout",
+        drill="timeout",
+        colour="tab:purple",
+    ),
+    EventKind(
+        "failure",
+        **_STOP,
+        stop_kinds=("failure",),
+        count_key="failures",
+        summary="failed",
+        drill="fail",
+        colour="tab:red",
+    ),
+    EventKind("target"),
+    EventKind("complete", **_FINAL),
+    EventKind("budget_exhausted", **_FINAL),
+    EventKind(
+        "cancelled",
+        **{**_STOP, **_FINAL},
+        stop_kinds=("cancel",),
+        drill="cancel",
+        colour="tab:gray",
+    ),
+    EventKind(
+        "hang",
+        **_STOP,
+        stop_kinds=("hang",),
+        budget="max_hangs",
+        count_key="hangs",
+        summary="hung",
+        colour="tab:brown",
+    ),
+    EventKind("quarantine"),
+    EventKind(
+        "node_fail",
+        **_STOP,
+        settles=True,
+        stop_kinds=("node_fail",),
+        count_key="node_failures",
+        summary="node failure",
+        colour="tab:pink",
+    ),
+    EventKind(
+        "restart_in_place",
+        settles=True,
+        ends_segment=True,
+        count_key="restarts_in_place",
+        summary="restarted in place",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class FailureKind:
+    """One class of failure (train.stop.causes): its budget and how messages name it."""
+
+    name: str
+    budget: str
+    label: str  # in a budget message: "infrastructure failure 3x, over the budget ..."
+    named: str | None  # in the summary's last failure: "last failure (infrastructure): ..."
+
+
+#: The failure classes, in the order their budgets are checked.
+FAILURE_KINDS: tuple[FailureKind, ...] = (
+    FailureKind("unknown", "max_failures", "failure", None),
+    FailureKind("infra", "max_infra_failures", "infrastructure failure", "infrastructure"),
+    FailureKind("user", "max_user_failures", "error of the code or config", "code or config"),
+)
+FAILURE_CLASSES: tuple[str, ...] = tuple(f.name for f in FAILURE_KINDS)
+
+EVENTS: tuple[str, ...] = tuple(k.name for k in EVENT_KINDS)
+KIND_OF: Mapping[str, EventKind] = {k.name: k for k in EVENT_KINDS}
+
+#: A stop's kind (train.stop.decision) -> the event recorded for it.
+EVENT_OF_KIND: Mapping[str, str] = {s: k.name for k in EVENT_KINDS for s in k.stop_kinds}
+
+
+def _budgets() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k in EVENT_KINDS:
+        if k.budget:
+            out[k.name] = k.budget
+        if k.name == "failure":  # a failure spends the budget of its class
+            out.update({f"failure_{f.name}": f.budget for f in FAILURE_KINDS})
+    return out
+
+
+#: What consumes a requeue budget (an event, or ``failure_CLASS``) -> the RequeueConfig field.
+BUDGETS: Mapping[str, str] = _budgets()
+#: How a budget message names each budget's events (the rest: the event's name).
+BUDGET_LABELS: Mapping[str, str] = {f"failure_{f.name}": f.label for f in FAILURE_KINDS}
+
+
+def events_where(**flags: bool) -> frozenset[str]:
+    """The names of the event kinds whose columns have these values
+    (``events_where(interrupts=True)``)."""
+    return frozenset(
+        k.name for k in EVENT_KINDS if all(getattr(k, f) == v for f, v in flags.items())
+    )
+
+
+# -- errors ----------------------------------------------------------------------------------
 class LinkRefusedError(OSError):
     """A write inside the run directory met a symbolic link where a file should be."""
 
 
-def open_fd(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+class NotOursError(LinkRefusedError, BadInputError):
+    """A path that should be this user's (a private folder, a file to delete) is not: another
+    user's, a link, not a directory, or open to others. Bad input: a requeue would not help."""
+
+
+def _refuse(path: object, exc: OSError) -> LinkRefusedError:
+    return LinkRefusedError(exc.errno, f"{path} is a symbolic link: refusing to write through it")
+
+
+# -- the writers -----------------------------------------------------------------------------
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_fd(
+    path: str | os.PathLike[str], flags: int, mode: int = 0o644, *, dir_fd: int | None = None
+) -> int:
     """``os.open`` that never follows a link in the last component of ``path``."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        return os.open(path, flags | _NOFOLLOW, mode, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise LinkRefusedError(
-                errno.ELOOP, f"{path} is a symbolic link: refusing to write through it"
-            ) from exc
+            raise _refuse(path, exc) from exc
         raise
+
+
+def open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int:
+    """A directory opened for ``dir_fd`` use, refusing a link (or a non-directory) there."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            kind = "a symbolic link" if _is_link(path, dir_fd) else "not a directory"
+            raise LinkRefusedError(exc.errno, f"{path} is {kind}: refusing to use it") from exc
+        raise
+
+
+def _is_link(path: str | os.PathLike[str], dir_fd: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
 
 
 def open_text(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:
@@ -41,7 +345,8 @@ def open_text(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """``Path.write_text`` that refuses a link."""
+    """``Path.write_text`` that refuses a link (for files only their writer reads while it
+    writes; a file others read at any time: :func:`atomic_write`)."""
     with open_text(path, "w") as f:
         f.write(text)
 
@@ -49,3 +354,216 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 def touch(path: str | os.PathLike[str]) -> None:
     """Create ``path`` if missing (a marker), refusing a link."""
     os.close(open_fd(Path(path), os.O_WRONLY | os.O_CREAT))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def atomic_write(
+    path: str | os.PathLike[str], data: str | bytes, *, durable: bool = True, mode: int = 0o644
+) -> None:
+    """Replace ``path`` with ``data`` in one step: a temporary file beside it (created
+    exclusively, never through a link), fsync (``durable``), rename in the directory opened
+    without following a link. A reader sees the old file or the new one, never half of one. A
+    link planted at ``path`` is refused, not replaced (nor written through)."""
+    p = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    dfd = open_dir(p.parent)
+    try:
+        if _is_link(p.name, dfd):
+            raise LinkRefusedError(
+                errno.ELOOP, f"{p} is a symbolic link: refusing to write through it"
+            )
+        tmp = f".{p.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+        fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode, dir_fd=dfd)
+        try:
+            try:
+                _write_all(fd, raw)
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, p.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        if durable:
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def append_line(path: str | os.PathLike[str], line: str, *, durable: bool = True) -> None:
+    """Append one line (one ``write`` with ``O_APPEND``: lines of concurrent writers stay
+    whole), never through a link. A torn last line (a crash mid-write) is not glued onto: the
+    new line starts on a fresh one."""
+    text = line if line.endswith("\n") else line + "\n"
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            text = "\n" + text
+        os.write(fd, text.encode())
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_exclusive(path: str | os.PathLike[str], data: str | bytes = b"") -> bool:
+    """Create ``path`` with ``data`` if nothing (not even a link) is there: True when this call
+    created it, False when it existed (a claim: of racing callers exactly one wins)."""
+    try:
+        fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return False
+    try:
+        _write_all(fd, data.encode() if isinstance(data, str) else data)
+    finally:
+        os.close(fd)
+    return True
+
+
+def make_dirs(base: str | os.PathLike[str], *parts: str, mode: int = 0o777) -> Path:
+    """``base/parts...`` as directories: ``base`` (the run directory, the user's choice) is
+    made with its parents, each of ``parts`` is created or entered one directory fd at a time,
+    refusing a link or a non-directory there (nothing is created through a planted link)."""
+    root = Path(base)
+    root.mkdir(parents=True, exist_ok=True)
+    if not parts:
+        return root
+    fd = open_dir(root)
+    try:
+        for name in Path(*parts).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, mode, dir_fd=fd)
+            nfd = open_dir(name, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+    return root.joinpath(*parts)
+
+
+def remove(path: str | os.PathLike[str], *, missing_ok: bool = True) -> bool:
+    """Delete the file ``path`` when it is ours: a regular file owned by this user (checked on
+    the entry itself, in its directory opened without following a link). A link, a directory
+    or another user's file is refused (:class:`NotOursError`), never deleted. True when
+    deleted, False when missing (``missing_ok``)."""
+    p = Path(path)
+    dfd = open_dir(p.parent)
+    try:
+        try:
+            st = os.lstat(p.name, dir_fd=dfd)
+        except FileNotFoundError:
+            if missing_ok:
+                return False
+            raise
+        _check_ours(p, st, directory=False)
+        os.unlink(p.name, dir_fd=dfd)
+        return True
+    finally:
+        os.close(dfd)
+
+
+def _check_ours(
+    path: object, st: os.stat_result, *, directory: bool, private: bool = False
+) -> None:
+    want = stat.S_ISDIR if directory else stat.S_ISREG
+    if stat.S_ISLNK(st.st_mode):
+        raise NotOursError(errno.ELOOP, f"{path} is a symbolic link: refusing to use it")
+    if not want(st.st_mode):
+        what = "a directory" if directory else "a regular file"
+        raise NotOursError(errno.EPERM, f"{path} is not {what}: refusing to use it")
+    if st.st_uid != os.getuid():
+        raise NotOursError(
+            errno.EPERM,
+            f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
+            "refusing to use it (remove it, or choose another folder)",
+        )
+    if private and st.st_mode & 0o077:
+        raise NotOursError(
+            errno.EPERM,
+            f"{path} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}): refusing to "
+            "keep private state there (chmod 700 it, or remove it)",
+        )
+
+
+# -- node-local state and the state folder ---------------------------------------------------
+def private_dir(root: str | os.PathLike[str], *parts: str) -> Path:
+    """``root/parts...``, each of ``parts`` created ``0700`` or found, and then proven ours: a
+    directory (not a link), owned by this user, closed to others (checked on the directory
+    opened without following a link, one fd at a time from ``root``: a planted parent is never
+    followed). ``root`` (``/dev/shm``, the state folder's parent) is made when missing.
+    Raises :class:`NotOursError` (one line) for anything else."""
+    top = Path(root)
+    top.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    at = top
+    try:
+        for name in parts:
+            at = at / name
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=fd)
+            try:
+                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    _check_ours(at, os.lstat(name, dir_fd=fd), directory=True)
+                raise
+            os.close(fd)
+            fd = nfd
+            _check_ours(at, os.fstat(fd), directory=True, private=True)
+    finally:
+        os.close(fd)
+    return at
+
+
+def remove_own_tree(path: str | os.PathLike[str]) -> None:
+    """Delete the directory ``path`` and what is in it that this user owns, never through a
+    link (a link is removed as an entry, what it names is left alone); another user's entry
+    (and so its directory) is left in place. Missing: nothing to do."""
+    p = Path(path)
+    try:
+        dfd = open_dir(p.parent)
+    except OSError:
+        return
+    try:
+        _remove_entry(dfd, p.name)
+    finally:
+        os.close(dfd)
+
+
+def _remove_entry(dfd: int, name: str) -> None:
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except OSError:
+        return
+    if st.st_uid != os.getuid():
+        return  # not ours: left alone
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dfd)
+        except OSError:
+            return
+        try:
+            if os.fstat(fd).st_ino != st.st_ino:
+                return  # replaced between the look and the open
+            for entry in _names(fd):
+                _remove_entry(fd, entry)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # something foreign stayed inside
+            os.rmdir(name, dir_fd=dfd)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dfd)
+
+
+def _names(fd: int) -> Iterator[str]:
+    with os.scandir(fd) as it:
+        return iter([e.name for e in it])

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.history import STOP_EVENTS, RunHistory
+from train.history import FINAL_EVENTS, STOP_EVENTS, RunHistory
 
 __all__ = ["device_fault", "exclude", "explain_previous_attempt", "failed_nodes"]
 
@@ -136,7 +136,7 @@ def exclude(
 
 
 # what a rank records when an attempt ends (any of them: the attempt is explained)
-_ENDS = frozenset({*STOP_EVENTS, "requeue", "budget_exhausted", "complete"})
+_ENDS = frozenset({*STOP_EVENTS, *FINAL_EVENTS, "requeue"})
 
 
 def explain_previous_attempt(
