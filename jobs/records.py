@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import RunNotFoundError
+from train import runfiles
 from train.schema import METRIC, Schema, check_lines, report
 
 STATE_ENV = "SLURM_TRAIN_STATE_DIR"
 RUNS_ENV = "SLURM_TRAIN_RUNS_DIR"
-RECORD = "run.json"
+RECORD = runfiles.RUN_RECORD
 
 
 def state_dir() -> Path:
@@ -39,7 +40,15 @@ def state_dir() -> Path:
 
 
 def index_path() -> Path:
-    return state_dir() / "runs.jsonl"
+    return state_dir() / runfiles.RUN_INDEX
+
+
+def ensure_state_dir() -> Path:
+    """The state folder, for a write: made (no writes of others: ``0755`` at most) or proven
+    this user's (a directory, not a link, ours: :func:`train.runfiles.private_dir`); another
+    user's folder or a planted link raises :class:`train.runfiles.NotOursError` (one line)."""
+    d = state_dir()
+    return runfiles.private_dir(d.parent, d.name, mode=0o755)
 
 
 def runs_root(explicit: str | None = None) -> Path:
@@ -211,11 +220,9 @@ INDEX_ENTRY = Schema(
 
 
 def save_record(record: RunRecord) -> None:
-    """Write RUN_DIR/run.json atomically (another shell may read it at any time)."""
-    path = Path(record.run_dir) / RECORD
-    tmp = path.with_name(f".{RECORD}.{os.getpid()}.tmp")
-    tmp.write_text(record.to_json() + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write RUN_DIR/run.json atomically (another shell may read it at any time), never
+    through a link (:func:`train.runfiles.atomic_write`)."""
+    runfiles.atomic_write(Path(record.run_dir) / RECORD, record.to_json() + "\n")
 
 
 def load_record(run_dir: str | Path) -> RunRecord:
@@ -232,9 +239,9 @@ def _read_record(path: Path) -> RunRecord:
 
 
 def append_index(record: RunRecord) -> None:
-    """Add one line to the index (O_APPEND: concurrent submissions do not interleave lines)."""
-    path = index_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Add one line to the index (O_APPEND: concurrent submissions do not interleave lines),
+    in the state folder proven ours, never through a link."""
+    path = ensure_state_dir() / runfiles.RUN_INDEX
     line = json.dumps(
         {
             "run_id": record.run_id,
@@ -246,15 +253,7 @@ def append_index(record: RunRecord) -> None:
         },
         sort_keys=True,
     )
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        # A torn last line (a crash mid-write): start a fresh line instead of gluing onto it.
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = "\n" + line
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    runfiles.append_line(path, line, durable=False)  # a torn last line is not glued onto
 
 
 def read_index(report: bool = True) -> list[dict[str, Any]]:

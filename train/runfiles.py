@@ -26,7 +26,7 @@ at a time, refusing links. Checkpoints follow the same rule in :mod:`train.check
 Node-local state (hang heartbeats under ``/dev/shm``) and the state folder
 (``$SLURM_TRAIN_STATE_DIR``) sit in places other users can write to or predict. Their folders
 come from :func:`private_dir`: created ``0700``, then checked (``fstat`` of the directory
-opened without following a link: a directory, owned by this user, no access for others),
+opened without following a link: a directory, owned by this user; closed to others),
 walked from a root one directory fd at a time so that no planted parent is ever followed.
 Anything else is refused with one line (:class:`NotOursError`). A clean-up
 (:func:`remove_own_tree`) deletes only entries owned by this user, never through a link.
@@ -470,9 +470,7 @@ def remove(path: str | os.PathLike[str], *, missing_ok: bool = True) -> bool:
         os.close(dfd)
 
 
-def _check_ours(
-    path: object, st: os.stat_result, *, directory: bool, private: bool = False
-) -> None:
+def _check_ours(path: object, st: os.stat_result, *, directory: bool) -> None:
     want = stat.S_ISDIR if directory else stat.S_ISREG
     if stat.S_ISLNK(st.st_mode):
         raise NotOursError(errno.ELOOP, f"{path} is a symbolic link: refusing to use it")
@@ -485,21 +483,16 @@ def _check_ours(
             f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
             "refusing to use it (remove it, or choose another folder)",
         )
-    if private and st.st_mode & 0o077:
-        raise NotOursError(
-            errno.EPERM,
-            f"{path} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}): refusing to "
-            "keep private state there (chmod 700 it, or remove it)",
-        )
 
 
 # -- node-local state and the state folder ---------------------------------------------------
-def private_dir(root: str | os.PathLike[str], *parts: str) -> Path:
-    """``root/parts...``, each of ``parts`` created ``0700`` or found, and then proven ours: a
-    directory (not a link), owned by this user, closed to others (checked on the directory
-    opened without following a link, one fd at a time from ``root``: a planted parent is never
-    followed). ``root`` (``/dev/shm``, the state folder's parent) is made when missing.
-    Raises :class:`NotOursError` (one line) for anything else."""
+def private_dir(root: str | os.PathLike[str], *parts: str, mode: int = 0o700) -> Path:
+    """``root/parts...``, each of ``parts`` created with ``mode`` (``0700``: private) or found,
+    and then proven ours: a directory (not a link), owned by this user (checked on the
+    directory opened without following a link, one fd at a time from ``root``: a planted
+    parent is never followed). One of ours that is more open than ``mode`` (made before this
+    rule, or by a umask) is closed to ``mode``. ``root`` (``/dev/shm``, the state folder's
+    parent) is made when missing. Raises :class:`NotOursError` (one line) for anything else."""
     top = Path(root)
     top.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -508,7 +501,7 @@ def private_dir(root: str | os.PathLike[str], *parts: str) -> Path:
         for name in parts:
             at = at / name
             with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o700, dir_fd=fd)
+                os.mkdir(name, mode, dir_fd=fd)
             try:
                 nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fd)
             except OSError as exc:
@@ -517,7 +510,10 @@ def private_dir(root: str | os.PathLike[str], *parts: str) -> Path:
                 raise
             os.close(fd)
             fd = nfd
-            _check_ours(at, os.fstat(fd), directory=True, private=True)
+            st = os.fstat(fd)
+            _check_ours(at, st, directory=True)
+            if stat.S_IMODE(st.st_mode) & ~mode:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
     finally:
         os.close(fd)
     return at
