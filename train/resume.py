@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from train.checkpoint import branches
 from train.checkpoint.branches import Line
 from train.checkpoint.manifest import STEP_RE, read_manifest
 from train.errors import CheckpointError, ConfigError
-from train.runfiles import write_text
+from train.runfiles import CONFIGS, atomic_write, make_dirs
 from train.spec.config import TrainConfig
 from train.spec.confighash import config_hash
 
@@ -109,7 +108,7 @@ def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 def _config_file(run_dir: Path, digest: str) -> Path:
-    return run_dir / "configs" / f"{digest}.json"
+    return run_dir / CONFIGS / f"{digest}.json"
 
 
 def record_config(run_dir: Path, config: TrainConfig) -> None:
@@ -117,10 +116,8 @@ def record_config(run_dir: Path, config: TrainConfig) -> None:
     path = _config_file(run_dir, config_hash(config))
     if path.exists():
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_text(tmp, json.dumps(config.model_dump(mode="json"), sort_keys=True))
-    os.replace(tmp, path)
+    make_dirs(run_dir, CONFIGS)  # never through a planted link
+    atomic_write(path, json.dumps(config.model_dump(mode="json"), sort_keys=True))
 
 
 def recorded_config(run_dir: Path, digest: str) -> dict[str, Any] | None:
