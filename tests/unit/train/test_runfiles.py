@@ -267,3 +267,21 @@ def test_append_and_exclusive_create(tmp_path: Path, victim: Path) -> None:
     with pytest.raises(LinkRefusedError):
         append_line(tmp_path / "n", "{}")
     assert victim.read_text() == "x" * 15000
+
+
+def test_rank_logs_are_never_appended_through_a_link(tmp_path: Path, victim: Path) -> None:
+    import logging
+
+    from train.logsetup import setup_logging
+
+    run = tmp_path / "run"
+    _plant(run / "logs" / "rank-0.log", victim)
+    with pytest.raises(LinkRefusedError):
+        setup_logging(0, run)
+    logging.getLogger("x").error("a line")
+    assert victim.read_text() == "x" * 15000
+    (run / "logs" / "rank-0.log").unlink()
+    setup_logging(0, run)
+    logging.getLogger("x").error("a line")
+    setup_logging(0, None)  # replaces (and closes) the file handler
+    assert "a line" in (run / "logs" / "rank-0.log").read_text()
