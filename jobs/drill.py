@@ -45,7 +45,7 @@ from cluster.models import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory
-from train.runfiles import EVENT_KINDS, make_dirs, write_text
+from train.runfiles import DRILL_DIR, EVENT_KINDS, make_dirs, write_text
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ class Drill:
 
         node = expand_hostlist(info.get("NodeList", ""))[0]
         name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
-        script = make_dirs(self.run_dir, "drill") / "preempt.sbatch"  # never through a link
+        script = make_dirs(self.run_dir, DRILL_DIR) / "preempt.sbatch"  # never through a link
         write_text(script, "#!/bin/bash\nsleep 1\n")
         args = [f"--partition={name}", f"--nodelist={node}", "--exclusive", "--time=1"]
         args += ["--job-name=drill-preempt", "--output=/dev/null"]

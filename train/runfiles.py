@@ -95,42 +95,76 @@ LOCAL_STATE = "local_state.json"  # the local executor's state
 LOCAL_STOP = ".local-stop"  # "cancel": the local executor's ranks stop for good
 OWNER = ".owner"  # jobs.claim: who owns the directory
 OWNER_LOCK = ".owner.lock"
+DRILL_DIR = "drill"  # jobs drill's preempting job
 RUN_INDEX = "runs.jsonl"  # in the state folder ($SLURM_TRAIN_STATE_DIR), not in RUN_DIR
 
 
 @dataclass(frozen=True)
 class LayoutEntry:
-    """One name in the run directory: what it holds, who writes it, who reads it."""
+    """One name in the run directory: what it holds, who writes it (through this module's
+    writers), who reads it."""
 
     path: str
+    holds: str
     writer: str
     reader: str
 
 
-#: The run directory, as ARCHITECTURE.md draws it (tests/unit/train/test_runfiles.py checks).
+#: The run directory. ARCHITECTURE.md's table "Files a run leaves behind" is this table
+#: (tests/unit/train/test_runfiles.py renders it and compares).
 LAYOUT: tuple[LayoutEntry, ...] = (
-    LayoutEntry(SPEC, "jobs/submit.py", "people"),
-    LayoutEntry(RESOLVED, "jobs/submit.py (a lazy sweep task: jobs/launch.py)", "python -m train"),
-    LayoutEntry(SBATCH, "jobs/submit.py", "sbatch, people"),
-    LayoutEntry(SLURM_DIR, "jobs/submit.py (pickles), Slurm (logs)", "submitit, jobs logs"),
-    LayoutEntry(TASKS_DIR, "jobs/submit.py", "jobs status/logs"),
-    LayoutEntry(RUN_RECORD, "jobs/records.py", "status/list/logs/cancel"),
-    LayoutEntry(EVENTS_FILE, "train/history.py", "budgets, status, --follow, plot"),
-    LayoutEntry(METRICS_FILE, "train/metrics.py", "status, --follow, plot, the goodput ledger"),
-    LayoutEntry(CHECKPOINTS, "train/checkpoint/", "resume, pruning"),
-    LayoutEntry(CONFIGS, "train/resume.py", "the config-change check on resume"),
-    LayoutEntry(LOGS, "train/logsetup.py", "jobs logs, people"),
-    LayoutEntry(TENSORBOARD, "train/tracking.py", "TensorBoard"),
-    LayoutEntry(WANDB_ID, "train/tracking.py", "W&B (a resume continues the run)"),
-    LayoutEntry(PROGRESS, "train/hang/heartbeat.py, train/hang/watcher.py", "hang watchers"),
-    LayoutEntry(HANGS, "train/hang/watcher.py", "hang watchers, people"),
-    LayoutEntry(FAILURES, "train/stop/act.py", "train/stop/act.py"),
-    LayoutEntry(STOPS, "train/command/stop.py", "rank 0's command supervisor"),
-    LayoutEntry(LOCAL_STATE, "jobs/localrun.py", "jobs/monitor.py"),
-    LayoutEntry(LOCAL_STOP, "jobs/localrun.py", "train/stop/facts.py"),
-    LayoutEntry(OWNER, "jobs/claim.py", "jobs/claim.py"),
-    LayoutEntry(OWNER_LOCK, "jobs/claim.py", "jobs/claim.py"),
-)
+    LayoutEntry(SPEC, "the spec as written", "`jobs/submit.py`", "people"),
+    LayoutEntry(RESOLVED, "the validated spec after `--set` (a sweep: also in `tasks/N/`)",
+                "`jobs/submit.py` (a lazy sweep's task: `jobs/launch.py`, at its start)",
+                "`python -m train`"),
+    LayoutEntry(SBATCH, "the submitted script (`sbatch-K.sh`: a sweep's K-th array)",
+                "`jobs/submit.py`", "sbatch, people"),
+    LayoutEntry(SLURM_DIR, "submitit pickles, per-rank logs, the local supervisor's log",
+                "`jobs/submit.py`, Slurm", "submitit, `jobs logs`"),
+    LayoutEntry(TASKS_DIR, "a sweep's task directories `tasks/N/` (each a run directory)",
+                "`jobs/submit.py`", "`jobs status/logs`"),
+    LayoutEntry(RUN_RECORD, "job ids, executor, times, sweep points (`RunRecord`); a line in "
+                "`$SLURM_TRAIN_STATE_DIR/runs.jsonl` names it",
+                "`jobs/records.py` (atomic)", "`status/list/logs/cancel`"),
+    LayoutEntry(EVENTS_FILE, "the history: one event a line (kinds: `EVENT_KINDS`)",
+                "`train/history.py` (through `train/stop/act.py`, the session, the hang "
+                "watcher, the command supervisor; appended)",
+                "budgets, `status`, `--follow`, `plot`"),
+    LayoutEntry(METRICS_FILE, "rank 0's metrics (`train` lines carry interval saves' "
+                "`checkpoint_s`, `eval` lines their `seconds`)", "`train/metrics.py`",
+                "`status`, `--follow`, `plot`, the goodput ledger"),
+    LayoutEntry(CHECKPOINTS, "`step-N/`, `step-N.bB/` (`manifest.json` last, with `run_id`, "
+                "`branch`, `parents`); `branch.json` (the current branch)",
+                "`train/checkpoint/` (`branch.json`: `train/resume.py` decides, rank 0 writes "
+                "it through `train/checkpoint/branches.py`)", "resume, pruning"),
+    LayoutEntry(CONFIGS, "`configs/<config_hash>.json`", "`train/resume.py` (atomic)",
+                "the config-change check on resume"),
+    LayoutEntry(LOGS, "`logs/rank-R.log`", "`train/logsetup.py`", "`jobs logs`, people"),
+    LayoutEntry(TENSORBOARD, "TensorBoard scalars", "`train/tracking.py`", "TensorBoard"),
+    LayoutEntry(WANDB_ID, "the W&B run id (a resume continues that run)",
+                "`train/tracking.py`", "W&B"),
+    LayoutEntry(PROGRESS, "`.progress/JOB-RESTART/rank-R.json` (once per rank), "
+                "`.progress/JOB-RESTART/nodes/NODE.json` (one per node, every 10 s; every "
+                "quarter of a short timeout while its ranks are silent)",
+                "`train/hang/heartbeat.py`, `train/hang/watcher.py`", "the hang watchers"),
+    LayoutEntry(HANGS, "`hangs/JOB-RESTART/`: `claimed`, `decided`, each rank's stacks and "
+                "report", "`train/hang/watcher.py`", "the hang watchers, people"),
+    LayoutEntry(FAILURES, "`.failures/JOB-RESTART`: one failure record per attempt",
+                "`train/stop/act.py` (exclusive create)", "`train/stop/act.py`"),
+    LayoutEntry(STOPS, "`.stops/JOB-RESTART/R`: a rank's command exited",
+                "`train/command/stop.py`", "rank 0's supervisor, before it requeues"),
+    LayoutEntry(LOCAL_STATE, "the local executor's state", "`jobs/localrun.py` (atomic)",
+                "`jobs/monitor.py`"),
+    LayoutEntry(LOCAL_STOP, "`cancel`: the local executor's ranks stop for good",
+                "`jobs/localrun.py` (atomic; removed only when ours)", "`train/stop/facts.py`"),
+    LayoutEntry(OWNER, "who owns the directory: run id, submitter, host, time",
+                "`jobs/claim.py` (exclusive create under the lock; removed only when ours)",
+                "`jobs/claim.py` (the next submission naming the directory)"),
+    LayoutEntry(OWNER_LOCK, "held (flock) while a claim is judged and written",
+                "`jobs/claim.py`", "`jobs/claim.py`"),
+    LayoutEntry(DRILL_DIR, "`drill/preempt.sbatch`: the preempting job of `jobs drill`",
+                "`jobs/drill.py`", "sbatch"),
+)  # fmt: skip
 
 
 # -- the table of event kinds -----------------------------------------------------------------

@@ -285,3 +285,42 @@ def test_rank_logs_are_never_appended_through_a_link(tmp_path: Path, victim: Pat
     logging.getLogger("x").error("a line")
     setup_logging(0, None)  # replaces (and closes) the file handler
     assert "a line" in (run / "logs" / "rank-0.log").read_text()
+
+
+# -- the owner's tables ---------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_architecture_draws_the_owners_layout() -> None:
+    from train.runfiles import LAYOUT
+
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    section = text.split("## Files a run leaves behind (RUN_DIR)", 1)[1]
+    table = section[section.index("| path |") :].split("\n\n", 1)[0].splitlines()[2:]
+    assert table == [f"| `{e.path}` | {e.holds} | {e.writer} | {e.reader} |" for e in LAYOUT]
+
+
+def test_every_list_of_event_names_is_the_tables() -> None:
+    from typing import get_args
+
+    from jobs import drill, follow, goodput, plot
+    from jobs.cli import DRILLS
+    from train import history
+    from train.runfiles import EVENT_KINDS, EVENT_OF_KIND, FAILURE_CLASSES, events_where
+    from train.spec.policy import FailureRule
+    from train.stop import causes, decision, quarantine, step
+
+    names = {k.name for k in EVENT_KINDS}
+    assert set(history.EVENTS) == names and len(history.EVENTS) == len(names)
+    stops = events_where(interrupts=True)
+    assert set(history.STOP_EVENTS) == stops == set(plot.STOPS) == set(plot._COLORS)
+    assert decision.EVENT_OF_KIND is EVENT_OF_KIND and set(EVENT_OF_KIND.values()) == stops
+    assert stops | {"complete", "budget_exhausted", "restart_in_place"} == goodput._ENDS
+    assert set(goodput._TERMINAL) == follow._FINAL_EVENTS == set(history.FINAL_EVENTS)
+    assert stops | follow._FINAL_EVENTS <= follow._HURRY
+    assert set(drill.KINDS) == set(DRILLS) and stops >= drill._STOP_EVENTS
+    assert set(history.FINAL_EVENTS) <= step._SETTLED and stops <= quarantine._ENDS
+    # the failure classes: the spec's rules and the causes' type say the same as the table
+    assert set(get_args(causes.FailureClass)) == set(FAILURE_CLASSES)
+    assert set(get_args(FailureRule.model_fields["cause"].annotation)) == set(FAILURE_CLASSES)
+    assert {f"failure_{c}" for c in FAILURE_CLASSES} <= set(history.BUDGETS)
