@@ -39,7 +39,6 @@ import errno
 import os
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -99,15 +98,15 @@ DRILL_DIR = "drill"  # jobs drill's preempting job
 RUN_INDEX = "runs.jsonl"  # in the state folder ($SLURM_TRAIN_STATE_DIR), not in RUN_DIR
 
 
-@dataclass(frozen=True)
 class LayoutEntry:
     """One name in the run directory: what it holds, who writes it (through this module's
-    writers), who reads it."""
+    writers), who reads it. (Plain classes here, not dataclasses: ``python -m jobs`` imports
+    this module, and building a dataclass or a NamedTuple costs milliseconds.)"""
 
-    path: str
-    holds: str
-    writer: str
-    reader: str
+    __slots__ = ("holds", "path", "reader", "writer")
+
+    def __init__(self, path: str, holds: str, writer: str, reader: str) -> None:
+        self.path, self.holds, self.writer, self.reader = path, holds, writer, reader
 
 
 #: The run directory. ARCHITECTURE.md's table "Files a run leaves behind" is this table
@@ -168,32 +167,55 @@ LAYOUT: tuple[LayoutEntry, ...] = (
 
 
 # -- the table of event kinds -----------------------------------------------------------------
-@dataclass(frozen=True)
 class EventKind:
     """One kind of ``events.jsonl`` line and everything the code knows about it."""
 
-    name: str
-    #: it interrupts an attempt: what ``jobs plot`` marks, what explains an attempt's end
-    interrupts: bool = False
-    #: the run is over (the last word of a run)
-    final: bool = False
-    #: after it the batch script has nothing left to do for the attempt (train.stop.step)
-    settles: bool = False
-    #: the process stops training: it ends a goodput segment
-    ends_segment: bool = False
-    #: Slurm's view of the job changes with it: ``--follow`` asks at once
-    asks_slurm: bool = False
-    #: the stop kinds (train.stop.decision) recorded as this event
-    stop_kinds: tuple[str, ...] = ()
-    #: the RequeueConfig field whose budget it spends (failures: per class, FAILURE_KINDS)
-    budget: str | None = None
-    #: the key of its count in ``RunHistory.to_dict`` and the word of the summary line
-    count_key: str | None = None
-    summary: str | None = None
-    #: the ``jobs drill`` kind that produces it
-    drill: str | None = None
-    #: its colour in ``jobs plot`` (interruptions)
-    colour: str | None = None
+    __slots__ = (
+        "asks_slurm", "budget", "colour", "count_key", "drill", "ends_segment", "final",
+        "interrupts", "name", "settles", "stop_kinds", "summary",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        interrupts: bool = False,
+        final: bool = False,
+        settles: bool = False,
+        ends_segment: bool = False,
+        asks_slurm: bool = False,
+        stop_kinds: tuple[str, ...] = (),
+        budget: str | None = None,
+        count_key: str | None = None,
+        summary: str | None = None,
+        drill: str | None = None,
+        colour: str | None = None,
+    ) -> None:
+        self.name = name
+        #: it interrupts an attempt: what ``jobs plot`` marks, what explains an attempt's end
+        self.interrupts = interrupts
+        #: the run is over (the last word of a run)
+        self.final = final
+        #: after it the batch script has nothing left to do for the attempt (train.stop.step)
+        self.settles = settles
+        #: the process stops training: it ends a goodput segment
+        self.ends_segment = ends_segment
+        #: Slurm's view of the job changes with it: ``--follow`` asks at once
+        self.asks_slurm = asks_slurm
+        #: the stop kinds (train.stop.decision) recorded as this event
+        self.stop_kinds = stop_kinds
+        #: the RequeueConfig field whose budget it spends (failures: per class, FAILURE_KINDS)
+        self.budget = budget
+        #: the key of its count in ``RunHistory.to_dict`` and the word of the summary line
+        self.count_key = count_key
+        self.summary = summary
+        #: the ``jobs drill`` kind that produces it
+        self.drill = drill
+        #: its colour in ``jobs plot`` (interruptions)
+        self.colour = colour
+
+    def __repr__(self) -> str:
+        return f"EventKind({self.name!r})"
 
 
 _STOP: dict[str, Any] = {"interrupts": True, "ends_segment": True, "asks_slurm": True}
@@ -275,14 +297,15 @@ EVENT_KINDS: tuple[EventKind, ...] = (
 )
 
 
-@dataclass(frozen=True)
 class FailureKind:
     """One class of failure (train.stop.causes): its budget and how messages name it."""
 
-    name: str
-    budget: str
-    label: str  # in a budget message: "infrastructure failure 3x, over the budget ..."
-    named: str | None  # in the summary's last failure: "last failure (infrastructure): ..."
+    __slots__ = ("budget", "label", "name", "named")
+
+    def __init__(self, name: str, budget: str, label: str, named: str | None) -> None:
+        self.name, self.budget = name, budget
+        self.label = label  # in a budget message: "infrastructure failure 3x, over the budget"
+        self.named = named  # in the summary's last failure: "last failure (infrastructure): ..."
 
 
 #: The failure classes, in the order their budgets are checked.
