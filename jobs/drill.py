@@ -45,7 +45,7 @@ from cluster.models import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory
-from train.runfiles import DRILL_DIR, EVENT_KINDS, make_dirs, write_text
+from train.runfiles import DRILL_DIR, EVENT_KINDS, METRICS_FILE, RESOLVED, make_dirs, write_text
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class Drill:
     def train_steps(self) -> list[tuple[float, int]]:
         """(time, step) of the run's training records (``metrics.jsonl``)."""
         out = []
-        for rec in read_records(self.run_dir / "metrics.jsonl", METRIC):
+        for rec in read_records(self.run_dir / METRICS_FILE, METRIC):
             step, when = _as_int(rec.get("step")), rec.get("time")
             if rec.get("kind") == "train" and step is not None and isinstance(when, int | float):
                 out.append((float(when), step))
@@ -232,7 +232,7 @@ class Drill:
         return max((_time(e) for e in starts if _time(e) <= before), default=0.0)
 
     def _command(self) -> bool:
-        return not (self.run_dir / "metrics.jsonl").exists()
+        return not (self.run_dir / METRICS_FILE).exists()
 
     def _requeued(self, before: int) -> bool:
         info = self.job()
@@ -302,7 +302,7 @@ class Drill:
         """The spec's requeue.signal_delay_s (from the run's resolved.yaml), 90 s if unreadable."""
         import yaml
 
-        resolved = self.run_dir / "resolved.yaml"
+        resolved = self.run_dir / RESOLVED
         try:
             data = yaml.safe_load(resolved.read_text(encoding="utf-8")) or {}
             return float(data.get("requeue", {}).get("signal_delay_s", 90))

@@ -38,7 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from cluster.models import JobInfo
 from jobs.records import RunRecord
-from train.runfiles import events_where
+from train.runfiles import CHECKPOINTS, EVENTS_FILE, events_where
 from train.schema import EVENT, check_lines, report
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
     ckpt = ""
     if step is not None:
         # step-N on the first line of the history, step-N.bB on branch B (train.checkpoint)
-        root = Path(run_dir) / "checkpoints"
+        root = Path(run_dir) / CHECKPOINTS
         found = [p.name for p in (root / f"step-{step}", *root.glob(f"step-{step}.b*"))]
         saved = [n for n in found if (root / n).is_dir()]
         ckpt = f", checkpoint {saved[-1]}" if saved else ""
@@ -266,7 +266,7 @@ class Following:
             self.filters[jid] = LineFilter()
             task = dirs.get(jid)
             if task is not None:
-                self.events[jid] = LogTail(Path(task.run_dir) / "events.jsonl")
+                self.events[jid] = LogTail(Path(task.run_dir) / EVENTS_FILE)
 
     def behind(self, jid: str) -> bool:
         """A piece of the task's log or events is waiting to be read."""

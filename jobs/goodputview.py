@@ -18,6 +18,7 @@ from cluster.errors import ClusterError
 from cluster.models import JobAttempt, JobInfo
 from jobs.goodput import Ledger, compute, sum_ledgers
 from jobs.records import RunRecord
+from train.runfiles import EVENTS_FILE, METRICS_FILE
 from train.schema import EVENT, METRIC, read_records
 
 __all__ = ["dir_ledger", "run_ledger", "task_ledgers", "write_goodput"]
@@ -85,7 +86,7 @@ def task_ledgers(
     ids = record.job_ids() or [""] * len(record.tasks)
     since = record.submitted_at
     events = [
-        _since(read_records(Path(t.run_dir) / "events.jsonl", EVENT), since) for t in record.tasks
+        _since(read_records(Path(t.run_dir) / EVENTS_FILE, EVENT), since) for t in record.tasks
     ]
     if _never_started(record, states, events):
         submitted = record.submitted_at
@@ -97,7 +98,7 @@ def task_ledgers(
     for jid, task, task_events in zip(ids, record.tasks, events, strict=False):
         ledger = compute(
             task_events,
-            _since(read_records(Path(task.run_dir) / "metrics.jsonl", METRIC), since),
+            _since(read_records(Path(task.run_dir) / METRICS_FILE, METRIC), since),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,
@@ -131,8 +132,8 @@ def dir_ledger(
     except RunNotFoundError:
         now = time.time() if now is None else now
         return compute(
-            read_records(run_dir / "events.jsonl", EVENT),
-            read_records(run_dir / "metrics.jsonl", METRIC),
+            read_records(run_dir / EVENTS_FILE, EVENT),
+            read_records(run_dir / METRICS_FILE, METRIC),
             now=now,
         )
 

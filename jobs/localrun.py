@@ -128,7 +128,7 @@ def _budgets(task_dir: str) -> RequeueConfig:
     from train.spec.config import RequeueConfig, load_run_config
 
     try:
-        return load_run_config(Path(task_dir) / "resolved.yaml").requeue
+        return load_run_config(Path(task_dir) / runfiles.RESOLVED).requeue
     except Exception:
         return RequeueConfig()
 
@@ -225,7 +225,7 @@ class Supervisor:
             log = self.record.log_file(self.task_id(index), rank).open("ab")
             self.logs.append(log)
             cmd = [sys.executable, "-u", "-m", "train", "--config"]
-            cmd += [str(Path(task_dir) / "resolved.yaml"), "--run-dir", task_dir]
+            cmd += [str(Path(task_dir) / runfiles.RESOLVED), "--run-dir", task_dir]
             if entry["restarts"]:
                 cmd.append("--resume")  # a restart continues this run's own checkpoints
             procs.append(

@@ -20,7 +20,7 @@ from typing import Any
 from jobs.errors import UsageError
 from jobs.goodput import LABELS, Ledger
 from train.history import STOP_EVENTS
-from train.runfiles import EVENT_KINDS
+from train.runfiles import EVENT_KINDS, EVENTS_FILE, METRICS_FILE, TASKS_DIR
 from train.schema import EVENT, METRIC, read_records
 
 __all__ = ["TaskSeries", "plot_run", "read_series"]
@@ -50,7 +50,7 @@ def _num(v: Any) -> float | None:
 def read_series(task_dir: Path, label: str) -> TaskSeries:
     """The curves and events of one task directory (missing files: empty)."""
     s = TaskSeries(label)
-    for rec in read_records(task_dir / "metrics.jsonl", METRIC):
+    for rec in read_records(task_dir / METRICS_FILE, METRIC):
         step, t = _num(rec.get("step")), _num(rec.get("time"))
         if step is None or t is None:
             continue
@@ -59,7 +59,7 @@ def read_series(task_dir: Path, label: str) -> TaskSeries:
         elif rec.get("kind") == "eval" and (acc := _num(rec.get("test_accuracy"))) is not None:
             s.evals.append((int(step), t, acc))
     reached: int | None = None  # the step of the last interruption not yet resumed
-    for ev in read_records(task_dir / "events.jsonl", EVENT):
+    for ev in read_records(task_dir / EVENTS_FILE, EVENT):
         if ev.get("event") == "restart_in_place" and s.stops:
             # the interruption went on in the same allocation: say so on its mark
             kind, at = s.stops[-1]
@@ -82,7 +82,7 @@ def read_series(task_dir: Path, label: str) -> TaskSeries:
 
 
 def _tasks(run_dir: Path) -> list[TaskSeries]:
-    tasks = run_dir / "tasks"
+    tasks = run_dir / TASKS_DIR
     if tasks.is_dir():
         dirs = sorted(
             (p for p in tasks.iterdir() if p.is_dir() and p.name.isdigit()),

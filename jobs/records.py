@@ -7,6 +7,9 @@
     RUN_DIR/slurm/           submitit pickles and per-rank logs  JOB_RANK_log.out
     RUN_DIR/events.jsonl     requeue history, written by train (read here, never written)
 
+The names, who writes and who reads each one: :data:`train.runfiles.LAYOUT`; every write goes
+through :mod:`train.runfiles` (``run.json`` atomically, never through a link).
+
 The index is one JSON line per submission in ``$SLURM_TRAIN_STATE_DIR/runs.jsonl`` (default
 ``${XDG_STATE_HOME:-~/.local/state}/slurm-train/runs.jsonl``).
 """
@@ -99,7 +102,7 @@ class Plan:
 
     def task_dir(self, index: int | None) -> Path:
         """train's run directory for array task ``index`` (None: the job is not an array)."""
-        return self.run_dir if index is None else self.run_dir / "tasks" / str(index)
+        return self.run_dir if index is None else self.run_dir / runfiles.TASKS_DIR / str(index)
 
 
 @dataclass
@@ -155,7 +158,7 @@ class RunRecord:
 
     def log_file(self, task_job_id: str, rank: int) -> Path:
         """Per-rank log of one task (submitit's ``%j_%t_log.out`` naming, local runs alike)."""
-        return Path(self.run_dir) / "slurm" / f"{task_job_id}_{rank}_log.out"
+        return Path(self.run_dir) / runfiles.SLURM_DIR / f"{task_job_id}_{rank}_log.out"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -336,7 +339,7 @@ def find_run(query: str | None) -> RunRecord:
 
 def latest_progress(run_dir: str | Path, tail_bytes: int = 16384) -> dict[str, Any]:
     """Newest step, loss and test accuracy from train's RUN_DIR/metrics.jsonl (its tail only)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / runfiles.METRICS_FILE
     try:
         with path.open("rb") as f:
             f.seek(max(0, path.stat().st_size - tail_bytes))

@@ -27,6 +27,7 @@ from train.runfiles import (
     BUDGETS,
     EVENT_KINDS,
     EVENTS,
+    EVENTS_FILE,
     FAILURE_CLASSES,
     FAILURE_KINDS,
     append_line,
@@ -125,7 +126,7 @@ class RunHistory:
     """Reads and appends ``RUN_DIR/events.jsonl``."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / "events.jsonl"
+        self.path = Path(run_dir) / EVENTS_FILE
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event (one ``write`` of one line, fsynced) and return it."""

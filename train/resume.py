@@ -37,7 +37,7 @@ from train.checkpoint import branches
 from train.checkpoint.branches import Line
 from train.checkpoint.manifest import STEP_RE, read_manifest
 from train.errors import CheckpointError, ConfigError
-from train.runfiles import CONFIGS, atomic_write, make_dirs
+from train.runfiles import CHECKPOINTS, CONFIGS, atomic_write, make_dirs
 from train.spec.config import TrainConfig
 from train.spec.confighash import config_hash
 
@@ -189,7 +189,7 @@ def plan_resume(
     line. ``restarted``: a restart of the same command line (an explicit path recorded as
     the start of the current line then means "continue": see the module docstring). ``command``: an
     ``entrypoint.command``, which may keep checkpoints of its own in the run directory."""
-    ckpt_root = run_dir / "checkpoints"
+    ckpt_root = run_dir / CHECKPOINTS
     existing = _existing(ckpt_root)
     record = branches.read_record(ckpt_root) if existing else None
     recorded = record.line if record is not None else Line()

@@ -26,6 +26,7 @@ from train.checkpoint.manifest import (
     verify_checkpoint,
 )
 from train.errors import CheckpointError
+from train.runfiles import CHECKPOINTS
 
 if TYPE_CHECKING:
     from torch import nn
@@ -161,7 +162,7 @@ class CheckpointManager:
         from train.spec.confighash import config_hash
 
         return cls(
-            run_dir / "checkpoints",
+            run_dir / CHECKPOINTS,
             rank=rank,
             world_size=world_size,
             keep_last=config.checkpoint.keep_last,

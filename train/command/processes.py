@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from train.env import DistEnv
+from train.runfiles import CHECKPOINTS
 
 __all__ = [
     "StderrTail",
@@ -247,7 +248,7 @@ def child_environ(
     env.export(child)
     child["RUN_DIR"] = str(run_dir)
     child["TRAIN_RESTART_COUNT"] = str(env.restart_count)
-    child["TRAIN_CHECKPOINT_DIR"] = str(run_dir / "checkpoints")
+    child["TRAIN_CHECKPOINT_DIR"] = str(run_dir / CHECKPOINTS)
     child["TRAIN_STOP_SIGNAL"] = stop_signal
     child.pop("TRAIN_RESUME_FROM", None)
     child.pop("TRAIN_CHECKPOINT_WORLD_SIZE", None)

@@ -94,7 +94,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from train.runfiles import PROGRESS, make_dirs, open_fd, open_text, private_dir, write_text
+from train.runfiles import HANGS, PROGRESS, make_dirs, open_fd, open_text, private_dir, write_text
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -151,7 +151,7 @@ def hang_claimed(run_dir: Path | str, job_id: str | None, attempt: int | str) ->
     """True once a watcher took charge of a hang in this attempt: it records and requeues; a
     rank that comes back to life afterwards (Slurm's SIGCONT at the requeue, a peer's 'connection
     closed') must not record a failure or a stop of its own."""
-    return (Path(run_dir) / "hangs" / attempt_name(job_id, attempt) / "claimed").exists()
+    return (Path(run_dir) / HANGS / attempt_name(job_id, attempt) / "claimed").exists()
 
 
 def _node_local_parts(

@@ -19,6 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from train.runfiles import LOCAL_STOP
+
 __all__ = [
     "LOCAL_SUPERVISOR_ENV",
     "AskedOnce",
@@ -222,7 +224,7 @@ def _local_cancel(run_dir: Any) -> bool:
     if launcher.isdigit() and os.getppid() != int(launcher):
         return True
     try:
-        text = (Path(run_dir) / ".local-stop").read_text(encoding="utf-8", errors="replace")
+        text = (Path(run_dir) / LOCAL_STOP).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
     return text.strip() == "cancel"
