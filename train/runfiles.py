@@ -7,7 +7,7 @@ Three things live here and nowhere else:
   (ARCHITECTURE.md shows it; a test keeps the two the same);
 - **the only writers**: :func:`atomic_write` (a temporary file, fsync, rename),
   :func:`append_line`, :func:`create_exclusive`, :func:`write_text` / :func:`open_text` /
-  :func:`touch`, :func:`make_dirs`, :func:`remove` and, for node-local state,
+  :func:`touch`, :func:`make_dirs`, :func:`rename`, :func:`remove` and, for node-local state,
   :func:`private_dir` and :func:`remove_own_tree`;
 - **the table of event kinds** (:data:`EVENT_KINDS`, :data:`FAILURE_KINDS`): what ends an
   attempt, which budget an event spends, its label and its plot colour. Every list of event
@@ -68,6 +68,7 @@ __all__ = [
     "private_dir",
     "remove",
     "remove_own_tree",
+    "rename",
     "touch",
     "write_text",
 ]
@@ -525,6 +526,25 @@ def remove(path: str | os.PathLike[str], *, missing_ok: bool = True) -> bool:
         return True
     finally:
         os.close(dfd)
+
+
+def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Move the file ``src`` to ``dst`` (replacing it), both entries in directories opened
+    without following a link: ``src`` must be a regular file of ours, a link at ``dst`` is
+    refused (:class:`NotOursError` / :class:`LinkRefusedError`), never renamed over."""
+    s, d = Path(src), Path(dst)
+    sfd = open_dir(s.parent)
+    try:
+        dfd = open_dir(d.parent)
+        try:
+            _check_ours(s, os.lstat(s.name, dir_fd=sfd), directory=False)
+            if _is_link(d.name, dfd):
+                raise LinkRefusedError(errno.ELOOP, f"{d} is a symbolic link: refusing it")
+            os.rename(s.name, d.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
 
 
 def _check_ours(path: object, st: os.stat_result, *, directory: bool) -> None:

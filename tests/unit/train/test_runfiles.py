@@ -324,3 +324,20 @@ def test_every_list_of_event_names_is_the_tables() -> None:
     assert set(get_args(causes.FailureClass)) == set(FAILURE_CLASSES)
     assert set(get_args(FailureRule.model_fields["cause"].annotation)) == set(FAILURE_CLASSES)
     assert {f"failure_{c}" for c in FAILURE_CLASSES} <= set(history.BUDGETS)
+
+
+def test_rename_moves_ours_and_never_over_or_from_a_link(tmp_path: Path, victim: Path) -> None:
+    from train.runfiles import rename
+
+    (tmp_path / "a").write_text("new")
+    (tmp_path / "dst").mkdir()
+    rename(tmp_path / "a", tmp_path / "dst" / "b")
+    assert (tmp_path / "dst" / "b").read_text() == "new" and not (tmp_path / "a").exists()
+    (tmp_path / "dst" / "c").symlink_to(victim)
+    (tmp_path / "d").write_text("x")
+    with pytest.raises(LinkRefusedError):
+        rename(tmp_path / "d", tmp_path / "dst" / "c")
+    (tmp_path / "e").symlink_to(victim)
+    with pytest.raises(NotOursError):
+        rename(tmp_path / "e", tmp_path / "dst" / "f")
+    assert victim.read_text() == "x" * 15000 and (tmp_path / "dst" / "c").is_symlink()
