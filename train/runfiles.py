@@ -1,4 +1,5 @@
-"""The one owner of the run directory and of node-local state (torch-free, stdlib only).
+"""The one owner of the run directory and of node-local state (torch-free: the stdlib only,
+and the bad-input marker of :mod:`cluster.errors`).
 
 Three things live here and nowhere else:
 
@@ -26,7 +27,8 @@ at a time, refusing links. Checkpoints follow the same rule in :mod:`train.check
 Node-local state (hang heartbeats under ``/dev/shm``) and the state folder
 (``$SLURM_TRAIN_STATE_DIR``) sit in places other users can write to or predict. Their folders
 come from :func:`private_dir`: created ``0700``, then checked (``fstat`` of the directory
-opened without following a link: a directory, owned by this user; closed to others),
+opened without following a link: a directory, owned by this user; one of ours that is open
+to others is closed),
 walked from a root one directory fd at a time so that no planted parent is ever followed.
 Anything else is refused with one line (:class:`NotOursError`). A clean-up
 (:func:`remove_own_tree`) deletes only entries owned by this user, never through a link.
@@ -318,7 +320,6 @@ FAILURE_KINDS: tuple[FailureKind, ...] = (
 FAILURE_CLASSES: tuple[str, ...] = tuple(f.name for f in FAILURE_KINDS)
 
 EVENTS: tuple[str, ...] = tuple(k.name for k in EVENT_KINDS)
-KIND_OF: Mapping[str, EventKind] = {k.name: k for k in EVENT_KINDS}
 
 #: A stop's kind (train.stop.decision) -> the event recorded for it.
 EVENT_OF_KIND: Mapping[str, str] = {s: k.name for k in EVENT_KINDS for s in k.stop_kinds}
@@ -355,7 +356,7 @@ class LinkRefusedError(OSError):
 
 class NotOursError(LinkRefusedError, BadInputError):
     """A path that should be this user's (a private folder, a file to delete) is not: another
-    user's, a link, not a directory, or open to others. Bad input: a requeue would not help."""
+    user's, a link, or not what it should be. Bad input: a requeue would not help."""
 
 
 def _refuse(path: object, exc: OSError) -> LinkRefusedError:
