@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -232,7 +233,11 @@ class RunHistory:
         failure = d["last_failure"]
         if failure and not d["complete"] and failure.get("error"):
             # the real cause (a command's exit code and last stderr line), not the step's code
-            word = _NAMED[failure_class(failure)]
+            word = _NAMED[failure_class(failure)] or ""
+            # the rule that sorted it (train.stop.causes: "... (rule NAME: the line)")
+            rule = re.search(r"\(rule ([^:()]+):", str(failure.get("cause") or ""))
+            if rule:
+                word = f"{word}, " * bool(word) + f"rule {rule.group(1)}"
             named = f" ({word})" if word else ""
             parts.append(f"last failure{named}: {str(failure['error'])[:160]}")
         if not parts:

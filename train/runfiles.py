@@ -151,8 +151,12 @@ LAYOUT: tuple[LayoutEntry, ...] = (
                 "`train/hang/heartbeat.py`, `train/hang/watcher.py`", "the hang watchers"),
     LayoutEntry(HANGS, "`hangs/JOB-RESTART/`: `claimed`, `decided`, each rank's stacks and "
                 "report", "`train/hang/watcher.py`", "the hang watchers, people"),
-    LayoutEntry(FAILURES, "`.failures/JOB-RESTART`: one failure record per attempt",
-                "`train/stop/act.py` (exclusive create)", "`train/stop/act.py`"),
+    LayoutEntry(FAILURES, "`.failures/JOB-RESTART`: one failure record per attempt; "
+                "`.failures/JOB-RESTART.ranks/MS-R.json`: a rank's command exited non-zero "
+                "(when, its error, its stderr tail)",
+                "`train/stop/act.py` (exclusive create), `train/command/rootcause.py` (atomic)",
+                "`train/stop/act.py`; the supervisor that records the failure (the root, not "
+                "its cascade)"),
     LayoutEntry(STOPS, "`.stops/JOB-RESTART/R`: a rank's command exited",
                 "`train/command/stop.py`", "rank 0's supervisor, before it requeues"),
     LayoutEntry(LOCAL_STATE, "the local executor's state", "`jobs/localrun.py` (atomic)",
