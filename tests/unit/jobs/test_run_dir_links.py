@@ -164,3 +164,19 @@ def test_the_state_folder_is_made_closed_to_writes_of_others(
     append_index(_record(tmp_path / "run"))
     assert (isolated_state / "runs.jsonl").is_file()
     assert isolated_state.stat().st_mode & 0o022 == 0
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a file of another uid")
+def test_another_users_claim_is_never_deleted(
+    tmp_path: Path, stub_slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "shared-run"
+    run_dir.mkdir()
+    (run_dir / ".owner").write_text("{}\n")  # theirs, naming no live run
+    os.chown(run_dir / ".owner", OTHER_UID, OTHER_UID)
+    capsys.readouterr()
+    code = main(["submit", str(_spec(tmp_path, run_dir)), "--executor", "slurm", "--no-preflight"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1 and f"belongs to uid {OTHER_UID}" in err
+    assert (run_dir / ".owner").read_text() == "{}\n"
+    assert (run_dir / ".owner").stat().st_uid == OTHER_UID
