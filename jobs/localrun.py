@@ -222,7 +222,9 @@ class Supervisor:
             env["SLURM_TRAIN_LOCAL_SUPERVISOR"] = str(parent)  # train.stop.act: gone = no restart
             # train reads the attempt as torchrun's restart count: > 0 implies --resume.
             env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
-            log = self.record.log_file(self.task_id(index), rank).open("ab")
+            path = self.record.log_file(self.task_id(index), rank)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            log = os.fdopen(runfiles.open_fd(path, flags), "ab")  # never through a link
             self.logs.append(log)
             cmd = [sys.executable, "-u", "-m", "train", "--config"]
             cmd += [str(Path(task_dir) / runfiles.RESOLVED), "--run-dir", task_dir]

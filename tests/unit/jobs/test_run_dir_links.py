@@ -180,3 +180,18 @@ def test_another_users_claim_is_never_deleted(
     assert code != 0 and len(err.splitlines()) == 1 and f"belongs to uid {OTHER_UID}" in err
     assert (run_dir / ".owner").read_text() == "{}\n"
     assert (run_dir / ".owner").stat().st_uid == OTHER_UID
+
+
+def test_a_local_ranks_log_is_never_appended_through_a_link(tmp_path: Path, victim: Path) -> None:
+    run_dir = tmp_path / "run"
+    sup = Supervisor(_record(run_dir))
+    _plant(sup.record.log_file(sup.task_id(0), 0), victim)
+    try:
+        with pytest.raises(OSError, match="symbolic link"):
+            sup.start(0)  # refused before any rank starts
+    finally:
+        sup._send(signal.SIGKILL)
+        for procs in sup.running.values():
+            for p in procs:
+                p.wait()
+    assert _untouched(victim)
