@@ -228,8 +228,8 @@ class EventKind:
 _STOP: dict[str, Any] = {"interrupts": True, "ends_segment": True, "asks_slurm": True}
 _FINAL: dict[str, Any] = {"final": True, "settles": True, "ends_segment": True, "asks_slurm": True}
 
-#: Every event kind, in the order ``train.history.EVENTS`` lists them.
-# fmt: off
+#: Every event kind, in the order ``train.history.EVENTS`` lists them (``jobs drill --kind``
+#: lists the drills in the order of their events here).
 EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind("start", asks_slurm=True),
     EventKind("resume", asks_slurm=True),
@@ -257,6 +257,13 @@ EVENT_KINDS: tuple[EventKind, ...] = (
         colour="tab:purple",
     ),
     EventKind(
+        "cancelled",
+        **{**_STOP, **_FINAL},
+        stop_kinds=("cancel",),
+        drill="cancel",
+        colour="tab:gray",
+    ),
+    EventKind(
         "failure",
         **_STOP,
         stop_kinds=("failure",),
@@ -268,13 +275,6 @@ EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind("target"),
     EventKind("complete", **_FINAL),
     EventKind("budget_exhausted", **_FINAL),
-    EventKind(
-        "cancelled",
-        **{**_STOP, **_FINAL},
-        stop_kinds=("cancel",),
-        drill="cancel",
-        colour="tab:gray",
-    ),
     EventKind(
         "hang",
         **_STOP,
@@ -426,12 +426,19 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def atomic_write(
-    path: str | os.PathLike[str], data: str | bytes, *, durable: bool = True, mode: int = 0o644
+    path: str | os.PathLike[str],
+    data: str | bytes,
+    *,
+    durable: bool = True,
+    mode: int = 0o644,
+    temp: str | None = None,
 ) -> None:
     """Replace ``path`` with ``data`` in one step: a temporary file beside it (created
     exclusively, never through a link), fsync (``durable``), rename in the directory opened
     without following a link. A reader sees the old file or the new one, never half of one. A
-    link planted at ``path`` is refused, not replaced (nor written through)."""
+    link planted at ``path`` is refused, not replaced (nor written through). ``temp``: a fixed
+    temporary name instead of a fresh one (a format that names it, the checkpoints'
+    ``NAME.partial``): a stale one left by a crash is truncated, a link there is refused."""
     p = Path(path)
     raw = data.encode() if isinstance(data, str) else data
     dfd = open_dir(p.parent)
@@ -440,8 +447,9 @@ def atomic_write(
             raise LinkRefusedError(
                 errno.ELOOP, f"{p} is a symbolic link: refusing to write through it"
             )
-        tmp = f".{p.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
-        fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode, dir_fd=dfd)
+        tmp = temp or f".{p.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if temp else os.O_EXCL)
+        fd = open_fd(tmp, flags, mode, dir_fd=dfd)
         try:
             try:
                 _write_all(fd, raw)

@@ -98,8 +98,10 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(obj: Any, path: Path, *, durable: bool = True) -> None:
     """Write JSON to ``path`` through a rename. ``durable``: fsync the file and its directory
     (False for rank markers: they only coordinate ranks, a crash discards the save anyway)."""
-    # the owner's atomic write: a link planted there is refused, never written through
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True), durable=durable)
+    # the owner's atomic write (through NAME.partial, the format's temporary name): a link
+    # planted there is refused, never written through
+    text = json.dumps(obj, indent=1, sort_keys=True)
+    atomic_write(path, text, durable=durable, temp=path.name + ".partial")
 
 
 def torch_load(path: Path) -> Any:
