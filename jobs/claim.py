@@ -41,9 +41,9 @@ from train import runfiles
 from train.runfiles import open_fd
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 OWNER = runfiles.OWNER
 LOCK = runfiles.OWNER_LOCK
 CLAIM_GRACE_S = 600.0  # a submission on another host: its claim counts as live this long

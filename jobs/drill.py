@@ -51,7 +51,7 @@ from train.runfiles import DRILL_DIR, EVENT_KINDS, METRICS_FILE, RESOLVED, make_
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
 # the drills, in the table's order of the events they produce (train.runfiles.EVENT_KINDS)
 KINDS = tuple(k.drill for k in EVENT_KINDS if k.drill)
@@ -141,7 +141,7 @@ class Drill:
     def __init__(
         self,
         record: RunRecord,
-        client: SlurmClient,
+        client: Slurm,
         kind: str,
         *,
         timeout_s: float = 900.0,
@@ -500,7 +500,7 @@ class Drill:
 
 def run_drill(
     record: RunRecord,
-    client: SlurmClient,
+    client: Slurm,
     kind: str,
     *,
     timeout_s: float = 900.0,

@@ -33,9 +33,9 @@ from jobs.records import ensure_state_dir, state_dir
 from train.runfiles import atomic_write
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 CACHE = "slurm-states.json"
 VERSION = 2
 TTL_S = 5.0

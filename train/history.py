@@ -23,11 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from train import runfiles
 from train.runfiles import (
     BUDGET_LABELS,
-    BUDGETS,
     EVENT_KINDS,
-    EVENTS,
     EVENTS_FILE,
     FAILURE_CLASSES,
     FAILURE_KINDS,
@@ -44,10 +43,13 @@ __all__ = [
     "RunHistory",
     "over_budget",
     "read_jsonl",
-    "read_jsonl_checked",
 ]
 
 # every list of event names derives from the one table of event kinds (train.runfiles)
+EVENTS = runfiles.EVENTS
+# what consumes a requeue budget (an event, or a failure of one class: train.stop.causes), with
+# the RequeueConfig field that limits it
+BUDGETS = runfiles.BUDGETS
 # the events that interrupt an attempt (what `jobs plot` marks, what explains an attempt's end)
 STOP_EVENTS = tuple(k.name for k in EVENT_KINDS if k.interrupts)
 # the events that end a run for good

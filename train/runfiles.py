@@ -62,6 +62,7 @@ __all__ = [
     "append_line",
     "atomic_write",
     "create_exclusive",
+    "default_run_dir",
     "events_where",
     "make_dirs",
     "open_dir",
@@ -133,7 +134,8 @@ LAYOUT: tuple[LayoutEntry, ...] = (
                 "watcher, the command supervisor; appended)",
                 "budgets, `status`, `--follow`, `plot`"),
     LayoutEntry(METRICS_FILE, "rank 0's metrics (`train` lines carry interval saves' "
-                "`checkpoint_s`, `eval` lines their `seconds`)", "`train/metrics.py`",
+                "`checkpoint_s`, `eval` lines their `seconds`; `report` lines: a script's "
+                "`train.report`)", "`train/loop/metrics.py`, `train/report.py`",
                 "`status`, `--follow`, `plot`, the goodput ledger"),
     LayoutEntry(CHECKPOINTS, "`step-N/`, `step-N.bB/` (`manifest.json` last, with `run_id`, "
                 "`branch`, `parents`); `branch.json` (the current branch)",
@@ -150,7 +152,8 @@ LAYOUT: tuple[LayoutEntry, ...] = (
                 "quarter of a short timeout while its ranks are silent)",
                 "`train/hang/heartbeat.py`, `train/hang/watcher.py`", "the hang watchers"),
     LayoutEntry(HANGS, "`hangs/JOB-RESTART/`: `claimed`, `decided`, each rank's stacks and "
-                "report", "`train/hang/watcher.py`", "the hang watchers, people"),
+                "report", "`train/hang/watcher.py` (the claim: `train/stop/claims.py`)",
+                "the hang watchers, the stop path (`hang_claimed`), people"),
     LayoutEntry(FAILURES, "`.failures/JOB-RESTART`: one failure record per attempt; "
                 "`.failures/JOB-RESTART.ranks/MS-R.json`: a rank's command exited non-zero "
                 "(when, its error, its stderr tail)",
@@ -653,3 +656,12 @@ def _remove_entry(dfd: int, name: str) -> None:
 def _names(fd: int) -> Iterator[str]:
     with os.scandir(fd) as it:
         return iter([e.name for e in it])
+
+
+# -- where a run lives -------------------------------------------------------------------
+def default_run_dir(run_dir: str | os.PathLike[str] | None, job_id: str | None) -> Path:
+    """The run directory: ``train.run_dir`` when the spec gives one, else ``runs/job-JOBID``
+    (stable across requeues), else ``runs/local``."""
+    if run_dir:
+        return Path(run_dir)
+    return Path("runs") / (f"job-{job_id}" if job_id else "local")

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from train import runfiles
 from train.history import BudgetConfig, over_budget
-from train.runfiles import EVENT_OF_KIND
 from train.stop.facts import StopFacts
 
 __all__ = [
@@ -43,8 +43,9 @@ Trigger = Literal["signal", "preemption", "timeout", "cancel", "failure", "hang"
 #: the launcher restarts a failed process itself).
 Action = Literal["requeue", "exit_requeue", "restart_in_place", "none"]
 
-# EVENT_OF_KIND: a stop's kind -> the event recorded in ``events.jsonl``, from the one table of
-# event kinds (train.runfiles.EVENT_KINDS; "requeued" from outside is budgeted as a preemption)
+#: A stop's kind -> the event recorded in ``events.jsonl``, from the one table of event kinds
+#: (:data:`train.runfiles.EVENT_KINDS`; "requeued" from outside is budgeted as a preemption).
+EVENT_OF_KIND: Mapping[str, str] = runfiles.EVENT_OF_KIND
 
 
 @dataclass(frozen=True)

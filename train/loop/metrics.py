@@ -23,9 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from train.env import DistEnv
-from train.logsetup import setup_logging
 from train.loop.data import Augmenter, ImageSet
-from train.runfiles import open_text
+from train.runfiles import METRICS_FILE, open_text
 
 __all__ = [
     "MetricsWriter",
@@ -34,7 +33,6 @@ __all__ = [
     "evaluate",
     "progress_line",
     "reduce_sums",
-    "setup_logging",
 ]
 
 
@@ -80,7 +78,7 @@ class MetricsWriter:
     """Appends one JSON object per line to ``RUN_DIR/metrics.jsonl`` (rank 0 only)."""
 
     def __init__(self, run_dir: Path, is_main: bool) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS_FILE
         self.is_main = is_main
         self.records: list[dict[str, Any]] = []
         self._file: IO[str] | None = None
