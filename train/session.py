@@ -44,7 +44,7 @@ from train.startup import mark, resume_collector, summary
 from train.stop.act import describe_failure, ended_elsewhere, request_requeue
 from train.stop.decision import Decision
 from train.stop.facts import end_time
-from train.stop.lead import EarlyStop, needed_lead_s
+from train.stop.lead import EarlyStop, early_stop_lead_s, needed_lead_s
 from train.stop.quarantine import explain_previous_attempt
 from train.stop.signals import PreemptionGuard
 
@@ -200,12 +200,15 @@ class RunSession:
         end = end_time(str(self.env.job_id))
         if end is None:
             return None
+        lead = early_stop_lead_s(needed, self.requeue.signal_delay_s, end - time.time())
+        if lead is None:
+            return None
 
         def fire() -> None:
             self._early_kind = "timeout"
             self.guard.trigger(self.requeue.signal)
 
-        return EarlyStop(end, needed, fire).start()
+        return EarlyStop(end, lead, fire).start()
 
     def _latest_valid(self, line: Line) -> Path | None:
         # only asked when this run resumes its own directory: its leftovers may go
