@@ -92,6 +92,12 @@ def _mine(history: RunHistory, env: _StepEnv) -> list[dict[str, Any]]:
     ]
 
 
+def _refused(mine: list[dict[str, Any]]) -> bool:
+    """Whether the attempt's newest requeue record is a rank's refused one (none done since)."""
+    last = next((e for e in reversed(mine) if e["event"] in ("requeue", "requeue_failed")), None)
+    return last is not None and last["event"] == "requeue_failed" and last.get("by") == "rank"
+
+
 def after_step(
     run_dir: Path,
     requeue: RequeueSettings,
@@ -117,13 +123,15 @@ def after_step(
         log.warning("the step exited %d after rank 0 completed the run: the run is complete",
                     exit_code)  # fmt: skip
         return 0
-    if exit_code == REQUEUE_EXIT_CODE:
-        return requeue_after_step(history, job_id, restart_count, in_place, client=client)
-    if exit_code in _FINAL_CODES:
-        return exit_code
     hosts = job_hosts(os.environ) if hosts is None else hosts
     env = _StepEnv(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts)
     mine = _mine(history, env)
+    if exit_code == REQUEUE_EXIT_CODE or _refused(mine):
+        # a requeue the ranks decided and Slurm refused them: carried out here, whatever
+        # code srun ended with (a rank killed meanwhile ends it with 137, not 75)
+        return requeue_after_step(history, job_id, restart_count, in_place, client=client)
+    if exit_code in _FINAL_CODES:
+        return exit_code
     if any(e["event"] in _SETTLED for e in mine):
         return exit_code
     decided = next((e for e in reversed(mine) if e["event"] in ("failure", "hang")), None)

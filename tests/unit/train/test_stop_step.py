@@ -153,3 +153,18 @@ def test_a_failure_knows_where_a_restart_would_resume(tmp_path: Path) -> None:
     assert facts.checkpoint_step == 15
     signal = gather("signal", job_id=None, restart_count=0, run_dir=tmp_path, signal_delay_s=90)
     assert signal.checkpoint_step is None  # a stop that saves makes its own progress
+
+
+def test_a_refused_requeue_is_retried_whatever_code_the_step_ended_with(tmp_path: Path) -> None:
+    """The rank that decided exited 75 but another rank was killed meanwhile: srun's code is
+    137. The ranks' decision (a requeue Slurm refused) is still carried out."""
+    _refused(tmp_path)
+    client = _Slurm()
+    code = after_step(tmp_path, BUDGETS, job_id="7", restart_count=0, in_place=0,
+                      exit_code=137, client=client)  # fmt: skip
+    assert code == 0 and client.requeued == ["7"]
+    assert _names(tmp_path)[-1] == "requeue"
+    # carried out once: asked again, the step's end is settled
+    assert after_step(tmp_path, BUDGETS, job_id="7", restart_count=0, in_place=0,
+                      exit_code=137, client=client) == 137  # fmt: skip
+    assert client.requeued == ["7"]
