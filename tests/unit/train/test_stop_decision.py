@@ -347,7 +347,23 @@ def _one_slow_stop(tmp: Any) -> Any:
     return leads, needed_lead_s(events)
 
 
+def _restart_in_place_tells_the_command(tmp: Any) -> Any:
+    """Suspected in issue 44: after a restart in place (SLURM_RESTART_COUNT unchanged) a command
+    that resumes when TRAIN_RESTART_COUNT > 0 must see it > 0."""
+    from train.command.processes import child_environ
+    from train.env import DistEnv
+
+    return [
+        child_environ({}, DistEnv(job_id="7", restart_count=r, in_place=n), tmp, None, "auto")[
+            "TRAIN_RESTART_COUNT"
+        ]
+        for r, n in ((0, 0), (0, 1), (1, 0), (1, 2))
+    ]
+
+
 PATH_CASES = [
+    ("restart-in-place-tells-the-command", _restart_in_place_tells_the_command,
+     ["0", "1", "1", "3"]),
     ("completed-then-a-rank-fails", _completed_then_a_rank_fails, 0),
     ("requeue-refused-then-retried", _refused_then_retried,
      (REQUEUE_EXIT_CODE, 0, [("requeue_failed", "rank"), ("requeue", "batch_script")])),
