@@ -37,14 +37,18 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.env import job_hosts
 from train.history import RunHistory, attempt_completed_at
+from train.runfiles import default_run_dir
 from train.stop.act import RequeueSettings, stop_attempt
 from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
+from train.stop.stopenv import Decider
+
+if TYPE_CHECKING:
+    from cluster import Slurm
 
 __all__ = ["after_step", "main"]
 
@@ -61,28 +65,7 @@ _FINAL_CODES = frozenset({0, 2, BUDGET_EXHAUSTED_EXIT_CODE})
 REQUEUE_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
 
 
-@dataclass(frozen=True)
-class _StepEnv:
-    """The batch script decides for a step whose ranks recorded nothing (it acts as rank 0)."""
-
-    job_id: str | None
-    restart_count: int
-    in_place: int
-    world_size: int = 1
-    is_main: bool = True
-    in_place_supervised: bool = True
-    hosts: tuple[str, ...] = ()  # the allocation's nodes: one down makes it a node failure
-
-    @property
-    def attempt(self) -> str:
-        return (
-            str(self.restart_count)
-            if not self.in_place
-            else f"{self.restart_count}.{self.in_place}"
-        )
-
-
-def _mine(history: RunHistory, env: _StepEnv) -> list[dict[str, Any]]:
+def _mine(history: RunHistory, env: Decider) -> list[dict[str, Any]]:
     return [
         e
         for e in history.events()
@@ -107,7 +90,7 @@ def after_step(
     in_place: int,
     exit_code: int,
     hosts: tuple[str, ...] | None = None,
-    client: Any = None,
+    client: Slurm | None = None,
     restarts: bool = True,
 ) -> int | None:
     """None: restart the step in place; otherwise the batch script's exit code. ``hosts``: the
@@ -124,7 +107,10 @@ def after_step(
                     exit_code)  # fmt: skip
         return 0
     hosts = job_hosts(os.environ) if hosts is None else hosts
-    env = _StepEnv(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts)
+    # the batch script decides for a step whose ranks recorded nothing (it acts as rank 0); it
+    # restarts steps in place unless it is a template that runs one step (``restarts``), and
+    # the allocation's nodes are its hosts
+    env = Decider(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts)
     mine = _mine(history, env)
     if exit_code == REQUEUE_EXIT_CODE or _refused(mine):
         # a requeue the ranks decided and Slurm refused them: carried out here, whatever
@@ -173,7 +159,7 @@ def requeue_after_step(
     restart_count: int,
     in_place: int,
     *,
-    client: Any = None,
+    client: Slurm | None = None,
     backoff_s: tuple[float, ...] = REQUEUE_BACKOFF_S,
     sleep: Any = time.sleep,
 ) -> int:
@@ -181,15 +167,15 @@ def requeue_after_step(
     back-off; 0 once Slurm took it (or requeued the job itself meanwhile), else 75 (the job
     ends, FAILED: it cannot come back). Each outcome is an event: ``requeue`` (via
     ``batch_script``, or ``slurm``) or ``requeue_failed`` (by ``batch_script``)."""
-    mine = _mine(history, _StepEnv(job_id, restart_count, in_place))
+    mine = _mine(history, Decider(job_id, restart_count, in_place))
     step = next((e.get("step") for e in reversed(mine) if e.get("step") is not None), None)
     base: dict[str, Any] = {"step": step, "restart_count": restart_count, "job_id": job_id}
     if in_place:
         base["in_place"] = in_place
     if client is None:
-        from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+        from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-        client = SlurmClient(timeout=10, shielded=True)
+        client = slurm_client(timeout=10, shielded=True)
     # the requeue ends this job's processes, this one too: what Slurm answered is recorded
     # before Slurm's TERM may end it (its KILL comes KillWait later)
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -220,7 +206,7 @@ def requeue_after_step(
             signal.signal(signal.SIGTERM, previous)
 
 
-def _requeued_by_slurm(client: Any, job_id: str, restart_count: int) -> bool:
+def _requeued_by_slurm(client: Slurm, job_id: str, restart_count: int) -> bool:
     """Whether Slurm already requeued the job (a requeue that went through though its answer
     was lost, a preemption): its restart count moved past this attempt's."""
     try:
@@ -244,14 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[after step] %(message)s", stream=sys.stderr)
     try:
-        from train.cli import default_run_dir
-        from train.spec.config import load_run_config
+        from train.spec import load_run_config
 
         if ns.config is None and ns.run_dir is None:
             raise ValueError("give --config or --run-dir")
         spec = ns.config or ns.run_dir / "resolved.yaml"
         config = load_run_config(spec if Path(spec).is_file() else None, ns.set)
-        run_dir = ns.run_dir or default_run_dir(config, ns.job_id or None)
+        run_dir = ns.run_dir or default_run_dir(config.train.run_dir, ns.job_id or None)
         code = after_step(
             run_dir,
             config.requeue,

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -14,17 +13,16 @@ import pytest
 
 from train.history import RunHistory
 from train.spec.config import RequeueConfig
-from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
+from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, Decider, request_requeue
 from train.stop.facts import classify_from_job_info, classify_stop
 from train.stop.signals import PreemptionGuard
 
 
-@dataclass(frozen=True)
-class FakeEnv:
-    is_main: bool = True
-    job_id: str | None = "42"
-    restart_count: int = 0
-    world_size: int = 1
+def FakeEnv(
+    is_main: bool = True, job_id: str | None = "42", restart_count: int = 0, world_size: int = 1
+) -> Decider:
+    """A rank's stop environment: the one complete StopEnv (issue 41), no fake one."""
+    return Decider(job_id, restart_count, world_size=world_size, is_main=is_main)
 
 
 class FakeClient:
@@ -247,18 +245,14 @@ def test_requeue_falls_back_to_exit_code(tmp_path: Path) -> None:
     assert code == REQUEUE_EXIT_CODE
 
 
-@dataclass(frozen=True)
-class InPlaceEnv(FakeEnv):
-    in_place_supervised: bool = True  # under a batch script that restarts failed steps
-
-
 def test_an_operators_term_saves_and_requeues_where_the_ranks_met(tmp_path: Path) -> None:
     """Issue 44 item 7: `scancel --signal=TERM` while the job runs on (not preempted, far from
     its time limit) under the rendered script: the session saved, every rank met at the
     barrier, so no rank died: a stop like the requeue signal (README), not "the step is
     ending" (no record, exit 1, then a failure and a restart from the last periodic save)."""
     client = FakeClient({"JobState": "RUNNING", "EndTime": _ts(3600), "Restarts": "0"})
-    code = request_requeue(InPlaceEnv(), tmp_path, RequeueConfig(), None, step=12, client=client,
+    in_place = Decider("42", 0, in_place_supervised=True)  # a batch script restarts failed steps
+    code = request_requeue(in_place, tmp_path, RequeueConfig(), None, step=12, client=client,
                            signal="SIGTERM")  # fmt: skip
     assert code == 0 and client.requeued == ["42"]
     assert _events(tmp_path) == ["preempted", "requeue"]  # no failure spent
