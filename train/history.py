@@ -158,8 +158,9 @@ def _same_job(a: object, b: object) -> bool:
     return (None if a is None else str(a)) == (None if b is None else str(b))
 
 
-def _in_place(event: Mapping[str, Any]) -> int:
-    return _count(event.get("in_place"))
+def _whole_or_zero(value: object) -> int | None:
+    """A count field as written (0 included); None for a damaged or foreign value."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def attempt_completed_at(
@@ -175,11 +176,12 @@ def attempt_completed_at(
     recorded ``complete``, a later non-zero exit of any rank (gloo's abort at exit, an OOM kill
     in teardown, a rank stopped while it lingers) is not a failure and the run ends COMPLETED."""
     for e in events:
+        restart, place = e.get("restart_count"), e.get("in_place", 0)
         if (
             e.get("event") == "complete"
             and _same_job(e.get("job_id"), job_id)
-            and _count(e.get("restart_count")) == restart_count
-            and _in_place(e) == in_place
+            and _whole_or_zero(restart) == restart_count
+            and _whole_or_zero(place) == in_place
         ):
             at = e.get("time")
             return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0

@@ -72,11 +72,15 @@ def test_one_definition_of_complete() -> None:
         {"event": "complete", "job_id": 7, "restart_count": 1, "time": 5.0},
         {"event": "complete", "job_id": "7", "restart_count": 2, "in_place": 1, "time": 9.0},
         {"event": "complete", "job_id": "7", "restart_count": "3"},  # damaged: never counts
+        {"event": "complete", "job_id": "7", "restart_count": "0"},
+        {"event": "complete", "job_id": "7", "restart_count": 4, "in_place": "x"},
     ]
     assert attempt_completed_at(events, job_id="7", restart_count=1) == 5.0
     assert attempt_completed_at(events, job_id="7", restart_count=2, in_place=1) == 9.0
     assert attempt_completed_at(events, job_id="7", restart_count=2) is None
     assert attempt_completed_at(events, job_id="7", restart_count=3) is None
+    assert attempt_completed_at(events, job_id="7", restart_count=0) is None
+    assert attempt_completed_at(events, job_id="7", restart_count=4) is None
     assert attempt_completed_at(events, job_id=None, restart_count=1) is None
 
 
