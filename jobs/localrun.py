@@ -44,7 +44,7 @@ from jobs.pids import ProcHandle
 from jobs.records import RunRecord, load_record
 from train import runfiles
 from train.env import DistEnv
-from train.history import RunHistory
+from train.history import RunHistory, attempt_completed_at, over_budget
 from train.schema import Schema, report
 
 if TYPE_CHECKING:
@@ -299,13 +299,17 @@ class Supervisor:
             return "CANCELLED", ""
         if all(c == 0 for c in codes):
             return "COMPLETED", ""
+        if attempt_completed_at(history.events(), job_id=None, restart_count=attempt) is not None:
+            # rank 0 recorded the run complete: a rank that exits non-zero after it (gloo's
+            # abort at exit, a rank killed in teardown) does not undo it (train.history)
+            return "COMPLETED", ""
         if any(c in NO_RETRY_EXITS for c in codes):
             return "FAILED", ""
         budgets = self.budgets[index]
         if REQUEUE_EXIT in codes and all(c in (0, REQUEUE_EXIT) for c in codes):
             # train recorded the stop (preempted/timeout) and checked the budget already; a
             # program that exits 75 without recording anything is still bounded by the sum.
-            over = history.check_budget(budgets)
+            over = over_budget(history.budget_counts(None, attempt), budgets)
             total = budgets.max_preemptions + budgets.max_timeouts + budgets.max_failures
             if over is None and attempt >= total:
                 over = f"restarted {attempt}x, the sum of the requeue budgets; not restarting"
@@ -323,7 +327,7 @@ class Supervisor:
             from train.stop import StopFacts, decide, record
 
             facts = StopFacts("local", restart_count=attempt)
-            decision = decide("failure", facts, history.counts(), budgets)
+            decision = decide("failure", facts, history.budget_counts(None, attempt), budgets)
             record(decision, history, base, facts, error=f"rank {rank} exited {code}")
             if decision.exhausted:
                 return "FAILED", decision.exhausted
