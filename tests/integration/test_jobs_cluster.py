@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "jobs"))
+import env_probe
 from slow_saves import slow_steps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -230,6 +232,25 @@ def test_local_executor_runs_without_slurm(env: dict[str, str]) -> None:
     tasks = data["tasks"]
     assert isinstance(tasks, list) and tasks[0]["state"] == "COMPLETED"
     assert jobs(env, "logs", job_id, "--rank", "1").stdout.strip()
+
+
+def test_one_spec_sees_the_same_environment_on_both_executors(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 45: the spec's ``environment`` (variables, setup exports, cd, umask) as the command
+    saw it under the batch script on Slurm and under the local executor: the same."""
+    work = tmp_path / "work dir"
+    work.mkdir()
+    spec = env_probe.write_spec(tmp_path, work)
+    seen = {}
+    for executor in ("slurm", "local"):
+        proc = jobs(env, "submit", str(spec), "--executor", executor, "--follow", timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        job_id = proc.stdout.splitlines()[0].strip()
+        run_dir = Path(str(status(env, job_id)["run_dir"]))
+        seen[executor] = [env_probe.seen(run_dir, rank) for rank in (0, 1)]
+    assert seen["slurm"] == seen["local"]
+    assert seen["slurm"][0] == {**env_probe.EXPECTED, "pwd": str(work)}
 
 
 def test_preemption_shows_in_status(env: dict[str, str]) -> None:
