@@ -143,6 +143,28 @@ def test_cancel_a_running_job(env: dict[str, str]) -> None:
         scancel(env, job_id)
 
 
+def test_status_right_after_cancel_shows_the_cancel(env: dict[str, str]) -> None:
+    """Issue 45: `status` 2 s after `jobs cancel` showed RUNNING (a state cached from before the
+    cancel); CANCELLED came ~6 s later. Right after the cancel: CANCELLING or CANCELLED."""
+    proc = jobs(_paced(env), "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    try:
+        wait_state(env, job_id, {"RUNNING"})
+        status(env, job_id)  # a fresh RUNNING in the state cache, as a `watch jobs status` keeps
+        cancelled = jobs(env, "cancel", job_id)
+        assert cancelled.returncode == 0, cancelled.stderr
+        tasks = status(env, job_id)["tasks"]
+        assert isinstance(tasks, list)
+        assert tasks[0]["state"] in ("CANCELLING", "CANCELLED"), tasks
+        listed = jobs(env, "list").stdout
+        line = next(ln for ln in listed.splitlines() if job_id in ln)
+        assert "CANCELLING" in line or "CANCELLED" in line, listed
+        assert wait_state(env, job_id, {"CANCELLED"}, timeout=120) == ["CANCELLED"]
+    finally:
+        scancel(env, job_id)
+
+
 def test_sweep_of_four_is_one_array_job(env: dict[str, str], tmp_path: Path) -> None:
     spec = tmp_path / "sweep.yaml"
     spec.write_text(

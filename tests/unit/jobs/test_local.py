@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import sys
 import time
@@ -253,3 +254,26 @@ def test_a_failing_setup_fails_the_local_run_before_any_rank_starts(tmp_path: Pa
     assert not list(Path(record.run_dir).glob("seen-*"))
     log = (Path(record.run_dir) / "slurm" / "supervisor.log").read_text()
     assert "environment.setup exited 7 before the ranks could start" in log
+
+
+# -- the state after `jobs cancel` (issue 45) -----------------------------------------------------
+def test_status_and_list_show_the_cancel_at_once(tmp_path: Path, started: list[str]) -> None:
+    """Right after `jobs cancel` a run whose ranks take a while to stop read RUNNING: it reads
+    CANCELLING (from the record the cancel writes) until the supervisor records CANCELLED."""
+    spec = tmp_path / "local.yaml"
+    stubborn = 'trap "sleep 5; exit 0" TERM; touch "$RUN_DIR/up-$RANK"; sleep 60 & wait'
+    spec.write_text(SPEC % stubborn)
+    out = io.StringIO()
+    assert main(["submit", str(spec), "--executor", "local"], out) == 0
+    started.append(job_id := out.getvalue().strip())
+    record = find_run(job_id)
+    assert record is not None
+    _wait(lambda: len(list(Path(record.run_dir).glob("up-*"))) == 2)  # both traps are set
+    assert main(["cancel", job_id], io.StringIO()) == 0
+    shown, listed = io.StringIO(), io.StringIO()
+    assert main(["status", job_id], shown) in (0, 1)
+    assert main(["list"], listed) == 0
+    assert re.search(rf"{job_id}\s+CANCELLING ", shown.getvalue()), shown.getvalue()
+    line = next(ln for ln in listed.getvalue().splitlines() if job_id in ln)
+    assert "CANCELLING" in line and "RUNNING" not in line, listed.getvalue()
+    _wait(lambda: task_states(find_run(job_id), _no_client)[job_id].state == "CANCELLED")  # type: ignore[arg-type]
