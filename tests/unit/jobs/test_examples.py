@@ -1,8 +1,9 @@
 """Every shipped example (``examples/**/*.yaml``) is accepted by the command its own header gives,
 and ``jobs`` and ``train`` accept the same spec files (one rule: train.spec.config.check_sections).
 
-The command run is the first header line of the example that names ``python -m jobs submit``,
-as written there, with ``--dry-run`` in place of ``--follow`` (nothing is submitted).
+Every command line of an example's header comment is run as written there: ``python -m jobs
+submit`` with ``--dry-run`` in place of ``--follow`` (nothing is submitted), ``python -m train``
+for two steps in a temporary run directory (its own ``--run-dir`` replaced).
 """
 
 from __future__ import annotations
@@ -21,16 +22,22 @@ REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted(p.relative_to(REPO) for p in (REPO / "examples").rglob("*.yaml"))
 
 
-def _header_command(path: Path) -> list[str]:
-    """The first comment line at the top of ``path`` that names ``python -m jobs submit``."""
+def _header_commands(path: Path) -> list[list[str]]:
+    """The commands (``python -m ...``) the comment at the top of ``path`` gives, in order."""
+    out = []
     for line in (REPO / path).read_text().splitlines():
         if not line.startswith("#"):
             break
-        text = line.lstrip("#").strip()
-        if "python -m jobs submit" in text:
-            argv = shlex.split(text[text.index("python -m jobs submit") :])
-            return [a for a in argv if a != "--follow"]
-    raise AssertionError(f"{path}: no `python -m jobs submit` line in its header comment")
+        if "python -m " in line:
+            out.append(shlex.split(line[line.index("python -m ") :]))
+    return out
+
+
+COMMANDS = [
+    pytest.param(example, argv, id=f"{example}:{i}")
+    for example in EXAMPLES
+    for i, argv in enumerate(_header_commands(example))
+]
 
 
 def test_there_are_examples_in_subfolders_too() -> None:
@@ -38,19 +45,28 @@ def test_there_are_examples_in_subfolders_too() -> None:
     assert any(len(p.parts) > 2 for p in EXAMPLES)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=str)
-def test_every_example_is_accepted_by_its_own_command(example: Path, tmp_path: Path) -> None:
-    argv = _header_command(example)
-    assert argv[:4] == ["python", "-m", "jobs", "submit"] and str(example) in argv, argv
-    proc = subprocess.run(
-        [sys.executable, *argv[1:], "--dry-run"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, f"{shlex.join(argv)} --dry-run: {proc.stderr[-2000:]}"
+def test_every_example_names_its_jobs_submit_command() -> None:
+    for example in EXAMPLES:
+        commands = _header_commands(example)
+        assert any(c[:4] == ["python", "-m", "jobs", "submit"] for c in commands), example
+        assert all(str(example) in c for c in commands), (example, commands)
+
+
+@pytest.mark.parametrize(("example", "argv"), COMMANDS)
+def test_every_example_is_accepted_by_the_commands_its_header_gives(
+    example: Path, argv: list[str], tmp_path: Path
+) -> None:
+    assert argv[:2] == ["python", "-m"] and argv[2] in ("jobs", "train"), argv
+    run = [sys.executable, *argv[1:]]
+    if argv[2] == "jobs":
+        assert argv[3] == "submit", argv
+        run = [a for a in run if a != "--follow"] + ["--dry-run"]
+    else:  # python -m train: two steps, in a directory of the test's own
+        if "--run-dir" in run:
+            run[run.index("--run-dir") + 1] = str(tmp_path / "run")
+        run += ["--set", "train.max_steps=2"]
+    proc = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"{shlex.join(argv)}: {proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stderr
 
 
