@@ -80,7 +80,8 @@ def _record(run_dir: Path) -> tuple[RunRecord | None, str | None]:
     try:
         record = load_record(run_dir)
     except RunNotFoundError as exc:
-        cause = str(exc).rsplit("(", 1)[-1].rstrip(")") if "(" in str(exc) else str(exc)
+        text = str(exc)
+        cause = text.partition("not a readable run record (")[2].removesuffix(")") or text
         return None, f"its run.json is damaged ({cause[:120]})"
     if not _same_dir(record.run_dir, run_dir):
         return record, f"its run.json is the record of another directory ({record.run_dir})"
@@ -258,7 +259,8 @@ def _last_write(run_dir: Path) -> tuple[Path, float] | None:
     for base in dirs:
         paths = [base / name for name in RUN_FILES]
         for folder in RUN_FOLDERS:
-            paths.append(base / folder)
+            if folder != "slurm":  # the submission writes its pickles there too
+                paths.append(base / folder)
             with contextlib.suppress(OSError), os.scandir(base / folder) as it:
                 for entry in it:
                     seen += 1
