@@ -25,7 +25,6 @@ from typing import Any
 
 from train.checkpoint.digest import (
     ALGORITHMS,
-    FORMAT_VERSION,
     HEX_LENGTH,
     hash_file,
     state_digest,
@@ -38,7 +37,6 @@ from train.runfiles import open_text
 SPLIT_KEYS = ("world_size", "grad_accum", "micro_batch")
 
 __all__ = [
-    "FORMAT_VERSION",
     "MANIFEST",
     "SHARED_FILE",
     "LoadedCheckpoint",

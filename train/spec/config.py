@@ -35,12 +35,9 @@ from train.spec.policy import EntrypointConfig, RequeueConfig
 __all__ = [
     "CheckpointConfig",
     "DataConfig",
-    "EntrypointConfig",
     "OptimizerConfig",
-    "RequeueConfig",
     "RunConfig",
     "RunSpecFile",
-    "StrictModel",
     "TrainConfig",
     "check_sections",
     "load_run_config",
