@@ -33,6 +33,7 @@ its directory to the next submission (resuming in place, as before).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -45,20 +46,21 @@ from typing import TYPE_CHECKING, Any
 from jobs.errors import RunDirBusyError, RunNotFoundError
 from jobs.pids import ProcHandle, cmdline
 from jobs.records import RECORD, Plan, RunRecord, load_record
+from train import runfiles
 from train.runfiles import open_fd
 
 if TYPE_CHECKING:
     from cluster import Slurm
 
 ClientFactory = Callable[[], "Slurm"]
-OWNER = ".owner"
-LOCK = ".owner.lock"
+OWNER = runfiles.OWNER
+LOCK = runfiles.OWNER_LOCK
 CLAIM_GRACE_S = 600.0  # a submission on another host: its claim counts as live this long
 # Records in doubt: a write to the run's own files this recent is a sign that it lives.
 RECENT_S = 600.0
 # What a run (not a submission) writes in its directory, and in each task directory of a sweep.
-RUN_FILES = ("events.jsonl", "metrics.jsonl")
-RUN_FOLDERS = ("logs", "slurm", "checkpoints")
+RUN_FILES = (runfiles.EVENTS_FILE, runfiles.METRICS_FILE)
+RUN_FOLDERS = (runfiles.LOGS, runfiles.SLURM_DIR, runfiles.CHECKPOINTS, runfiles.PROGRESS)
 SCAN_LIMIT = 20000  # entries looked at for recent writes (a sweep of thousands of tasks)
 
 
@@ -252,21 +254,23 @@ def _last_write(run_dir: Path) -> tuple[Path, float] | None:
     now = time.time()
     newest: tuple[Path, float] | None = None
     seen = 0
-    tasks = run_dir / "tasks"
+    tasks = run_dir / runfiles.TASKS_DIR
     dirs = [run_dir]
     with contextlib.suppress(OSError), os.scandir(tasks) as it:
         dirs += [tasks / e.name for e in it if e.is_dir(follow_symlinks=False)]
     for base in dirs:
         paths = [base / name for name in RUN_FILES]
         for folder in RUN_FOLDERS:
-            if folder != "slurm":  # the submission writes its pickles there too
+            if folder != runfiles.SLURM_DIR:  # the submission writes its pickles there too
                 paths.append(base / folder)
             with contextlib.suppress(OSError), os.scandir(base / folder) as it:
                 for entry in it:
                     seen += 1
                     if seen > SCAN_LIMIT:
                         break
-                    if folder != "slurm" or entry.name.endswith((".out", ".err", ".log")):
+                    if folder != runfiles.SLURM_DIR or entry.name.endswith(
+                        (".out", ".err", ".log")
+                    ):
                         paths.append(base / folder / entry.name)  # not a submission's pickles
         for path in paths:
             try:
@@ -322,13 +326,9 @@ def _write_owner(run_dir: Path, run_id: str) -> None:
         "time": round(time.time(), 3),
     }
     path = run_dir / OWNER
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
-    finally:
-        os.close(fd)
+    runfiles.remove(path)  # ours only: another user's claim (or a link) is refused
+    if not runfiles.create_exclusive(path, json.dumps(data, sort_keys=True) + "\n"):
+        raise FileExistsError(errno.EEXIST, f"{path}: claimed by another submission meanwhile")
 
 
 def claim(plan: Plan, client: ClientFactory) -> Plan:
@@ -360,4 +360,4 @@ def release(plan: Plan) -> None:
     owner = _owner_data(plan.run_dir)
     if owner and owner.get("run_id") == plan.run_id:
         with contextlib.suppress(OSError):
-            (plan.run_dir / OWNER).unlink()
+            runfiles.remove(plan.run_dir / OWNER)
