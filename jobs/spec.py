@@ -25,7 +25,14 @@ from pydantic_core import PydanticCustomError
 
 from cluster.timefmt import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
-from train.spec import EntrypointConfig, FieldIssue, RequeueConfig, StrictModel, TrainConfig
+from train.spec import (
+    EntrypointConfig,
+    FieldIssue,
+    RequeueConfig,
+    StrictModel,
+    TrainConfig,
+    check_sections,
+)
 
 __all__ = [
     "Environment",
@@ -297,9 +304,15 @@ class JobSpec(StrictModel):
     requeue: Annotated[RequeueConfig, Field(description="signal and requeue budgets")] = (
         RequeueConfig()
     )
-    train: Annotated[TrainConfig | None, Field(description="built-in trainer settings")] = None
+    train: Annotated[
+        TrainConfig | None,
+        Field(
+            description="built-in trainer settings; beside entrypoint: the settings your code "
+            "and its session read (checkpoints, run dir, ctx.config.train)"
+        ),
+    ] = None
     entrypoint: Annotated[
-        EntrypointConfig | None, Field(description="user function or command instead")
+        EntrypointConfig | None, Field(description="your function or command, run instead")
     ] = None
     sweep: Annotated[Sweep | None, Field(description="grid over fields -> one job array")] = None
 
@@ -315,16 +328,11 @@ class JobSpec(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        if (self.train is None) == (self.entrypoint is None):
-            both = self.train is not None
-            raise FieldIssue(
-                "entrypoint" if both else "train",
-                "give exactly one of `train:` (built-in trainer) or `entrypoint:` (your code)"
-                + ("; remove one" if both else "; add `train: {}` for the defaults"),
-            )
+        check_sections(self.train is not None, self.entrypoint is not None)
         res = self.resources
         gpus = res.gpus
-        strategy = self.train.strategy if self.train is not None else None
+        builtin = self.builtin_train
+        strategy = builtin.strategy if builtin is not None else None
         tasks = self.ntasks_per_node
         if strategy == "ddp" and gpus and tasks > gpus:
             raise FieldIssue(
@@ -357,22 +365,20 @@ class JobSpec(StrictModel):
                 "strategy dp spreads one process over the node's GPUs but none are requested "
                 "(set gpus_per_node, or train.allow_cpu_fallback: true)",
             )
-        if self.train is not None and self.train.batch_size % (
-            self.world_size * self.train.grad_accum
-        ):
+        if builtin is not None and builtin.batch_size % (self.world_size * builtin.grad_accum):
             raise FieldIssue(
                 "train.batch_size",
-                f"global batch {self.train.batch_size} does not split evenly over "
-                f"{self.world_size} ranks x {self.train.grad_accum} micro-steps "
-                f"(use a multiple of {self.world_size * self.train.grad_accum})",
+                f"global batch {builtin.batch_size} does not split evenly over "
+                f"{self.world_size} ranks x {builtin.grad_accum} micro-steps "
+                f"(use a multiple of {self.world_size * builtin.grad_accum})",
             )
-        if self.train is not None:
+        if builtin is not None:
             # fewer nodes: the same global batch, more micro-steps (train.loop.order)
-            odd = [w for w in self.world_sizes if self.train.batch_size % w]
+            odd = [w for w in self.world_sizes if builtin.batch_size % w]
             if odd:
                 raise FieldIssue(
                     "train.batch_size",
-                    f"global batch {self.train.batch_size} does not split over {odd[0]} ranks, "
+                    f"global batch {builtin.batch_size} does not split over {odd[0]} ranks, "
                     f"one of the shapes resources.nodes {res.nodes!r} allows (use a multiple "
                     f"of every world size in {list(self.world_sizes)})",
                 )
@@ -386,8 +392,16 @@ class JobSpec(StrictModel):
         return self
 
     @property
+    def builtin_train(self) -> TrainConfig | None:
+        """The built-in trainer's settings when it runs (no ``entrypoint:``); None for user
+        code, whose ``train:`` (if any) only holds settings the code reads
+        (:func:`train.spec.config.check_sections`): the trainer's strategy and batch rules
+        do not apply to it."""
+        return self.train if self.entrypoint is None else None
+
+    @property
     def train_allows_cpu(self) -> bool:
-        return self.train is not None and self.train.allow_cpu_fallback
+        return self.builtin_train is not None and self.builtin_train.allow_cpu_fallback
 
     @property
     def ntasks_per_node(self) -> int:
@@ -398,7 +412,8 @@ class JobSpec(StrictModel):
             return res.ntasks_per_node
         if self.entrypoint is not None and self.entrypoint.torchrun:
             return 1
-        strategy = self.train.strategy if self.train is not None else "ddp"
+        builtin = self.builtin_train
+        strategy = builtin.strategy if builtin is not None else "ddp"
         return max(1, res.gpus) if strategy == "ddp" else 1
 
     @property
