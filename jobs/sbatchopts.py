@@ -18,6 +18,7 @@ import re
 
 from cluster.errors import SlurmTimeError
 from cluster.timefmt import parse_slurm_time
+from jobs.slurmmap import FIELD_OF_OPTION
 
 __all__ = ["SBATCH_LONG_OPTIONS", "check_sbatch_arg", "resolve_option"]
 
@@ -58,30 +59,8 @@ RESERVED = _words(
     test-only help usage version quiet verbose
     """
 )
-# Options a spec field already says: give the field instead.
-SPEC_FIELDS = {
-    "account": "resources.account",
-    "constraint": "resources.constraint",
-    "cpus-per-task": "resources.cpus_per_task",
-    "cpus-per-gpu": "resources.cpus_per_task",
-    "exclusive": "resources.exclusive",
-    "gpus": "resources.gpus_per_node",
-    "gpus-per-node": "resources.gpus_per_node",
-    "gpus-per-task": "resources.gpus_per_node",
-    "gres": "resources.gres",
-    "mem": "resources.mem",
-    "mem-per-cpu": "resources.mem",
-    "mem-per-gpu": "resources.mem",
-    "nodes": "resources.nodes",
-    "ntasks": "resources.ntasks_per_node",
-    "ntasks-per-node": "resources.ntasks_per_node",
-    "partition": "resources.partition",
-    "qos": "resources.qos",
-    "time": "resources.time",
-    "job-name": "name",
-    "signal": "requeue.signal",
-    "array": "sweep",
-}
+# Options a spec field already says: give the field instead (from THE table, jobs.slurmmap).
+SPEC_FIELDS = FIELD_OF_OPTION
 _INTEGER = _words(
     """
     cores-per-socket delay-boot mincpus nice ntasks-per-core ntasks-per-gpu

@@ -116,9 +116,10 @@ def test_submitits_own_runtime_runs_our_envelope(
     job_id: str, array: dict[str, str], tmp_path: Path
 ) -> None:
     # What happens in the allocation: `srun python -m submitit.core._submit FOLDER` finds the
-    # task's pickle by job id (an array task's by ARRAYID_INDEX), loads our DelayedSubmission
-    # with submitit's loader and calls it, then writes submitit's result pickle.
-    from jobs.launch import DelayedSubmission
+    # task's pickle by job id (an array task's by ARRAYID_INDEX), loads the DelayedSubmission
+    # jobs submit wrote (submitit's own) and calls it, then writes submitit's result pickle.
+    from submitit.helpers import DelayedSubmission
+
     from jobs.render import submitted_pickle
 
     folder = tmp_path / "slurm"

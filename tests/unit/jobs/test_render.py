@@ -14,7 +14,8 @@ from jobs.cli import main
 from jobs.errors import SubmitError
 from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
-from jobs.render import in_place_loop, sbatch_script, submitit_folder
+from jobs.executor import in_place_loop, safe_python
+from jobs.render import rank_note, sbatch_script, submitit_folder
 from jobs.submit import make_plan, submit_slurm
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def test_sweep_submission_is_one_sbatch_call(tmp_path: Path, stub_slurm: Path) -
     assert seeds == [1, 2, 3, 4]
 
 
-# -- the script is laid out as submitit's own function lays it out ------------------------------
+# -- the script is submitit's own text, but for our loop around its srun line -------------------
 _SUBMITIT_CASES = [
     "name: plain\ntrain: {}\n",
     "name: gpus\nresources: {partition: debug, nodes: 2, gpus_per_node: 4, cpus_per_task: 8,"
@@ -175,10 +176,13 @@ _SUBMITIT_CASES = [
 
 
 def _submitit_script(spec: JobSpec, run_dir: Path, array_size: int | None) -> str:
-    """The same options rendered by submitit's ``_make_sbatch_string`` (as SlurmExecutor does)."""
+    """The same options rendered by the installed submitit's ``_make_sbatch_string`` (what its
+    SlurmExecutor renders with ``python`` set to ``safe_python()``)."""
+    import shlex
+
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from jobs.render import setup_lines, slurm_options, submit_command, submitit_folder
+    from jobs.render import setup_lines, slurm_options, submitit_folder
 
     opts = slurm_options(spec)
     extra = {k.replace("-", "_"): True if v is None else v for k, v in opts.sbatch}
@@ -197,7 +201,8 @@ def _submitit_script(spec: JobSpec, run_dir: Path, array_size: int | None) -> st
         kwargs["array_parallelism"] = spec.sweep.max_parallel
         kwargs["map_count"] = array_size
     folder = submitit_folder(run_dir)
-    text: str = _make_sbatch_string(command=submit_command(folder), folder=folder, **kwargs)
+    command = f"{safe_python()} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    text: str = _make_sbatch_string(command=command, folder=folder, **kwargs)
     return text
 
 
@@ -209,10 +214,15 @@ def test_script_is_byte_for_byte_what_submitit_renders(text: str) -> None:
     ours = sbatch_script(loaded.spec, run_dir, size)
     theirs = _submitit_script(loaded.spec, run_dir, size)
     # submitit's script, byte for byte, but for its last line: the same srun step, run in the
-    # loop that restarts a failed step in place (issue 26; jobs.render.in_place_loop)
+    # loop that restarts a failed step in place (issue 26; jobs.executor.in_place_loop), with
+    # what each rank runs above it as comments (issue 45)
     step = theirs.rstrip("\n").splitlines()[-1]
-    assert step.endswith("submitit.core._submit '/runs/with space/x/slurm'")
-    assert ours == theirs.replace(step, in_place_loop(step, submitit_folder(run_dir)))
+    assert step.endswith("-P -u -m submitit.core._submit '/runs/with space/x/slurm'")
+    ours_part = [
+        *rank_note(loaded.spec, run_dir, size is not None),
+        in_place_loop(step, submitit_folder(run_dir)),
+    ]
+    assert ours == theirs.replace(step, "\n".join(ours_part))
     assert f"\n  {step}\n  rc=$?\n" in ours and ours.endswith("done\n")
 
 
