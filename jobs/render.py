@@ -148,7 +148,7 @@ def command_note(spec: JobSpec) -> str:
     from train.command.processes import resolve_argv
 
     argv = resolve_argv(entry.command)
-    lines = [f"#   which supervises entrypoint.command, run as: {shlex.join(argv)}"]
+    lines = [f"# entrypoint.command runs as: {shlex.join(argv)}"]
     if argv[0] != entry.command[0]:
         lines.append(
             f"#   ({entry.command[0]!r} is the interpreter of the environment jobs runs in, "

@@ -152,3 +152,31 @@ def test_submitits_own_runtime_runs_our_envelope(
     assert target.read_text() == "called"
     with (folder / f"{job_id}_0_result.pkl").open("rb") as f:
         assert pickle.load(f) == ("success", len("called"))
+
+
+def test_each_submitit_line_once_in_the_rank_log() -> None:
+    # Issue 45: the rank log (stdout and stderr joined by the script) had every submitit line
+    # twice: its own stdout + stderr handlers for a warning, its handler + train's root one
+    # (train.logsetup) for the rest. TrainLaunch calls quiet_submitit_logging first.
+    code = (
+        "import logging, sys\n"
+        "from submitit.core import logger\n"  # submitit's own configuration, as in _submit
+        "logging.getLogger().addHandler(logging.StreamHandler(sys.stderr))\n"  # train's root
+        "logging.getLogger().setLevel(logging.INFO)\n"
+        "from jobs.launch import quiet_submitit_logging\n"
+        "quiet_submitit_logging()\n"
+        "logger.get_logger().info('AN-INFO-LINE')\n"
+        "logger.get_logger().warning('A-WARNING-LINE')\n"
+        "logging.getLogger('train').info('A-TRAIN-LINE')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for line in ("AN-INFO-LINE", "A-WARNING-LINE", "A-TRAIN-LINE"):
+        assert out.count(line) == 1, out

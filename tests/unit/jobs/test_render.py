@@ -12,9 +12,9 @@ from submitit.core.utils import DelayedSubmission
 from cluster.client import SlurmClient
 from jobs.cli import main
 from jobs.errors import SubmitError
+from jobs.executor import in_place_loop, safe_python
 from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
-from jobs.executor import in_place_loop, safe_python
 from jobs.render import rank_note, sbatch_script, submitit_folder
 from jobs.submit import make_plan, submit_slurm
 
@@ -326,3 +326,98 @@ def test_dry_run_of_a_sweep_bigger_than_one_array_says_it_will_be_split(
     spec.write_text("name: small\ntrain: {}\nsweep: {grid: {train.seed: [1, 2]}}\n")
     assert main(["submit", str(spec), "--dry-run"], io.StringIO()) == 0
     assert capsys.readouterr().err == ""
+
+
+# -- issue 42: the script's interpreters never take a package from the working directory --------
+_SHADOWS = {
+    "train.py": "raise SystemExit('SHADOWED by train.py')\n",
+    "cluster.py": "raise SystemExit('SHADOWED by cluster.py')\n",
+    "submitit.py": "raise SystemExit('SHADOWED by submitit.py')\n",
+    "jobs/__init__.py": "raise SystemExit('SHADOWED by jobs/')\n",
+    "jobs/launch.py": "raise SystemExit('SHADOWED by jobs/launch.py')\n",
+}
+
+
+def test_every_python_line_of_the_script_is_safe_path() -> None:
+    script = _script("name: d\nentrypoint: {command: [python, train.py]}\n")
+    exe = safe_python().split(" -P")[0]
+    runs = [ln for ln in script.splitlines() if not ln.startswith("#") and exe in ln]
+    assert len(runs) == 2  # submitit's task and our after-step question
+    assert all(f"{exe} -P " in ln for ln in runs)
+
+
+def test_the_scripts_commands_run_ours_in_a_folder_of_the_users_own(tmp_path: Path) -> None:
+    # A submission directory (the job's working directory) holding train.py, jobs/, cluster.py
+    # and submitit.py of the user's own: both python lines of the script still run ours.
+    import pickle as pkl
+    import shlex
+    import subprocess
+
+    from submitit.helpers import DelayedSubmission
+
+    work = tmp_path / "project"
+    for name, text in _SHADOWS.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    run_dir = tmp_path / "run"
+    folder = submitit_folder(run_dir)
+    folder.mkdir(parents=True)
+    target = tmp_path / "ran"
+    delayed = DelayedSubmission(Path.write_text, target, "called")
+    delayed.set_timeout(5, 0)
+    delayed.dump(folder / "77_submitted.pkl")
+    script = sbatch_script(load_text("name: d\ntrain: {}\n", "s.yaml", ()).spec, run_dir)
+    exe = shlex.quote(safe_python().split(" -P")[0])
+    srun = next(ln for ln in script.splitlines() if ln.strip().startswith("srun "))
+    task = srun[srun.index(exe) :]
+    ask = next(ln for ln in script.splitlines() if "--after-step" in ln)
+    ask = ask[ask.index("$(") + 2 : ask.rindex(")")]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),  # the script's setup block exports the checkout
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "77",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_TRAIN_IN_PLACE": "0",
+        "rc": "3",
+    }
+    done = subprocess.run(
+        ["bash", "-c", task], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "SHADOWED" not in done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert target.read_text() == "called"
+    with (folder / "77_0_result.pkl").open("rb") as f:
+        assert pkl.load(f)[0] == "success"
+    after = subprocess.run(
+        ["bash", "-c", ask], cwd=work, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "SHADOWED" not in after.stdout + after.stderr
+    # jobs.launch (ours) answered: the pickle holds no TrainLaunch, the step's own code stands
+    assert after.stdout.strip() == "exit 3"
+
+
+def test_dry_run_says_what_each_rank_runs(tmp_path: Path) -> None:
+    # Issue 45: not only `python -m submitit.core._submit` on a pickle.
+    run_dir = tmp_path / "r"
+    out = io.StringIO()
+    assert main(["submit", str(EXAMPLE), "--dry-run", f"--set=train.run_dir={run_dir}"], out) == 0
+    config = run_dir / "resolved.yaml"
+    assert f"#   python -m train --config {config} --run-dir {run_dir}" in out.getvalue()
+    sweep = _script("name: d\ntrain: {}\nsweep: {grid: {train.seed: [1, 2]}}\n")
+    task = "/runs/demo/tasks/$SLURM_ARRAY_TASK_ID"
+    assert f"#   python -m train --config '{task}/resolved.yaml' --run-dir '{task}'" in sweep
+    fn = _script("name: d\nentrypoint: {function: 'mine:main'}\n")
+    assert "#   which calls entrypoint.function mine:main" in fn
+
+
+def test_a_path_cannot_end_the_comment_that_names_it() -> None:
+    from jobs.render import rank_note
+
+    spec = load_text("name: d\ntrain: {}\n", "s.yaml", ()).spec
+    note = rank_note(spec, Path("/runs/a\nrm -rf x"))
+    assert all(line.startswith("#") and "\n" not in line for line in note)
