@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 Where = Callable[[tuple[str, ...]], str]
 LIMITS_FILE = "cluster-limits.json"
+SBATCH_OPTIONS_FILE = "sbatch-options.json"
 UNSTAMPED_TTL_S = 3600.0
 
 
@@ -57,6 +58,60 @@ def cluster_limits(client: SlurmClient, cache_dir: Path) -> ClusterLimits:
     except OSError:
         pass  # a cache that cannot be written only costs one query next time
     return limits
+
+
+def sbatch_options(client: SlurmClient, cache_dir: Path) -> frozenset[str] | None:
+    """The long options of the cluster's ``sbatch`` (``sbatch --help``), from the cache while
+    that ``sbatch`` is the same file (:meth:`cluster.client.SlurmClient.sbatch_stamp`: a new
+    release is a new file); None when it cannot be asked (sbatch itself will say what is wrong)."""
+    from cluster.errors import ClusterError
+
+    stamp = client.sbatch_stamp()
+    path = cache_dir / SBATCH_OPTIONS_FILE
+    try:
+        data = json.loads(path.read_bytes())
+        if data["stamp"] == stamp and isinstance(data["options"], list):
+            return frozenset(str(o) for o in data["options"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # missing, damaged or foreign: ask sbatch
+    try:
+        options = client.sbatch_options()
+    except ClusterError:
+        return None
+    entry = {"stamp": stamp, "at": time.time(), "options": sorted(options)}
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{SBATCH_OPTIONS_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entry), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs one query next time
+    return options
+
+
+def check_sbatch_release(
+    spec: JobSpec, live: frozenset[str] | None, where: Where | None = None
+) -> None:
+    """The script's options against the cluster's ``sbatch`` (:func:`sbatch_options`): the
+    hand-kept list of :mod:`jobs.sbatchopts` checked against the release Slurm runs.
+    PreflightError naming the first problem (its ``launch.sbatch_args`` key when it is one)."""
+    if live is None:
+        return
+    from jobs.render import slurm_options
+    from jobs.sbatchopts import release_problems
+
+    extra = spec.launch.sbatch_args
+    written = [k for k, _ in slurm_options(spec).sbatch if k not in extra]
+    written += ["output", "open-mode", "wckey"] + (["array"] if spec.sweep else [])
+    problems = release_problems(extra, written, live)
+    if problems:
+        key, problem = problems[0]
+        loc = where or (lambda path: "preflight")
+        if key is None:
+            raise PreflightError(f"{loc(())}: {problem}")
+        raise PreflightError(
+            f"{loc(('launch', 'sbatch_args', key))}: launch.sbatch_args.{key}: {problem}"
+        )
 
 
 def array_limit(tasks: int, limits: ClusterLimits, where: Where | None = None) -> int:

@@ -183,11 +183,21 @@ def submit(
             return submit_local(loaded, plan)
     limit = None
     if preflight:
-        from jobs.preflight import array_limit, cluster_limits, save_lead_notes, shapes_note
+        from jobs.preflight import (
+            array_limit,
+            check_sbatch_release,
+            cluster_limits,
+            save_lead_notes,
+            sbatch_options,
+            shapes_note,
+        )
         from jobs.preflight import preflight as check
 
         state = state or client.cluster_state()  # the one sinfo of this submission
         partition = check(loaded.spec, client, loaded.where, state=state)
+        # the options against this cluster's sbatch release (its --help, cached per sbatch)
+        live = sbatch_options(client, records.state_dir())
+        check_sbatch_release(loaded.spec, live, loaded.where)
         for line in save_lead_notes(loaded.spec, [plan.run_dir], partition, state):
             print(line, file=sys.stderr)  # the warning fits the save (train.stop.lead)
         note = shapes_note(loaded.spec, state)  # resources.nodes "MIN-MAX": which shapes
