@@ -223,7 +223,7 @@ class Supervisor:
             env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
             log = self.record.log_file(self.task_id(index), rank).open("ab")
             self.logs.append(log)
-            cmd = [sys.executable, "-u", "-m", "train", "--config"]
+            cmd = [sys.executable, "-P", "-u", "-m", "train", "--config"]
             cmd += [str(Path(task_dir) / "resolved.yaml"), "--run-dir", task_dir]
             if entry["restarts"]:
                 cmd.append("--resume")  # a restart continues this run's own checkpoints

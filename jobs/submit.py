@@ -316,7 +316,7 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.localrun", str(plan.run_dir)],
+            [sys.executable, "-P", "-m", "jobs.localrun", str(plan.run_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -296,7 +296,7 @@ class Watchdog:
         if local_rank != 0:
             return
         cmd = [
-            sys.executable, "-m", "train.hang.watcher",
+            sys.executable, "-P", "-m", "train.hang.watcher",
             "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
             "--local-dir", str(self.local_dir), "--world-size", str(world_size),
             "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),
