@@ -246,10 +246,11 @@ def _no_checkpoint(ckpt_root: Path, existing: list[str], run_dir: Path, command:
         what = f"holds no valid checkpoint ({', '.join(existing[:3])})" if existing else "is empty"
         log.info(
             "resume: train's checkpoint directory %s %s; the command starts as it would and "
-            "may resume from its own files in %s",
+            "may resume from its own files in %s or in the folder it runs in, %s",
             ckpt_root,
             what,
             run_dir,
+            os.getcwd(),
         )
     elif existing:
         log.warning("resume: no valid checkpoint among %s, starting fresh", existing)

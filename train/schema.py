@@ -176,6 +176,7 @@ METRIC = Schema(
         "images_per_s": "float",
         "seconds": "float",
         "blocking_s": "float",
+        "scalars": "dict",  # a train.report line: the user's own numbers
     },
 )
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from train.spec.confighash import config_hash
     from train.spec.load import dump_spec, read_spec_file
     from train.spec.messages import validate
+    from train.spec.policy import launches_torchrun
 
 _EXPORTS = {
     "RunConfig": "config",
@@ -38,6 +39,7 @@ _EXPORTS = {
     "read_spec_file": "load",
     "dump_spec": "load",
     "config_hash": "confighash",
+    "launches_torchrun": "policy",
     "validate": "messages",
 }
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "TrainConfig",
     "config_hash",
     "dump_spec",
+    "launches_torchrun",
     "load_run_config",
     "read_spec_file",
     "validate",

@@ -27,6 +27,7 @@ __all__ = [
     "classify_from_job_info",
     "classify_stop",
     "end_time",
+    "failure_cause",
     "gather",
     "node_failure",
     "preemption_grace_s",
@@ -228,6 +229,34 @@ def _local_cancel(run_dir: Any) -> bool:
     return text.strip() == "cancel"
 
 
+def failure_cause(
+    error_texts: Sequence[object], rules: Sequence[Any] | None, run_dir: Any
+) -> tuple[str, str, bool]:
+    """(class, why, whether the evidence names this node) of a failure
+    (:func:`train.stop.causes.decide_cause`). A failure of no known cause that ended the
+    previous attempt the same way (:func:`train.stop.causes.signature`: exception, message,
+    location), both started from the same checkpoint, is deterministic: a retry repeats it
+    (class ``user``, not retried)."""
+    from train.history import RunHistory
+    from train.stop.causes import BUILTIN_RULES, decide_cause, repeated_failure, signature
+
+    cause = decide_cause(error_texts, BUILTIN_RULES if rules is None else rules)
+    if cause.cls != "unknown" or run_dir is None:
+        return cause.cls, cause.why, cause.node
+    sig = signature(error_texts)
+    try:
+        same = repeated_failure(RunHistory(run_dir).events(), sig)
+    except OSError:
+        same = 0
+    if same:
+        return (
+            "user",
+            f"the same failure at {same + 1} starts in a row with no checkpoint progress ({sig})",
+            False,
+        )
+    return cause.cls, cause.why, cause.node
+
+
 def gather(
     trigger: str,
     *,
@@ -253,12 +282,11 @@ def gather(
     was a node failure under the job). A caller that already knows the kind (``preemption``,
     ``timeout``) and a hang ask nothing.
     """
-    from train.stop.causes import BUILTIN_RULES, classify
     from train.stop.quarantine import device_fault  # stdlib only
 
-    cls, why = ("unknown", "")
+    cls, why, names_node = ("unknown", "", False)
     if trigger == "failure":
-        cls, why = classify(error_texts, BUILTIN_RULES if rules is None else rules)
+        cls, why, names_node = failure_cause(error_texts, rules, run_dir)
 
     def facts(executor: Executor, **more: Any) -> StopFacts:
         return StopFacts(
@@ -266,7 +294,7 @@ def gather(
             restart_count=restart_count,
             hang_claimed=hang_claimed,
             node=node,
-            device_fault=trigger == "failure" and device_fault(*error_texts),
+            device_fault=trigger == "failure" and (names_node or device_fault(*error_texts)),
             suspects=tuple(sorted(set(suspects))),
             failure_class=cls,
             failure_why=why,
