@@ -209,20 +209,9 @@ class SlurmClient:
 
     def sbatch_options(self) -> frozenset[str]:
         """The long options the ``sbatch`` this client runs lists in ``sbatch --help`` (its
-        release's; see :func:`cluster.parse.parse_sbatch_help`). Callers cache it on
-        :meth:`sbatch_stamp`."""
+        release's; see :func:`cluster.parse.parse_sbatch_help`). Callers may cache it per
+        cluster (:meth:`conf_stamp`)."""
         return parse.parse_sbatch_help(self.run(["sbatch", "--help"]).stdout)
-
-    def sbatch_stamp(self) -> str:
-        """Identifies the ``sbatch`` this client runs as it is now (path, size, mtime)."""
-        exe = shutil.which("sbatch", path=self._env.get("PATH"))
-        if exe is None:
-            return "sbatch:missing"
-        try:
-            st = os.stat(exe)
-        except OSError:
-            return f"{exe}:missing"
-        return f"{exe}:{st.st_size}:{st.st_mtime_ns}"
 
     def conf_stamp(self) -> str:
         """Identifies the slurm.conf in use as it is now (path, size, mtime)."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 Where = Callable[[tuple[str, ...]], str]
 LIMITS_FILE = "cluster-limits.json"
 SBATCH_OPTIONS_FILE = "sbatch-options.json"
+SBATCH_OPTIONS_TTL_S = 86400.0
 UNSTAMPED_TTL_S = 3600.0
 
 
@@ -61,16 +62,20 @@ def cluster_limits(client: SlurmClient, cache_dir: Path) -> ClusterLimits:
 
 
 def sbatch_options(client: SlurmClient, cache_dir: Path) -> frozenset[str] | None:
-    """The long options of the cluster's ``sbatch`` (``sbatch --help``), from the cache while
-    that ``sbatch`` is the same file (:meth:`cluster.client.SlurmClient.sbatch_stamp`: a new
-    release is a new file); None when it cannot be asked (sbatch itself will say what is wrong)."""
+    """The long options of the cluster's ``sbatch`` (``sbatch --help``: its release's), kept
+    per cluster as the array limits are (on slurm.conf's stamp: a new release comes with its
+    daemons restarted on an edited slurm.conf) and asked again at least daily
+    (:data:`SBATCH_OPTIONS_TTL_S`); None when it cannot be asked (sbatch itself will then say
+    what is wrong)."""
     from cluster.errors import ClusterError
 
-    stamp = client.sbatch_stamp()
+    stamp = client.conf_stamp()
     path = cache_dir / SBATCH_OPTIONS_FILE
     try:
         data = json.loads(path.read_bytes())
-        if data["stamp"] == stamp and isinstance(data["options"], list):
+        ttl = SBATCH_OPTIONS_TTL_S if not stamp.endswith(":missing") else UNSTAMPED_TTL_S
+        fresh = 0 <= time.time() - float(data["at"]) < ttl
+        if data["stamp"] == stamp and fresh and isinstance(data["options"], list):
             return frozenset(str(o) for o in data["options"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing, damaged or foreign: ask sbatch

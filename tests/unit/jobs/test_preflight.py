@@ -172,9 +172,6 @@ class SubmitClient(FakeClient):
     def limits(self) -> ClusterLimits:
         return ClusterLimits(3, 100)
 
-    def sbatch_stamp(self) -> str:
-        return "/usr/bin/sbatch:1:1"
-
     def sbatch_options(self) -> frozenset[str]:
         from cluster.parse import parse_sbatch_help
 
@@ -265,14 +262,14 @@ def _live(release: str) -> frozenset[str]:
 
 
 class HelpClient:
-    """``sbatch --help`` (counted) and the stamp of the sbatch it runs."""
+    """``sbatch --help`` (counted) and the stamp of the cluster's slurm.conf."""
 
     def __init__(self, release: str) -> None:
         self.release = release
         self.asked = 0
 
-    def sbatch_stamp(self) -> str:
-        return f"/usr/bin/sbatch:{self.release}"
+    def conf_stamp(self) -> str:
+        return f"/etc/slurm/slurm.conf:{self.release}"
 
     def sbatch_options(self) -> frozenset[str]:
         self.asked += 1
@@ -318,16 +315,23 @@ def test_every_option_jobs_writes_is_in_each_release() -> None:
         check_sbatch_release(loaded.spec, _live("22.05") - {"gres"})
 
 
-def test_sbatch_options_are_asked_once_per_sbatch(tmp_path: Path) -> None:
-    from jobs.preflight import SBATCH_OPTIONS_FILE, sbatch_options
+def test_sbatch_options_are_asked_once_per_cluster(tmp_path: Path) -> None:
+    import json
+
+    from jobs.preflight import SBATCH_OPTIONS_FILE, SBATCH_OPTIONS_TTL_S, sbatch_options
 
     client = HelpClient("22.05")
     for _ in range(3):
         assert sbatch_options(client, tmp_path) == _live("22.05")  # type: ignore[arg-type]
     assert client.asked == 1
-    client.release = "26.05"  # another sbatch (a release installed over it): asked again
+    client.release = "26.05"  # slurm.conf edited (the upgrade restarted the daemons): asked again
     assert "spread-segments" in (sbatch_options(client, tmp_path) or ())  # type: ignore[arg-type]
     assert client.asked == 2
     (tmp_path / SBATCH_OPTIONS_FILE).write_text('{"stamp": 1, "options": "x"}')  # foreign
     assert sbatch_options(client, tmp_path) == _live("26.05")  # type: ignore[arg-type]
     assert client.asked == 3
+    path = tmp_path / SBATCH_OPTIONS_FILE
+    old = json.loads(path.read_text())
+    path.write_text(json.dumps({**old, "at": old["at"] - SBATCH_OPTIONS_TTL_S - 1}))  # a day
+    assert sbatch_options(client, tmp_path) == _live("26.05")  # type: ignore[arg-type]
+    assert client.asked == 4
