@@ -24,7 +24,7 @@ from pathlib import Path
 
 import submitit
 
-__all__ = ["TrainExecutor", "in_place_loop", "safe_python"]
+__all__ = ["SAFE_PATH", "TrainExecutor", "in_place_loop", "safe_python"]
 
 
 class TrainExecutor(submitit.SlurmExecutor):
@@ -69,11 +69,16 @@ class TrainExecutor(submitit.SlurmExecutor):
             self.parameters.pop("map_count", None)
 
 
+#: ``-P`` (Python 3.11+; 3.10 has no way to leave the working directory off ``sys.path`` but
+#: ``-I``, which would drop the ``PYTHONPATH`` the script exports).
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
+
 def safe_python(python: str | None = None) -> str:
     """The interpreter command of every ``python`` line the script runs: ``-P``, so that a
     ``train.py``, ``jobs/`` or ``submitit.py`` in the submission directory (the job's working
     directory) never replaces this project's packages or submitit's (issue 42)."""
-    return f"{shlex.quote(python or sys.executable)} -P"
+    return " ".join([shlex.quote(python or sys.executable), *SAFE_PATH])
 
 
 def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:

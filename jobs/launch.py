@@ -114,7 +114,7 @@ class TrainLaunch:
 def after_step(argv: list[str] | None = None) -> int:
     """``python -m jobs.launch --after-step FOLDER ...``: what the batch script does after a
     step (:func:`train.stop.step.after_step` for this task's run, found through its pickle);
-    prints ``restart`` or ``exit N`` (jobs.render.in_place_loop)."""
+    prints ``restart`` or ``exit N`` (jobs.executor.in_place_loop)."""
     import argparse
     import sys
 

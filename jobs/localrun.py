@@ -46,6 +46,9 @@ from train.env import DistEnv
 from train.history import RunHistory
 from train.schema import Schema, report
 
+# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
 if TYPE_CHECKING:
     from train.spec.config import RequeueConfig
 
@@ -223,7 +226,7 @@ class Supervisor:
             env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
             log = self.record.log_file(self.task_id(index), rank).open("ab")
             self.logs.append(log)
-            cmd = [sys.executable, "-P", "-u", "-m", "train", "--config"]
+            cmd = [sys.executable, *_SAFE_PATH, "-u", "-m", "train", "--config"]
             cmd += [str(Path(task_dir) / "resolved.yaml"), "--run-dir", task_dir]
             if entry["restarts"]:
                 cmd.append("--resume")  # a restart continues this run's own checkpoints

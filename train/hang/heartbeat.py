@@ -96,6 +96,9 @@ from typing import IO, Any
 
 from train.runfiles import open_fd, open_text, write_text
 
+# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
 __all__ = [
     "BUDGET_FIELDS",
     "BUSY_FLOOR_S",
@@ -296,7 +299,7 @@ class Watchdog:
         if local_rank != 0:
             return
         cmd = [
-            sys.executable, "-P", "-m", "train.hang.watcher",
+            sys.executable, *_SAFE_PATH, "-m", "train.hang.watcher",
             "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
             "--local-dir", str(self.local_dir), "--world-size", str(world_size),
             "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),
