@@ -27,7 +27,7 @@ from jobs.errors import PreflightError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from cluster.client import SlurmClient
+    from cluster import Slurm
     from cluster.models import ClusterState
     from jobs.spec import JobSpec
 
@@ -38,7 +38,7 @@ SBATCH_OPTIONS_TTL_S = 86400.0
 UNSTAMPED_TTL_S = 3600.0
 
 
-def cluster_limits(client: SlurmClient, cache_dir: Path) -> ClusterLimits:
+def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
     """The cluster's array limits, from the cache when slurm.conf has not changed since."""
     stamp = client.conf_stamp()
     path = cache_dir / LIMITS_FILE
@@ -61,7 +61,7 @@ def cluster_limits(client: SlurmClient, cache_dir: Path) -> ClusterLimits:
     return limits
 
 
-def sbatch_options(client: SlurmClient, cache_dir: Path) -> frozenset[str] | None:
+def sbatch_options(client: Slurm, cache_dir: Path) -> frozenset[str] | None:
     """The long options of the cluster's ``sbatch`` (``sbatch --help``: its release's), kept
     per cluster as the array limits are (on slurm.conf's stamp: a new release comes with its
     daemons restarted on an edited slurm.conf) and asked again at least daily
@@ -139,7 +139,7 @@ def array_limit(tasks: int, limits: ClusterLimits, where: Where | None = None) -
 
 def preflight(
     spec: JobSpec,
-    client: SlurmClient,
+    client: Slurm,
     where: Where | None = None,
     *,
     state: ClusterState | None = None,
@@ -255,7 +255,7 @@ def save_lead_notes(
     -> saved checkpoint) need more than the spec's ``requeue.signal_delay_s`` or the partition's
     GraceTime gives (nothing measured yet, a fresh run: nothing to say)."""
     from train.history import RunHistory
-    from train.stop.lead import lead_notes, needed_lead_s
+    from train.stop import lead_notes, needed_lead_s
 
     needed = [n for d in run_dirs if (n := needed_lead_s(RunHistory(d).events())) is not None]
     if not needed:

@@ -29,13 +29,13 @@ from jobs.pids import wait_exec
 from jobs.records import Plan
 from jobs.render import sbatch_script, submitit_folder, submitted_pickle
 from jobs.slurmmap import timeout_min
-from train.spec.load import dump_spec
+from train.spec import dump_spec
 
 # -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
 _SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
     from cluster.models import ClusterState
     from jobs.spec import JobSpec
 
@@ -155,7 +155,7 @@ def new_record(
 def submit(
     loaded: LoadedSpec,
     plan: Plan,
-    client: SlurmClient | None,
+    client: Slurm | None,
     executor: str = "auto",
     *,
     preflight: bool = True,
@@ -198,7 +198,7 @@ def submit(
 
         state = state or client.cluster_state()  # the one sinfo of this submission
         partition = check(loaded.spec, client, loaded.where, state=state)
-        # the options against this cluster's sbatch release (its --help, cached per sbatch)
+        # the options against this cluster's sbatch release (its --help, cached per cluster)
         live = sbatch_options(client, records.state_dir())
         check_sbatch_release(loaded.spec, live, loaded.where)
         for line in save_lead_notes(loaded.spec, [plan.run_dir], partition, state):
@@ -213,7 +213,7 @@ def submit(
 
 
 def submit_slurm(
-    loaded: LoadedSpec, plan: Plan, client: SlurmClient, *, array_limit: int | None = None
+    loaded: LoadedSpec, plan: Plan, client: Slurm, *, array_limit: int | None = None
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
@@ -339,13 +339,13 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     return record
 
 
-def _slurm_client() -> SlurmClient:
-    from cluster.client import SlurmClient
+def _slurm_client() -> Slurm:
+    from cluster import slurm_client
 
-    return SlurmClient()
+    return slurm_client()
 
 
-def _claim(plan: Plan, client: Callable[[], SlurmClient]) -> Plan:
+def _claim(plan: Plan, client: Callable[[], Slurm]) -> Plan:
     """The run directory, this submission's from now on (:mod:`jobs.claim`): refused in one line
     when it belongs to a run that is not over."""
     from jobs.claim import claim
