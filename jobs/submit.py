@@ -2,10 +2,10 @@
 
 One code path for single jobs and sweeps: a sweep is one job array (several when it is bigger
 than the cluster's MaxArraySize), one resolved spec per task, recorded as ONE run. The script
-is :func:`jobs.render.sbatch_script`'s, which ``--dry-run`` (:func:`dry_run`) prints too; sbatch
+is :func:`jobs.render.sbatch_script`'s (rendered by submitit's executor), which ``--dry-run``
+(:func:`dry_run`) prints too; the tasks' pickles are submitit's ``DelayedSubmission``s; sbatch
 runs through :class:`cluster.client.SlurmClient` with its own environment (``os.environ`` is
-never touched). submitit is what runs in the allocation (``submitit.core._submit`` loads the
-task's pickle and calls it); submitting imports none of it.
+never touched). In the allocation ``submitit.core._submit`` loads the task's pickle and calls it.
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.pids import wait_exec
 from jobs.records import Plan
-from jobs.render import (
-    command_note,
-    sbatch_script,
-    submitit_folder,
-    submitted_pickle,
-    timeout_min,
-)
+from jobs.render import sbatch_script, submitit_folder, submitted_pickle
+from jobs.slurmmap import timeout_min
 from train.spec import dump_spec
+
+# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 if TYPE_CHECKING:
     from cluster import Slurm
@@ -75,8 +73,8 @@ def dry_run(loaded: LoadedSpec, plan: Plan, template: str | None = None) -> str:
 
         return render_template(template, loaded, loaded.path)
     size = len(loaded.tasks) if loaded.is_array else None
-    script = sbatch_script(loaded.spec, plan.run_dir, size)
-    return script + command_note(loaded.spec)
+    # what each rank runs is in the script itself (jobs.render.rank_note)
+    return sbatch_script(loaded.spec, plan.run_dir, size)
 
 
 def dry_run_note(loaded: LoadedSpec) -> str | None:
@@ -188,11 +186,21 @@ def submit(
             return submit_local(loaded, plan)
     limit = None
     if preflight:
-        from jobs.preflight import array_limit, cluster_limits, save_lead_notes, shapes_note
+        from jobs.preflight import (
+            array_limit,
+            check_sbatch_release,
+            cluster_limits,
+            save_lead_notes,
+            sbatch_options,
+            shapes_note,
+        )
         from jobs.preflight import preflight as check
 
         state = state or client.cluster_state()  # the one sinfo of this submission
         partition = check(loaded.spec, client, loaded.where, state=state)
+        # the options against this cluster's sbatch release (its --help, cached per cluster)
+        live = sbatch_options(client, records.state_dir())
+        check_sbatch_release(loaded.spec, live, loaded.where)
         for line in save_lead_notes(loaded.spec, [plan.run_dir], partition, state):
             print(line, file=sys.stderr)  # the warning fits the save (train.stop.lead)
         note = shapes_note(loaded.spec, state)  # resources.nodes "MIN-MAX": which shapes
@@ -209,13 +217,14 @@ def submit_slurm(
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
-    Each task's :class:`~jobs.launch.TrainLaunch` is pickled the way submitit's executor does
-    it (``RUN_DIR/slurm/JOBID[_N]_submitted.pkl``, read by ``submitit.core._submit`` in the
-    allocation) and the script is :func:`jobs.render.sbatch_script`'s, the one ``--dry-run``
-    prints. A sweep is one array; when it has more tasks than ``array_limit`` (the cluster's
-    MaxArraySize) it is several arrays of at most ``array_limit`` tasks, each after the
-    previous one has ended (``--dependency=afterany``), so at most ``sweep.max_parallel`` tasks
-    run at any time over all of them. All arrays go in or none: when one sbatch fails, the
+    Each task's :class:`~jobs.launch.TrainLaunch` is pickled in submitit's own
+    ``DelayedSubmission`` (``RUN_DIR/slurm/JOBID[_N]_submitted.pkl``, read by
+    ``submitit.core._submit`` in the allocation) and the script is
+    :func:`jobs.render.sbatch_script`'s, the one ``--dry-run`` prints. A sweep is one array;
+    when it has more tasks than ``array_limit`` (the cluster's MaxArraySize) it is several
+    arrays of at most ``array_limit`` tasks, each after the previous one has ended
+    (``--dependency=afterany``), so at most ``sweep.max_parallel`` tasks run at any time over
+    all of them. All arrays go in or none: when one sbatch fails, the
     arrays already submitted are cancelled. Returns the saved record (one run).
     """
     plan = _claim(plan, lambda: client)  # before anything is written into it
@@ -267,9 +276,11 @@ def submit_slurm(
 
 
 def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) -> list[Path]:
-    """One pickled :class:`~jobs.launch.TrainLaunch` per task, in the envelope submitit's
-    runtime loads (:class:`jobs.launch.DelayedSubmission`), under temporary names."""
-    from jobs.launch import DelayedSubmission, TrainLaunch
+    """One pickled :class:`~jobs.launch.TrainLaunch` per task, in submitit's
+    ``DelayedSubmission`` (what its runtime loads; its ``dump``), under temporary names."""
+    from submitit.helpers import DelayedSubmission
+
+    from jobs.launch import TrainLaunch
 
     minutes = timeout_min(loaded.spec)
     signal_name = loaded.spec.requeue.signal
@@ -308,7 +319,7 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.localrun", str(plan.run_dir)],
+            [sys.executable, *_SAFE_PATH, "-m", "jobs.localrun", str(plan.run_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -245,6 +245,33 @@ def test_hostile_run_directory_is_quoted_for_sbatch(env: dict[str, str], tmp_pat
     assert len(run_dirs) == 1 and list((run_dirs[0] / "slurm").glob("*_0_log.out"))
 
 
+def test_submit_from_a_folder_of_the_users_own_runs_ours(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 42: the job's working directory (where it was submitted from) holds a train.py,
+    jobs/, cluster.py and submitit.py of the user's own; every python line of the batch script
+    (submitit's task, our after-step question) still runs this project's and submitit's code.
+    Issue 45: submitit's lines once in a rank's log."""
+    work = tmp_path / "project"
+    (work / "jobs").mkdir(parents=True)
+    for name in ("train.py", "cluster.py", "submitit.py", "jobs/__init__.py", "jobs/launch.py"):
+        (work / name).write_text(f"raise SystemExit('SHADOWED by {name}')\n")
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-P", "-m", "jobs", "submit", str(EXAMPLE), *SMALL,
+         "--runs-dir", str(runs), "--follow"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "COMPLETED" in proc.stdout
+    logs = sorted(next(runs.iterdir()).glob("slurm/*_log.out"))
+    assert len(logs) == 2  # one per rank
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert "SHADOWED" not in text, text[-2000:]
+        assert text.count("Job completed successfully") == 1, text[-3000:]
+
+
 def test_local_executor_runs_without_slurm(env: dict[str, str]) -> None:
     proc = jobs(env, "submit", str(EXAMPLE), *SMALL, "--executor", "local", "--follow", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
