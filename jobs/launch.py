@@ -72,13 +72,12 @@ class TrainLaunch:
             return
         import json
 
+        from train.runfiles import atomic_write, make_dirs
         from train.spec import dump_spec  # the one writer the spec loader reads back
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        make_dirs(path.parent)
         data = json.loads(self.resolved)
-        tmp.write_text(dump_spec(data), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, dump_spec(data), durable=False)  # every rank may race: each whole
 
     def argv(self) -> list[str]:
         return ["--config", self.config, "--run-dir", self.run_dir, *self.extra_args]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from jobs.pids import wait_exec
 from jobs.records import Plan
 from jobs.render import sbatch_script, submitit_folder, submitted_pickle
 from jobs.slurmmap import timeout_min
+from train import runfiles
 from train.spec import dump_spec
 
 # -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
@@ -111,12 +111,13 @@ def write_run_files(loaded: LoadedSpec, plan: Plan, *, lazy: bool = False) -> li
     file system 1000 directories and files at submission would cost seconds.
     """
     try:
-        (plan.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-        (plan.run_dir / "spec.yaml").write_text(loaded.text, encoding="utf-8")
+        # through the run directory's owner: never through a link planted in a shared run dir
+        runfiles.make_dirs(plan.run_dir, runfiles.SLURM_DIR)
+        runfiles.atomic_write(plan.run_dir / runfiles.SPEC, loaded.text, durable=False)
         if loaded.is_array:
             # The whole validated spec, sweep included, for people reading the run directory.
             text = _yaml_text(_resolved_data(loaded.spec, keep_sweep=True))
-            (plan.run_dir / "resolved.yaml").write_text(text, encoding="utf-8")
+            runfiles.atomic_write(plan.run_dir / runfiles.RESOLVED, text, durable=False)
         out = []
         for task in loaded.tasks:
             task_dir = plan.task_dir(task.index if loaded.is_array else None)
@@ -125,8 +126,8 @@ def write_run_files(loaded: LoadedSpec, plan: Plan, *, lazy: bool = False) -> li
                 pending = json.dumps(_resolved_data(task.spec), separators=(",", ":"))
                 out.append(TaskFiles(task, config, task_dir, pending))
                 continue
-            task_dir.mkdir(parents=True, exist_ok=True)
-            config.write_text(_resolved_text(task), encoding="utf-8")
+            runfiles.make_dirs(task_dir)
+            runfiles.atomic_write(config, _resolved_text(task), durable=False)
             out.append(TaskFiles(task, config, task_dir))
     except OSError as exc:
         raise SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc}") from None
@@ -244,20 +245,20 @@ def submit_slurm(
             count = len(group) if loaded.is_array else None
             script = sbatch_script(loaded.spec, plan.run_dir, count)
             path = plan.run_dir / ("sbatch.sh" if k == 0 else f"sbatch-{k}.sh")
-            path.write_text(script, encoding="utf-8")
+            runfiles.atomic_write(path, script, durable=False)
             after = [f"--dependency=afterany:{job_ids[-1]}"] if job_ids else []
             # sbatch from the caller's directory, as submitit did: the job's working directory.
             job_ids.append(client.submit(path, after))
             for i, pkl in enumerate(pickles):
                 jid = f"{job_ids[-1]}_{i}" if loaded.is_array else job_ids[-1]
-                os.replace(pkl, submitted_pickle(folder, jid))
+                runfiles.rename(pkl, submitted_pickle(folder, jid))
     except (ClusterError, OSError) as exc:
         if job_ids:  # ours: submitted by this call a moment ago
             with contextlib.suppress(ClusterError):
                 client.cancel(list(reversed(job_ids)), no_requeue=True)
-        shutil.rmtree(pending, ignore_errors=True)
+        runfiles.remove_own_tree(pending)
         if not plan_is_explicit(loaded):
-            shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing of it runs
+            runfiles.remove_own_tree(plan.run_dir)  # nothing of it runs (ours, made just now)
         else:
             _release(plan)
         if isinstance(exc, ClusterError):
@@ -278,13 +279,16 @@ def submit_slurm(
 def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) -> list[Path]:
     """One pickled :class:`~jobs.launch.TrainLaunch` per task, in submitit's
     ``DelayedSubmission`` (what its runtime loads; its ``dump``), under temporary names."""
+    import pickle
+
+    import cloudpickle
     from submitit.helpers import DelayedSubmission
 
     from jobs.launch import TrainLaunch
 
     minutes = timeout_min(loaded.spec)
     signal_name = loaded.spec.requeue.signal
-    pending.mkdir(parents=True, exist_ok=True)
+    runfiles.make_dirs(pending.parent, pending.name)
     paths = []
     for f in group:
         delayed = DelayedSubmission(
@@ -292,7 +296,10 @@ def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) ->
         )
         delayed.set_timeout(minutes, 0)  # 0 timeouts: submitit never requeues by itself
         paths.append(pending / f"{f.task.index}.pkl")
-        delayed.dump(paths[-1])
+        # submitit's own pickling (DelayedSubmission.dump is cloudpickle.dump at the highest
+        # protocol), written through the owner: never through a link planted in .pending
+        data = cloudpickle.dumps(delayed, pickle.HIGHEST_PROTOCOL)
+        runfiles.atomic_write(paths[-1], data, durable=False)
     return paths
 
 
@@ -313,7 +320,13 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
         raise
     record = new_record(loaded, plan, "local", files)
     records.save_record(record)  # the supervisor reads it
-    log = (plan.run_dir / "slurm" / "supervisor.log").open("ab")
+    log = os.fdopen(
+        runfiles.open_fd(
+            plan.run_dir / runfiles.SLURM_DIR / "supervisor.log",
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        ),
+        "ab",
+    )
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
