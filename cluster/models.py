@@ -114,6 +114,9 @@ class ClusterLimits:
     expedited_requeue: bool = False
     # 25.11+: SchedulerParameters=requeue_delay=N, seconds a requeued job waits (None: unset)
     requeue_delay_s: int | None = None
+    # SLURM_VERSION (``24.11.5``; "" when not printed): what the release does differently
+    # (README's table), e.g. whether it requeues a preempted job itself (train.stop)
+    slurm_version: str = ""
 
     @property
     def max_array_tasks(self) -> int:

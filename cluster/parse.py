@@ -183,7 +183,8 @@ def parse_sinfo(text: str) -> ClusterState:
 
 def parse_config_limits(text: str) -> ClusterLimits:
     """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
-    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``)."""
+    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``) and the
+    release (SLURM_VERSION)."""
     values: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
@@ -198,6 +199,7 @@ def parse_config_limits(text: str) -> ClusterLimits:
         max_job_count=_int(values.get("MaxJobCount", ""), defaults.max_job_count),
         expedited_requeue="enable_expedited_requeue" in ctld,
         requeue_delay_s=int(delay) if delay.isdigit() else None,
+        slurm_version=(values.get("SLURM_VERSION", "").split() or [""])[0],
     )
 
 

@@ -53,6 +53,7 @@ def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
                 # an entry written before these fields existed reads as none set
                 expedited_requeue=data.get("expedited_requeue") is True,
                 requeue_delay_s=delay if isinstance(delay, int) else None,
+                slurm_version=str(data.get("slurm_version") or ""),
             )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing, damaged or foreign: ask the cluster

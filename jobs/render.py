@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jobs.slurmmap import RESOURCE_OPTIONS, sbatch_options, submitit_parameters
+from train.env import SLURM_RELEASE_ENV
 
 if TYPE_CHECKING:
+    from cluster.models import ClusterLimits
     from jobs.spec import JobSpec
 
 # Where `jobs` (and `train`) live: exported so the tasks can unpickle jobs.launch.TrainLaunch
@@ -157,7 +159,12 @@ def command_note(spec: JobSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -> str:
+def sbatch_script(
+    spec: JobSpec,
+    run_dir: Path,
+    array_size: int | None = None,
+    cluster: ClusterLimits | None = None,
+) -> str:
     """The exact script sbatch gets for this spec and run directory (``array_size``: a sweep).
 
     Rendered by submitit itself (:class:`jobs.executor.TrainExecutor`, a ``SlurmExecutor``):
@@ -166,16 +173,26 @@ def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -
     ``setup``, :func:`srun_args` as its ``srun_args``, per-rank logs appended to
     (``%j_%t_log.out``, stderr with stdout), ``-P`` interpreters. The one part that is ours is
     the loop around submitit's srun line (:func:`jobs.executor.in_place_loop`): submitit has no
-    way to say it.
+    way to say it. ``cluster``: what the preflight read from the cluster
+    (:func:`jobs.preflight.cluster_limits`): its release is exported to the ranks
+    (:data:`train.env.SLURM_RELEASE_ENV`: the stop path leaves a preemption's requeue to a
+    release that requeues preempted jobs itself) and, where it allows it, the job asks for
+    ``--requeue=expedite``.
     Imports submitit (asyncio, ...): ``--dry-run`` pays it (bench/README: the CLI figures).
     """
     from jobs.executor import TrainExecutor
 
     folder = submitit_folder(run_dir)
-    named, extra = submitit_parameters(list(slurm_options(spec).sbatch))
+    options = list(slurm_options(spec).sbatch)
+    setup = setup_lines(spec)
+    if cluster is not None and cluster.expedited_requeue:
+        options = [("requeue", "expedite") if k == "requeue" else (k, v) for k, v in options]
+    if cluster is not None and cluster.slurm_version:
+        setup.insert(1, f"export {SLURM_RELEASE_ENV}={shlex.quote(cluster.slurm_version)}")
+    named, extra = submitit_parameters(options)
     params: dict[str, object] = {
         **named,
-        "setup": setup_lines(spec),
+        "setup": setup,
         "srun_args": srun_args(spec),
         "stderr_to_stdout": True,
         "additional_parameters": extra,

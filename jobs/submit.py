@@ -36,7 +36,7 @@ _SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 if TYPE_CHECKING:
     from cluster import Slurm
-    from cluster.models import ClusterState
+    from cluster.models import ClusterLimits, ClusterState
     from jobs.spec import JobSpec
 
 
@@ -186,6 +186,7 @@ def submit(
             print(msg, file=sys.stderr)
             return submit_local(loaded, plan)
     limit = None
+    limits: ClusterLimits | None = None
     if preflight:
         from jobs.preflight import (
             array_limit,
@@ -207,14 +208,21 @@ def submit(
         note = shapes_note(loaded.spec, state)  # resources.nodes "MIN-MAX": which shapes
         if note:
             print(note, file=sys.stderr)
+        # the release and its restart levers (cached per slurm.conf, like the array limits):
+        # exported to the ranks, --requeue=expedite where the cluster allows it
+        limits = cluster_limits(client, records.state_dir())
         if loaded.is_array:
-            limits = cluster_limits(client, records.state_dir())
             limit = array_limit(len(loaded.tasks), limits, loaded.where)
-    return submit_slurm(loaded, plan, client, array_limit=limit)
+    return submit_slurm(loaded, plan, client, array_limit=limit, cluster=limits)
 
 
 def submit_slurm(
-    loaded: LoadedSpec, plan: Plan, client: Slurm, *, array_limit: int | None = None
+    loaded: LoadedSpec,
+    plan: Plan,
+    client: Slurm,
+    *,
+    array_limit: int | None = None,
+    cluster: ClusterLimits | None = None,
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
@@ -226,7 +234,9 @@ def submit_slurm(
     arrays of at most ``array_limit`` tasks, each after the previous one has ended
     (``--dependency=afterany``), so at most ``sweep.max_parallel`` tasks run at any time over
     all of them. All arrays go in or none: when one sbatch fails, the
-    arrays already submitted are cancelled. Returns the saved record (one run).
+    arrays already submitted are cancelled. ``cluster``: the preflight's
+    :func:`jobs.preflight.cluster_limits` (the release, ``--requeue=expedite``; see
+    :func:`jobs.render.sbatch_script`). Returns the saved record (one run).
     """
     plan = _claim(plan, lambda: client)  # before anything is written into it
     try:
@@ -243,7 +253,7 @@ def submit_slurm(
         for k, group in enumerate(groups):
             pickles = _dump_launches(loaded, group, pending)
             count = len(group) if loaded.is_array else None
-            script = sbatch_script(loaded.spec, plan.run_dir, count)
+            script = sbatch_script(loaded.spec, plan.run_dir, count, cluster)
             path = plan.run_dir / ("sbatch.sh" if k == 0 else f"sbatch-{k}.sh")
             runfiles.atomic_write(path, script, durable=False)
             after = [f"--dependency=afterany:{job_ids[-1]}"] if job_ids else []

@@ -27,6 +27,7 @@ from train.errors import EnvError
 __all__ = [
     "DUMMY_GPUS_ENV",
     "IN_PLACE_ENV",
+    "SLURM_RELEASE_ENV",
     "DistEnv",
     "attempt_key",
     "master_port_for_job",
@@ -44,6 +45,9 @@ PORT_SPAN = 12000
 DUMMY_GPUS_ENV = "SLURM_TRAIN_DUMMY_GPUS"
 #: The restart-in-place count of this step (the batch script's own variable, not Slurm's).
 IN_PLACE_ENV = "SLURM_TRAIN_IN_PLACE"
+#: The cluster's Slurm release (``24.11.5``), exported by the batch script from what the
+#: submission's preflight read (``scontrol show config``, cached): no rank asks Slurm for it.
+SLURM_RELEASE_ENV = "SLURM_TRAIN_SLURM_RELEASE"
 
 
 def master_port_for_job(job_id: str | None) -> int:

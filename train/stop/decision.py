@@ -101,6 +101,15 @@ def _step_ending(trigger: Trigger, facts: StopFacts) -> bool:
     )
 
 
+def _slurm_requeues(facts: StopFacts) -> bool:
+    """Slurm preempted this job (PreemptTime set) on a release that requeues a preempted job
+    itself (24.11+): our own ``scontrol requeue`` would be a second one (24.11.5 then ends the
+    next run too). A stop Slurm cannot explain (no PreemptTime) is still ours to requeue."""
+    info = facts.job_info or {}
+    preempted = str(info.get("PreemptTime", "")).strip().lower() not in ("", "none", "unknown")
+    return facts.executor == "slurm" and facts.slurm_requeues_preempted and preempted
+
+
 def _no_progress(
     kind: str, facts: StopFacts, counts: Mapping[str, int], budgets: BudgetConfig
 ) -> str | None:
@@ -145,6 +154,8 @@ def decide(
       is the one the last N restarts          exhausted     progress consecutive restarts made
       resumed from                                          no checkpoint progress
     ... already requeued (command, Slurm)   + requeue     none (0; 1 for a failure)
+    preemption (PreemptTime) on a release   preempted     none (0): Slurm requeues it (24.11+)
+      that requeues preempted jobs itself   + requeue
     failure / hang under an in-place        its event     restart_in_place while
       batch script, no node to exclude                    requeue.max_restarts_in_place lasts
     ======================================  ============  ======================================
@@ -247,6 +258,11 @@ def decide(
     ):
         # the allocation is still ours: a new step on the same nodes, from the last checkpoint
         return Decision(kind, event, "restart_in_place", 1 if failed else 0)
+    if kind == "preemption" and _slurm_requeues(facts):
+        return Decision(
+            kind, event, "none", 0, requeued_by="slurm",
+            note="preempted on a release that requeues preempted jobs itself: left to Slurm",
+        )  # fmt: skip
     if facts.requeued_by is not None:
         return Decision(
             kind, event, "none", 1 if failed else 0, requeued_by=facts.requeued_by,

@@ -38,6 +38,7 @@ __all__ = [
     "newest_checkpoint_step",
     "node_failure",
     "preemption_grace_s",
+    "requeues_preempted",
 ]
 
 StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure", "node_fail"]
@@ -49,6 +50,21 @@ LOCAL_SUPERVISOR_ENV = "SLURM_TRAIN_LOCAL_SUPERVISOR"
 log = logging.getLogger(__name__)
 
 _UNSET = {"", "none", "unknown", "n/a", "(null)"}
+
+#: The first release recorded to requeue a preempted job that exits in its grace time by itself
+#: (README's table: 22.05 ends it COMPLETED; 24.11 and 26.05 requeue it, and 24.11.5 requeues a
+#: job that also requeued itself twice).
+SELF_REQUEUE_RELEASE = (24, 11)
+
+
+def requeues_preempted(release: str | None) -> bool:
+    """Whether Slurm ``release`` (``24.11.5``) requeues a preempted job itself. An unknown or
+    unreadable release: no (the stop path asks for the requeue: at worst one extra run, never a
+    preempted run left ended)."""
+    parts = (release or "").strip().split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return False
+    return (int(parts[0]), int(parts[1])) >= SELF_REQUEUE_RELEASE
 
 
 def _parse_slurm_timestamp(value: str | None) -> float | None:
@@ -227,6 +243,9 @@ class StopFacts:
     # the newest committed checkpoint's step (RUN_DIR/checkpoints/step-N with its manifest):
     # where a restart would resume; None when none is seen
     checkpoint_step: int | None = None
+    # the cluster's release requeues a preempted job itself (:func:`requeues_preempted` of
+    # the release the submission exported, train.env.SLURM_RELEASE_ENV)
+    slurm_requeues_preempted: bool = False
 
 
 def _local_cancel(run_dir: Path | str) -> bool:
@@ -373,8 +392,11 @@ def gather(
     requeued = lost is None and slurm_requeued
     if requeued and not preempted and trigger in ("signal", "cancel"):
         kind = "requeued"  # scontrol requeue from outside (an administrator): not a preemption
+    from train.env import SLURM_RELEASE_ENV  # stdlib only
+
     return facts(
         "slurm",
+        slurm_requeues_preempted=requeues_preempted(os.environ.get(SLURM_RELEASE_ENV)),
         slurm_kind=kind,
         nodes_lost=lost or {},
         job_info=info or None,

@@ -129,6 +129,7 @@ def test_restart_levers_read_from_the_config(rec: tuple[str, Path, dict]) -> Non
     limits = parse.parse_config_limits((folder / "scontrol_config.txt").read_text())
     assert limits.expedited_requeue is (release == "26.05")
     assert limits.requeue_delay_s is None
+    assert limits.slurm_version.startswith(f"{release}.")
     levers = parse.parse_config_limits(
         "SchedulerParameters     = bf_continue,requeue_delay=45\n"
         "SlurmctldParameters     = enable_expedited_requeue,preempt_send_user_signal\n"

@@ -31,6 +31,26 @@ def _script(text: str, *overrides: str) -> str:
     return sbatch_script(loaded.spec, Path("/runs/demo"), size)
 
 
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_the_script_carries_what_the_preflight_read_of_each_release(release: str) -> None:
+    """Issue 43: the release goes to the ranks (the stop path leaves a preemption's requeue to
+    a release that requeues it itself, without asking Slurm), and a cluster that allows it
+    (26.05 here) gets --requeue=expedite; a submission without a preflight gets neither."""
+    from cluster import parse
+    from train.env import SLURM_RELEASE_ENV
+
+    data = REPO / "tests" / "unit" / "cluster" / "data" / release / "scontrol_config.txt"
+    limits = parse.parse_config_limits(data.read_text())
+    spec = load_spec(EXAMPLE).spec
+    lines = sbatch_script(spec, Path("/runs/x"), None, limits).splitlines()
+    (export,) = [line for line in lines if line.startswith(f"export {SLURM_RELEASE_ENV}=")]
+    assert export.split("=", 1)[1].startswith(f"{release}.")
+    expedite = "#SBATCH --requeue=expedite" in lines
+    assert (expedite, "#SBATCH --requeue" in lines) == (release == "26.05", release != "26.05")
+    plain = sbatch_script(spec, Path("/runs/x")).splitlines()
+    assert "#SBATCH --requeue" in plain and not any(SLURM_RELEASE_ENV in x for x in plain)
+
+
 def test_example_script_has_requeue_signal_append_and_per_rank_logs() -> None:
     loaded = load_spec(EXAMPLE)
     script = sbatch_script(loaded.spec, Path("/runs/x"))

@@ -26,6 +26,7 @@ LOCAL = StopFacts("local")
 PLAIN = StopFacts("none")
 BUDGETS = RequeueConfig(max_preemptions=2, max_timeouts=2, max_failures=2, max_hangs=1)
 NONE: dict[str, int] = {}
+PREEMPTED = {"PreemptTime": "2026-11-27T20:00:00", "JobState": "RUNNING"}
 SPENT = {"preempted": 2, "timeout": 2, "failure": 2, "failure_unknown": 2, "hang": 1}
 
 
@@ -151,6 +152,24 @@ CASES = [
      _facts(SLURM, slurm_kind="preemption", requeued_by="slurm", preempt_evidence=True,
             in_place=True, signal="SIGTERM"), NONE,
      ("preempted", "none", 0, False, ())),
+    # a preemption (PreemptTime) per release behaviour (README's table): 22.05 ends a job that
+    # exits in its grace time COMPLETED (we requeue); 24.11 and 26.05 requeue it themselves
+    # (ours would be a second requeue: 24.11.5 then ends the next run too)
+    ("preempted-on-a-release-that-does-not-requeue-it", "signal",
+     _facts(SLURM, slurm_kind="preemption", job_info=PREEMPTED, preempt_evidence=True), NONE,
+     ("preempted", "requeue", 0, False, ())),
+    ("preempted-on-a-release-that-requeues-it-itself", "signal",
+     _facts(SLURM, slurm_kind="preemption", job_info=PREEMPTED, preempt_evidence=True,
+            slurm_requeues_preempted=True), NONE,
+     ("preempted", "none", 0, False, ())),
+    ("usr2-without-preemption-on-a-self-requeueing-release", "signal",
+     _facts(SLURM, slurm_kind="preemption", job_info={"PreemptTime": "None"},
+            slurm_requeues_preempted=True), NONE,
+     ("preempted", "requeue", 0, False, ())),
+    ("preempted-over-budget-on-a-self-requeueing-release", "signal",
+     _facts(SLURM, slurm_kind="preemption", job_info=PREEMPTED, preempt_evidence=True,
+            slurm_requeues_preempted=True), SPENT,
+     ("preempted", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
 ]  # fmt: skip
 
 
@@ -166,6 +185,25 @@ def test_the_decision_table(
     assert (d.event, d.action, d.exit_code, d.exhausted is not None, d.exclude) == (
         event, action, code, spent, exclude,
     )  # fmt: skip
+
+
+def test_a_preemption_left_to_slurm_is_recorded_as_its_requeue() -> None:
+    facts = _facts(
+        SLURM, slurm_kind="preemption", job_info=PREEMPTED, slurm_requeues_preempted=True
+    )
+    d = decide("signal", facts, NONE, BUDGETS)
+    assert (d.requeued_by, d.requeues) == ("slurm", True)
+
+
+@pytest.mark.parametrize(
+    ("release", "itself"),
+    [("22.05.8", False), ("23.02.7", False), ("24.11.5", True), ("26.05.5", True),
+     ("", False), (None, False), ("garbage", False), ("24", False)],
+)  # fmt: skip
+def test_which_releases_requeue_a_preempted_job_themselves(release: Any, itself: bool) -> None:
+    from train.stop.facts import requeues_preempted
+
+    assert requeues_preempted(release) is itself
 
 
 def test_requeued_by_others_is_carried_and_counts_as_going_on() -> None:
@@ -372,7 +410,47 @@ def _restart_in_place_tells_the_command(tmp: Any) -> Any:
     ]
 
 
+class _Preempting:
+    """Slurm preempting job 7 (PreemptTime set): what it is asked, what it is told."""
+
+    def __init__(self) -> None:
+        self.asked, self.requeued = 0, 0
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        self.asked += 1
+        return {**PREEMPTED, "Restarts": "0", "EndTime": "2099-01-01T00:00:00"}
+
+    def requeue(self, job_id: str) -> None:
+        self.requeued += 1
+
+
+def _preempted_on(release: str) -> Any:
+    """Rank 0's stop of a preempted attempt, the release exported by the batch script: on 22.05
+    it asks for the requeue; on 24.11 and 26.05 it leaves it to Slurm, recorded as Slurm's. One
+    scontrol show job, no query for the release."""
+    import os
+    from unittest import mock
+
+    from train.env import SLURM_RELEASE_ENV
+
+    def run(tmp: Any) -> Any:
+        client = _Preempting()
+        env = DistEnv(job_id="7", restart_count=0, rank=0, world_size=1)
+        with mock.patch.dict(os.environ, {SLURM_RELEASE_ENV: release}):
+            code, _ = stop_attempt(env, tmp, RequeueConfig(), None, client=client)  # type: ignore[arg-type]
+        events = [(e["event"], e.get("via")) for e in RunHistory(tmp).events()]
+        return code, client.asked, client.requeued, events
+
+    return run
+
+
 PATH_CASES = [
+    ("preempted-on-22.05", _preempted_on("22.05.8"),
+     (0, 1, 1, [("preempted", None), ("requeue", "scontrol")])),
+    ("preempted-on-24.11", _preempted_on("24.11.5"),
+     (0, 1, 0, [("preempted", None), ("requeue", "slurm")])),
+    ("preempted-on-26.05", _preempted_on("26.05.5"),
+     (0, 1, 0, [("preempted", None), ("requeue", "slurm")])),
     ("restart-in-place-tells-the-command", _restart_in_place_tells_the_command,
      ["0", "1", "1", "3"]),
     ("completed-then-a-rank-fails", _completed_then_a_rank_fails, 0),
