@@ -32,9 +32,10 @@ import yaml
 
 from cluster.hostlist import expand_hostlist
 from train.checkpoint import CheckpointManager, verify_checkpoint
-from train.env import DistEnv
+from train.env import SLURM_RELEASE_ENV, DistEnv
 from train.history import RunHistory
 from train.spec.config import load_run_config
+from train.stop.facts import requeues_preempted
 
 sys.path.insert(0, str(Path(__file__).parent))
 from slow_saves import slow_steps
@@ -138,6 +139,8 @@ class Cluster:
         self.client = client
         self.tmp = tmp
         self.ids: list[str] = []
+        # what jobs submit's preflight exports to the ranks (jobs.render.sbatch_script)
+        self.release = client.limits().slurm_version
 
     def submit_training(
         self,
@@ -150,7 +153,8 @@ class Cluster:
     ) -> str:
         script = self.tmp / "train.sbatch"
         python = shlex.quote(sys.executable)
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
+        env = {SLURM_RELEASE_ENV: self.release, **(env or {})}
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         srun = shlex.join(["srun", *srun_args])
         script.write_text(
             "#!/bin/bash\n"
@@ -246,12 +250,16 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return RunHistory(run_dir).events()
 
 
-def _check_history(events: list[dict[str, Any]], job_id: str) -> list[dict[str, Any]]:
+def _check_history(
+    events: list[dict[str, Any]], job_id: str, release: str = ""
+) -> list[dict[str, Any]]:
     """Common checks; returns the stop events (preempted/timeout) in order.
 
-    Every stop is followed by a scontrol requeue and a resume at exactly the stopped step (no
-    completed optimizer step lost, none repeated). Other people's urgent jobs may preempt ours
-    as well on the shared cluster, so extra preemptions are allowed.
+    Every stop is followed by one requeue and a resume at exactly the stopped step (no
+    completed optimizer step lost, none repeated): ours (scontrol), or Slurm's for a
+    preemption on a release that requeues preempted jobs itself (24.11+; ``release``: the
+    cluster's). Other people's urgent jobs may preempt ours as well on the shared cluster, so
+    extra preemptions are allowed.
     """
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "complete", kinds
@@ -261,7 +269,9 @@ def _check_history(events: list[dict[str, Any]], job_id: str) -> list[dict[str, 
     requeues = [e for e in events if e["event"] == "requeue"]
     assert stops and len(stops) == len(resumes) == len(requeues), events
     for stop, requeue, resume in zip(stops, requeues, resumes, strict=True):
-        assert requeue["via"] == "scontrol" and requeue["job_id"] == job_id
+        slurms = stop["event"] == "preempted" and requeues_preempted(release)
+        assert requeue["via"] == ("slurm" if slurms else "scontrol"), (stop, requeue)
+        assert requeue["job_id"] == job_id
         assert resume["step"] == stop["step"], (stop, resume)
         assert resume["restart_count"] == stop["restart_count"] + 1
     return stops
@@ -285,7 +295,7 @@ def test_preempted_job_is_requeued_and_resumes_exactly(
     pace.unlink()
     cluster.run_to_completion(job_id, run_dir, 300)
 
-    stops = _check_history(_events(run_dir), job_id)
+    stops = _check_history(_events(run_dir), job_id, cluster.release)
     assert stops[0]["event"] == "preempted" and stops[0]["kind"] == "preemption", stops
     assert all(s["event"] == "preempted" for s in stops)  # --time=10: never a time limit
     assert _final(run_dir)[1] == reference_digest
@@ -310,7 +320,7 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     pace.unlink()
     cluster.run_to_completion(job_id, run_dir, 400)
 
-    stops = _check_history(_events(run_dir), job_id)
+    stops = _check_history(_events(run_dir), job_id, cluster.release)
     timeouts = [s for s in stops if s["event"] == "timeout"]
     assert stops[0]["event"] == "timeout" and stops[0]["kind"] == "timeout", stops
     assert _final(run_dir)[1] == reference_digest
@@ -341,7 +351,7 @@ def test_preempted_two_rank_ddp_job_resumes_exactly(
     pace.unlink()
     cluster.run_to_completion(job_id, run_dir, 400)
 
-    stops = _check_history(_events(run_dir), job_id)
+    stops = _check_history(_events(run_dir), job_id, cluster.release)
     assert stops[0]["event"] == "preempted" and stops[0]["kind"] == "preemption", stops
     step, digest = _final(run_dir)
     manifest = verify_checkpoint(run_dir / "checkpoints" / f"step-{step}")
