@@ -298,13 +298,28 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     # a named run: its goodput too (one more sacct, -D: Slurm's times of every attempt; not
     # for a run that never started: its time so far is all queued)
     ledger = run_ledger(runs[0], _client, states=states) if args.run else None
+    # how the cluster restarts a requeued job, as the last preflight read it (no query)
+    levers = None
+    if args.run and runs[0].executor == "slurm":
+        from jobs.preflight import cached_limits
+        from jobs.records import state_dir
+
+        levers = cached_limits(state_dir())
     if args.json:
         data = status_json(runs, states)
         if ledger is not None:
             data[0]["goodput"] = write_goodput(ledger)
+        if levers is not None:
+            data[0]["requeue_delay_s"] = levers.requeue_delay_s
+            data[0]["expedited_requeue"] = levers.expedited_requeue
         out.write(json.dumps(data if not args.run else data[0], indent=1) + "\n")
     else:
         write_status(runs, states, out)
+        from jobs.preflight import restart_levers_line
+
+        line = restart_levers_line(levers)
+        if line:
+            out.write(line + "\n")
         if ledger is not None:
             write_goodput(ledger, out)
     return 0

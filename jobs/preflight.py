@@ -38,6 +38,18 @@ SBATCH_OPTIONS_TTL_S = 86400.0
 UNSTAMPED_TTL_S = 3600.0
 
 
+def _limits_of(data: dict) -> ClusterLimits:
+    delay = data.get("requeue_delay_s")
+    return ClusterLimits(
+        int(data["max_array_size"]),
+        int(data["max_job_count"]),
+        # an entry written before these fields existed reads as none set
+        expedited_requeue=data.get("expedited_requeue") is True,
+        requeue_delay_s=delay if isinstance(delay, int) and not isinstance(delay, bool) else None,
+        slurm_version=str(data.get("slurm_version") or ""),
+    )
+
+
 def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
     """The cluster's array limits, from the cache when slurm.conf has not changed since."""
     stamp = client.conf_stamp()
@@ -46,15 +58,7 @@ def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
         data = json.loads(path.read_bytes())
         fresh = not stamp.endswith(":missing") or time.time() - data["at"] < UNSTAMPED_TTL_S
         if data["stamp"] == stamp and fresh:
-            delay = data.get("requeue_delay_s")
-            return ClusterLimits(
-                int(data["max_array_size"]),
-                int(data["max_job_count"]),
-                # an entry written before these fields existed reads as none set
-                expedited_requeue=data.get("expedited_requeue") is True,
-                requeue_delay_s=delay if isinstance(delay, int) else None,
-                slurm_version=str(data.get("slurm_version") or ""),
-            )
+            return _limits_of(data)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing, damaged or foreign: ask the cluster
     limits = client.limits()
@@ -66,6 +70,35 @@ def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
     except OSError:
         pass  # a cache that cannot be written only costs one query next time
     return limits
+
+
+def cached_limits(cache_dir: Path) -> ClusterLimits | None:
+    """What the last submission's preflight read (:func:`cluster_limits`'s cache), without a
+    query and whatever its age: for showing, never for deciding. None when there is none (or
+    it is damaged or foreign)."""
+    try:
+        data = json.loads((cache_dir / LIMITS_FILE).read_bytes())
+        return _limits_of(data) if isinstance(data, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def restart_levers_line(limits: ClusterLimits | None) -> str | None:
+    """One line of how the cluster restarts a requeued job (``jobs status``): its
+    ``requeue_delay`` where set, whether it allows an expedited requeue; None when neither."""
+    if limits is None:
+        return None
+    said = []
+    if limits.requeue_delay_s is not None:
+        said.append(
+            f"a requeued job waits {limits.requeue_delay_s} s (SchedulerParameters=requeue_delay)"
+        )
+    if limits.expedited_requeue:
+        said.append("a node failure's requeue is expedited (--requeue=expedite)")
+    if not said:
+        return None
+    release = f"Slurm {limits.slurm_version}: " if limits.slurm_version else ""
+    return f"  requeue: {release}{'; '.join(said)}"
 
 
 def sbatch_options(client: Slurm, cache_dir: Path) -> frozenset[str] | None:

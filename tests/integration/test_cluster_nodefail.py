@@ -266,3 +266,40 @@ def test_a_rank_that_dies_on_a_failed_node_is_a_node_failure_before_slurm_requeu
     nodes = {json.loads((run.attempt_dir() / f"rank-{r}.json").read_text())["node"] for r in (0, 1)}
     assert node not in nodes, nodes
     assert run.steps_done() == 150
+
+
+@pytest.mark.long(60)
+def test_an_expedited_requeue_brings_a_killed_nodes_job_back_without_the_hold(
+    run: ByoRun, slurm_client: SlurmClient, slurm_cluster: Any
+) -> None:
+    """Issue 43: where the cluster allows it (SlurmctldParameters=enable_expedited_requeue:
+    the local 26.05 cluster), jobs submit asks for --requeue=expedite; a job whose node dies is
+    then back training on the other nodes at once (EXPEDITING, then RUNNING), where a plain
+    --requeue one waits about 120 s PENDING (BeginTime): nobody releases it here."""
+    if not slurm_client.limits().expedited_requeue:
+        pytest.skip(
+            f"Slurm {slurm_client.limits().slurm_version or '?'} here does not allow "
+            "--requeue=expedite (SlurmctldParameters=enable_expedited_requeue: 25.11+)"
+        )
+    dead = ""
+    try:
+        _submit_plain_ddp(run, "nodefail-expedite-it")
+        assert "#SBATCH --requeue=expedite" in (run.run_dir / "sbatch.sh").read_text()
+        first = run.attempt_dir()
+        dead = json.loads((first / "rank-1.json").read_text())["node"]
+        steps = run.steps_done()
+        _kill_node(slurm_cluster, slurm_client, run.job_id, dead)
+        # well under the 120 s hold of a plain requeue: the next attempt makes steps
+        run.wait(
+            "the next attempt to train (expedited, never released)",
+            lambda: run.attempt_dir() != first and run.steps_done() > steps,
+            90,
+        )
+        final = run.wait_final()
+    finally:
+        if dead:
+            slurm_cluster.up()
+    assert final == "COMPLETED", run.log()
+    names = [e["event"] for e in run.events()]
+    assert names.count("node_fail") == 1 and names[-1] == "complete", names
+    assert run.steps_done() == 150

@@ -122,10 +122,34 @@ def test_limits_are_cached_on_the_slurm_conf_stamp(tmp_path: Path) -> None:
 
 def test_restart_levers_survive_the_cache(tmp_path: Path) -> None:
     """25.11+'s expedited requeue and requeue_delay come back from the cache as they went in."""
-    levers = ClusterLimits(1001, 10000, expedited_requeue=True, requeue_delay_s=30)
+    levers = ClusterLimits(
+        1001, 10000, expedited_requeue=True, requeue_delay_s=30, slurm_version="26.05.5"
+    )
     client = LimitsClient("/etc/slurm.conf:10:1", levers)
     assert [cluster_limits(client, tmp_path) for _ in range(2)] == [levers, levers]  # type: ignore[arg-type]
     assert client.asked == 1
+
+
+def test_jobs_status_shows_the_requeue_delay_the_preflight_read(tmp_path: Path) -> None:
+    """Issue 43: requeue_delay and an expedited requeue shown as the last preflight read them
+    (no query); nothing where neither is set, or no (or a damaged) entry is there."""
+    from jobs.preflight import cached_limits, restart_levers_line
+
+    assert restart_levers_line(cached_limits(tmp_path)) is None  # no entry
+    levers = ClusterLimits(1001, 10000, requeue_delay_s=45, slurm_version="26.05.5")
+    cluster_limits(LimitsClient("/etc/slurm.conf:1:1", levers), tmp_path)  # type: ignore[arg-type]
+    assert restart_levers_line(cached_limits(tmp_path)) == (
+        "  requeue: Slurm 26.05.5: a requeued job waits 45 s (SchedulerParameters=requeue_delay)"
+    )
+    both = ClusterLimits(1, 1, expedited_requeue=True, requeue_delay_s=0)
+    assert restart_levers_line(both) == (
+        "  requeue: a requeued job waits 0 s (SchedulerParameters=requeue_delay); "
+        "a node failure's requeue is expedited (--requeue=expedite)"
+    )
+    assert restart_levers_line(ClusterLimits(1, 1, slurm_version="22.05.8")) is None
+    for damaged in ("{damaged", "[]", '{"max_array_size": "x"}'):
+        (tmp_path / LIMITS_FILE).write_text(damaged)
+        assert cached_limits(tmp_path) is None
 
 
 @pytest.mark.parametrize(
