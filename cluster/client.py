@@ -311,10 +311,12 @@ class SlurmClient:
             runs.extend(parse.parse_sacct(line).values())
         return runs
 
-    def attempt_times(self, job_id: str) -> list[JobAttempt]:
+    def attempt_times(self, job_id: str, sluid: bool = False) -> list[JobAttempt]:
         """Slurm's own Submit/Eligible/Start/End of every run of one job, oldest first (one
-        ``sacct -D`` query; the goodput ledger's queued and held time)."""
-        fields = ",".join(parse.SACCT_TIME_FIELDS)
+        ``sacct -D`` query; the goodput ledger's queued and held time); with ``sluid`` each
+        run's SLUID too (a release that has one: 24.11+; older ones refuse the field)."""
+        extra = (parse.SACCT_SLUID_FIELD,) if sluid else ()
+        fields = ",".join((*parse.SACCT_TIME_FIELDS, *extra))
         out = self.run(["sacct", "-D", "-X", "-n", "-P", "-o", fields, "-j", job_id]).stdout
         return parse.parse_sacct_attempts(out)
 

@@ -160,3 +160,6 @@ class JobAttempt:
     eligible: float | None
     start: float | None
     end: float | None
+    # this run's SLUID where the release prints one (24.11+; ``SLURM_JOB_SLUID`` in the job):
+    # names the run whatever rows accounting has for the others; "" elsewhere
+    sluid: str = ""

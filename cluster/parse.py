@@ -357,6 +357,8 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
 
 # sacct -D: every attempt of a job with Slurm's own times (what the goodput ledger reads)
 SACCT_TIME_FIELDS = ("JobID", "State", "Submit", "Eligible", "Start", "End")
+#: Asked after them where the release has it (24.11+: each run of a requeued job its own).
+SACCT_SLUID_FIELD = "SLUID"
 
 
 def _sacct_timestamp(text: str) -> float | None:
@@ -369,9 +371,9 @@ def _sacct_timestamp(text: str) -> float | None:
 
 
 def parse_sacct_attempts(text: str) -> list[JobAttempt]:
-    """``sacct -D -X -n -P -o <SACCT_TIME_FIELDS>`` output to attempts, in sacct's order
-    (oldest first). A line with too few fields is skipped, not fatal: the ledger that reads
-    these calls what it cannot place unaccounted."""
+    """``sacct -D -X -n -P -o <SACCT_TIME_FIELDS>[,SLUID]`` output to attempts, in sacct's
+    order (oldest first). A line with too few fields is skipped, not fatal: the ledger that
+    reads these calls what it cannot place unaccounted."""
     out: list[JobAttempt] = []
     for line in text.splitlines():
         fields = line.split("|")
@@ -386,9 +388,17 @@ def parse_sacct_attempts(text: str) -> list[JobAttempt]:
                 eligible=_sacct_timestamp(eligible),
                 start=_sacct_timestamp(start),
                 end=_sacct_timestamp(end),
+                sluid=_sluid(fields[6]) if len(fields) > 6 else "",
             )
         )
     return out
+
+
+def _sluid(text: str) -> str:
+    """A SLUID as sacct prints it (``s1WNM8F9N7NW00``); "" for none (an empty field, a
+    placeholder, anything not a single alphanumeric word)."""
+    text = text.strip()
+    return text if text.isalnum() and text.lower() not in ("none", "unknown") else ""
 
 
 # squeue --Format: a field without a width is never truncated; "exit_code" is the raw wait

@@ -242,6 +242,11 @@ class _Segment:
     def step(self) -> int | None:
         return _int(self.opened.get("step"))
 
+    @property
+    def sluid(self) -> str:
+        value = self.opened.get("sluid")
+        return value if isinstance(value, str) else ""
+
     def training_from(self) -> float:
         """When training began: the start/resume event, or for a command (which records no
         steps) its first output in this segment."""
@@ -328,10 +333,18 @@ class _Times:
     submit: float | None
     start: float | None
     end: float | None
+    sluid: str = ""  # Slurm's name of the run (24.11+), "" where none
 
     @classmethod
     def of(cls, attempt: Attempt) -> _Times:
-        return cls(_num(attempt.submit), _num(attempt.start), _num(attempt.end))
+        # a source without SLUIDs (22.05, a stand-in) has no such attribute
+        sluid = getattr(attempt, "sluid", "")
+        return cls(
+            _num(attempt.submit),
+            _num(attempt.start),
+            _num(attempt.end),
+            sluid if isinstance(sluid, str) else "",
+        )
 
 
 def compute(
@@ -347,7 +360,8 @@ def compute(
     """The ledger of one run (one task of a sweep) from its records (pure).
 
     ``events``/``metrics``: ``events.jsonl``/``metrics.jsonl`` objects; ``attempts``: Slurm's
-    attempts of the job, oldest first (attempt k is restart_count k); ``now``: the end of a
+    attempts of the job, oldest first (attempt k is restart_count k; keyed by SLUID instead
+    where the start events and sacct both name one: 24.11+); ``now``: the end of a
     run still going. ``state``: the task's Slurm state when the caller knows it (a PENDING
     task's time is its queue wait; a task that is over ends at its last record, not now).
     ``slurm``: False for a run without Slurm (the local executor): its launcher's start is
@@ -385,7 +399,7 @@ def compute(
     stopped_at: Mapping[str, Any] | None = None  # the previous segment's recorded stop
     for i, seg in enumerate(segments):
         nxt = segments[i + 1] if i + 1 < len(segments) else None
-        attempt = _attempt(times, seg.restart)
+        attempt = _attempt(times, seg.restart, seg.sluid)
         first_of_attempt = seg.restart is None or seg.restart not in seen_restarts
         if seg.restart is not None:
             seen_restarts.add(seg.restart)
@@ -475,7 +489,13 @@ def _next_t(seg: _Segment | None) -> float:
     return seg.time if seg is not None else float("inf")
 
 
-def _attempt(attempts: Sequence[_Times], restart: int | None) -> _Times | None:
+def _attempt(attempts: Sequence[_Times], restart: int | None, sluid: str = "") -> _Times | None:
+    """The Slurm attempt a segment ran in: the one of its SLUID where both have one (24.11+:
+    whatever rows accounting kept of the others), else the restart_count-th."""
+    if sluid:
+        named = [a for a in attempts if a.sluid == sluid]
+        if named:
+            return named[0]
     if restart is None:
         return attempts[-1] if attempts else None
     return attempts[restart] if 0 <= restart < len(attempts) else None

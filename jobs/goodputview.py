@@ -26,14 +26,15 @@ __all__ = ["dir_ledger", "run_ledger", "task_ledgers", "write_goodput"]
 
 
 class AttemptSource(Protocol):
-    def attempt_times(self, job_id: str) -> list[JobAttempt]: ...
+    def attempt_times(self, job_id: str, sluid: bool = False) -> list[JobAttempt]: ...
 
 
 def _slurm_attempts(
-    record: RunRecord, client: Callable[[], AttemptSource] | None
+    record: RunRecord, client: Callable[[], AttemptSource] | None, sluid: bool = False
 ) -> tuple[dict[str, list[JobAttempt]], str]:
     """Attempts per task job id (one ``sacct -D`` per array of the run), and a note when
-    Slurm could not be asked."""
+    Slurm could not be asked. ``sluid``: the run's attempts recorded their SLUID (the release
+    has one): asked for too, the ledger keys the attempts by it."""
     if record.executor != "slurm" or client is None or not record.job_id:
         return {}, ""
     by_job: dict[str, list[JobAttempt]] = {}
@@ -42,7 +43,7 @@ def _slurm_attempts(
         if ask is None:  # a client that cannot say (an older one, a stand-in)
             return by_job, "no Slurm times (the client has no attempt_times)"
         for array_id in record.slurm_job_ids():
-            for a in ask(array_id):
+            for a in ask(array_id, sluid=True) if sluid else ask(array_id):
                 for task_id in _task_ids(a.job_id):
                     by_job.setdefault(task_id, []).append(a)
     except (ClusterError, OSError, ValueError) as exc:
@@ -127,7 +128,8 @@ def task_ledgers(
         attempts = {j: [JobAttempt(j, "PENDING", submitted, None, None, None)] for j in ids}
         note = ""
     else:
-        attempts, note = _slurm_attempts(record, client)
+        sluid = any(e.get("sluid") for task_events in events for e in task_events)
+        attempts, note = _slurm_attempts(record, client, sluid)
     out = []
     for jid, task, task_events in zip(ids, record.tasks, events, strict=False):
         info = (states or {}).get(jid)

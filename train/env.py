@@ -137,6 +137,9 @@ class DistEnv:
     in_place: int = 0
     #: A batch script restarts this job's failed steps in place (``SLURM_TRAIN_IN_PLACE`` set).
     in_place_supervised: bool = False
+    #: This run's SLUID where the release gives one (``SLURM_JOB_SLUID``, 24.11+): recorded in
+    #: the start and resume events, the goodput ledger keys Slurm's attempts by it.
+    sluid: str = ""
     launcher: Launcher = "single"
     #: GPUs Slurm allocated on this node (SLURM_GPUS_ON_NODE / _PER_NODE), None if none asked.
     gpus_on_node: int | None = None
@@ -195,6 +198,7 @@ class DistEnv:
             dummy_gpus=environ.get(DUMMY_GPUS_ENV, "").strip() == "1",
             in_place=_int(environ, IN_PLACE_ENV, 0) or 0,
             in_place_supervised=IN_PLACE_ENV in environ,
+            sluid=(environ.get("SLURM_JOB_SLUID") or "").strip(),
         )
         in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
         torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ

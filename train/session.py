@@ -317,6 +317,8 @@ class RunSession:
         # the shape this attempt runs on (jobs status: "resumed at step N on 1 node (was 2)")
         fields.setdefault("world_size", self.env.world_size)
         fields.setdefault("num_nodes", self.env.num_nodes)  # ("nodes" names hosts)
+        if self.env.sluid:  # Slurm's name of this run (24.11+): the ledger's key
+            fields.setdefault("sluid", self.env.sluid)
         if self.resume_from is None:
             self.event("start", step, **fields)
             return

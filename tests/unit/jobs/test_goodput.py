@@ -513,3 +513,72 @@ def test_records_stamped_before_the_submission_by_a_skewed_clock_count(tmp_path:
     assert led.parts["productive"] == pytest.approx(84.0)  # 100 -> 185 less the saves
     assert led.parts["unaccounted"] == 0
     assert any("clock" in n for n in led.notes)
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_attempts_are_keyed_by_sluid_where_the_release_prints_one(release: str) -> None:
+    """Issue 43: each release's recorded ``sacct -D`` of a requeued job (its times, and the
+    SLUID of each run where the release has one: 24.11, 26.05). A run whose restart count does
+    not match its row's position (Slurm counted a restart that accounting shows no row for) is
+    placed on its own row by its SLUID; on 22.05, by restart count: that row is not there, so
+    the hold before it is not Slurm's (no attempt found)."""
+    from pathlib import Path
+
+    from cluster.parse import parse_sacct_attempts
+
+    folder = Path(__file__).parents[1] / "cluster" / "data" / release
+    lines = (folder / "sacct_attempts.txt").read_text().splitlines()
+    named = folder / "sacct_sluid.txt"
+    if named.exists():  # JobID|SLUID|State of the same job, from the same accounting
+        rows = [line.split("|") for line in named.read_text().splitlines()]
+        assert [(r[0], r[2]) for r in rows] == [tuple(line.split("|")[:2]) for line in lines]
+        lines = [f"{line}|{r[1]}" for line, r in zip(lines, rows, strict=True)]
+    first, second = parse_sacct_attempts("\n".join(lines))
+    assert bool(first.sluid and second.sluid) is (release != "22.05")
+    assert first.sluid != second.sluid or release == "22.05"
+    assert first.start is not None and second.start is not None and second.end is not None
+
+    def named_by(a: Any) -> dict[str, Any]:
+        return {"sluid": a.sluid} if a.sluid else {}
+
+    t0, t1 = first.start, second.start
+    events = [
+        {"time": t0, "event": "start", "step": 0, "restart_count": 0, **named_by(first)},
+        {"time": t0 + 0.5, "event": "preempted", "step": 1, "restart_count": 0},
+        {"time": t0 + 0.6, "event": "requeue", "step": 1, "restart_count": 0, "via": "slurm"},
+        {"time": t1 + 0.5, "event": "resume", "step": 1, "restart_count": 2, **named_by(second)},
+        {"time": second.end, "event": "complete", "step": 2, "restart_count": 2},
+    ]
+    held = compute(events, [], [first, second], now=second.end + 60).parts["held"]
+    unnamed = [{k: v for k, v in e.items() if k != "sluid"} for e in events]
+    by_restart = compute(unnamed, [], [first, second], now=second.end + 60).parts["held"]
+    assert by_restart == 0.0  # restart 2 has no row: no wait is called Slurm's hold
+    if release == "22.05":
+        assert held == 0.0
+    else:  # the resumed run's own row: Slurm's hold before it, up to its Start
+        assert held > 0
+
+
+def test_sacct_is_asked_for_sluids_only_when_the_run_recorded_one(tmp_path: Any) -> None:
+    """The ranks record ``SLURM_JOB_SLUID`` (24.11+) in their start events: then the ledger's
+    one ``sacct -D`` asks for the SLUID too; a run without one (22.05) never asks for a field
+    its release refuses."""
+    from jobs.goodputview import dir_ledger
+    from train.env import DistEnv
+
+    assert DistEnv.from_env({"SLURM_JOB_SLUID": "s1WNM8F9N7NW00"}).sluid == "s1WNM8F9N7NW00"
+    assert DistEnv.from_env({}).sluid == ""
+    asked: list[bool] = []
+
+    class Asked:
+        def attempt_times(self, job_id: str, sluid: bool = False) -> list[Any]:
+            asked.append(sluid)
+            return []
+
+    for sluid in ("", "s1WNM8F9N7NW00"):
+        named = {"sluid": sluid} if sluid else {}
+        folder = tmp_path / (sluid or "none")
+        folder.mkdir()
+        run = _write_run(folder, [ev(1, "start", 0, **named)], [])
+        dir_ledger(run, Asked, now=5.0)
+    assert asked == [False, True]
