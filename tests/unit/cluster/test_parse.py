@@ -140,7 +140,9 @@ def test_sinfo_recorded() -> None:
 
 def test_config_limits_recorded() -> None:
     limits = parse.parse_config_limits((DATA / "scontrol_config.txt").read_text())
-    assert limits == ClusterLimits(max_array_size=1001, max_job_count=10000)
+    assert limits == ClusterLimits(
+        max_array_size=1001, max_job_count=10000, slurm_version="22.05.8"
+    )
     assert parse.parse_config_limits("MaxArraySize = 50\n") == ClusterLimits(50, 10000)
 
 
