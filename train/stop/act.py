@@ -20,6 +20,7 @@ from train.history import BudgetConfig, RunHistory
 from train.stop.causes import rules_of
 from train.stop.decision import (
     BUDGET_EXHAUSTED_EXIT_CODE,
+    CHAIN_NOTE,
     REQUEUE_EXIT_CODE,
     Decision,
     Trigger,
@@ -214,6 +215,10 @@ def carry_out(
     elif decision.action == "restart_in_place":
         log.warning("%s: the batch script restarts the step in this allocation (no requeue)",
                     decision.event)  # fmt: skip
+    elif decision.action == "exit_requeue" and decision.note == CHAIN_NOTE:
+        history.append("requeue", **base, via="chain")
+        log.warning("a link of a chain: exiting %d, the next link resumes the run",
+                    REQUEUE_EXIT_CODE)  # fmt: skip
     elif decision.action == "exit_requeue":
         history.append("requeue", **base, via="exit_code")
         log.warning("not under Slurm: exiting %d so the launcher can restart the run",

@@ -190,3 +190,32 @@ def test_a_user_error_says_why_it_is_not_retried() -> None:
 def test_the_budget_text_names_the_field_to_raise() -> None:
     d: Decision = decide("hang", SLURM, SPENT, BUDGETS)
     assert d.exhausted is not None and "requeue.max_hangs=1" in d.exhausted
+
+
+CHAIN = RequeueConfig(max_preemptions=2, max_timeouts=2, max_failures=2, mode="chain")
+
+
+@pytest.mark.parametrize(
+    ("trigger", "facts", "counts", "expected"),
+    [
+        pytest.param("signal", _facts(SLURM, slurm_kind="preemption"), NONE,
+                     ("preempted", "exit_requeue", REQUEUE_EXIT_CODE, False), id="preemption"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="timeout"), NONE,
+                     ("timeout", "exit_requeue", REQUEUE_EXIT_CODE, False), id="time-limit"),
+        pytest.param("failure", SLURM, NONE,
+                     ("failure", "exit_requeue", REQUEUE_EXIT_CODE, False), id="failure"),
+        pytest.param("failure", _facts(SLURM, in_place=True), NONE,
+                     ("failure", "restart_in_place", 1, False), id="failure-in-place-first"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="cancel"), NONE,
+                     ("cancelled", "none", 0, False), id="cancel-ends-it"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="preemption"), SPENT,
+                     ("preempted", "none", BUDGET_EXHAUSTED_EXIT_CODE, True), id="over-budget"),
+    ],
+)  # fmt: skip
+def test_a_link_of_a_chain_exits_for_the_next_link_instead_of_requeueing(
+    trigger: Any, facts: StopFacts, counts: dict[str, int], expected: tuple[Any, ...]
+) -> None:
+    """requeue.mode chain (jobs.chain): where the decision would requeue the Slurm job, the
+    link exits 75 and the next link of the chain resumes the run; budgets count the same."""
+    d = decide(trigger, facts, counts, CHAIN)
+    assert (d.event, d.action, d.exit_code, d.exhausted is not None) == expected
