@@ -207,6 +207,16 @@ class SlurmClient:
         """
         return parse.parse_config_limits(self.run(["scontrol", "show", "config"]).stdout)
 
+    def requeue_settings(self, partition: str) -> tuple[str, str]:
+        """(``JobRequeue`` of ``scontrol show config``, ``PreemptMode`` of the partition, the
+        cluster's where the partition names none): whether a stopped job can be requeued here.
+        Settings of slurm.conf: callers may cache them on :meth:`conf_stamp`."""
+        config = parse.parse_config_values(self.run(["scontrol", "show", "config"]).stdout)
+        out = self.run(["scontrol", "show", "partition", "--oneliner", partition]).stdout
+        first = out.strip().splitlines()[0] if out.strip() else ""
+        mode = parse.parse_key_values(first).get("PreemptMode") or config.get("PreemptMode", "")
+        return config.get("JobRequeue", ""), mode
+
     def conf_stamp(self) -> str:
         """Identifies the slurm.conf in use as it is now (path, size, mtime)."""
         return conf_stamp(self.conf)

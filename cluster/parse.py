@@ -180,13 +180,19 @@ def parse_sinfo(text: str) -> ClusterState:
     return ClusterState(tuple(parts), tuple(nodes.values()))
 
 
-def parse_config_limits(text: str) -> ClusterLimits:
-    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount)."""
+def parse_config_values(text: str) -> dict[str, str]:
+    """``scontrol show config``: every ``Key = value`` line as a dict."""
     values: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
+    return values
+
+
+def parse_config_limits(text: str) -> ClusterLimits:
+    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount)."""
+    values = parse_config_values(text)
     defaults = ClusterLimits()
     return ClusterLimits(
         max_array_size=_int(values.get("MaxArraySize", ""), defaults.max_array_size),

@@ -127,9 +127,15 @@ class RunRecord:
     # The Slurm cluster it was submitted to (slurm.conf's ClusterName; "" before it was kept):
     # a job id means something only on its own cluster.
     cluster: str = ""
+    # A run submitted as a chain of jobs (jobs.chain; requeue.mode chain): every link's job id
+    # in submission order (job_id is the first); links queue the next ones and add them here.
+    chain_job_ids: list[str] = field(default_factory=list)
 
     def slurm_job_ids(self) -> list[str]:
-        """The Slurm job id of every array (or of the job) of this run, in submission order."""
+        """The Slurm job id of every array, of every link of a chain, or of the job of this run,
+        in submission order."""
+        if self.chain_job_ids:
+            return list(self.chain_job_ids)
         return list(self.array_job_ids) or ([self.job_id] if self.job_id else [])
 
     def job_ids(self) -> list[str]:
@@ -191,6 +197,7 @@ RUN_RECORD = Schema(
         "array_job_ids": "list[str]",
         "array_chunk": "count",
         "cluster": "str",
+        "chain_job_ids": "list[str]",
     },
 )
 TASK_RECORD = Schema(

@@ -96,7 +96,8 @@ def slurm_options(spec: JobSpec) -> SlurmOptions:
     if res.exclusive:
         opts.append(("exclusive", None))
     opts.append(("signal", f"{spec.requeue.signal}@{spec.requeue.signal_delay_s}"))
-    opts.append(("requeue", None))
+    # a chain (jobs.chain) is never requeued: its next link resumes the run
+    opts.append(("no-requeue" if spec.requeue.mode == "chain" else "requeue", None))
     for key, extra in spec.launch.sbatch_args.items():
         if extra is True:
             opts.append((key, None))
@@ -218,8 +219,28 @@ def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -
     lines += ["", "# setup", *setup_lines(spec)]
     lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm"]
     step = f"{srun} {submit_command(submitit_folder(run_dir))}"
+    if spec.requeue.mode == "chain":
+        lines += chain_lines(run_dir)
     lines += [in_place_loop(step, submitit_folder(run_dir)), ""]
     return "\n".join(lines)
+
+
+def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
+    """The hooks of a link of a chain (:mod:`jobs.chain`): before the step, the done-check and
+    the next links queued (``run``, or ``exit N`` when the chain is over); when the script
+    exits, the chain's end (the links still queued cancelled)."""
+    exe = shlex.quote(python or sys.executable)
+    run = shlex.quote(str(Path(run_dir).absolute()))
+    return [
+        "# a link of a chain (jobs.chain): the done-check and the next links queued first",
+        f'link=$({exe} -m jobs.chain link-start {run} --job-id "$SLURM_JOB_ID") || link=run',
+        'if [ "$link" != run ]; then exit "${link#exit }"; fi',
+        "link_end() {",
+        "  link_rc=$?",
+        f'  {exe} -m jobs.chain link-end {run} --job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
+        "}",
+        "trap link_end EXIT",
+    ]
 
 
 def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:

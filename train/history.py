@@ -54,6 +54,8 @@ EVENTS = (
     "quarantine",
     "node_fail",
     "restart_in_place",
+    "link_started",  # a link of a chain (jobs.chain) started: its job id, the checkpoint step
+    "chain_ended",  # a chain ended: completed, a spent budget, no checkpoint progress, cancel
 )
 # the events that interrupt an attempt (what `jobs plot` marks, what explains an attempt's end)
 STOP_EVENTS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")

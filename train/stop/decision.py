@@ -234,9 +234,7 @@ def decide(
     if facts.executor == "slurm" and getattr(budgets, "mode", "requeue") == "chain":
         # a link of a chain (jobs.chain): no scontrol requeue; the link exits 75 and the next
         # link, queued behind it (afternotok), resumes the run from its last checkpoint
-        return Decision(
-            kind, event, "exit_requeue", REQUEUE_EXIT_CODE, note=CHAIN_NOTE
-        )
+        return Decision(kind, event, "exit_requeue", REQUEUE_EXIT_CODE, note=CHAIN_NOTE)
     if facts.executor == "slurm":
         return Decision(
             kind, event, "requeue", 1 if failed else 0, exclude=exclude, exclude_reason=why
