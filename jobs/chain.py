@@ -74,7 +74,7 @@ def requeue_support(client: SlurmClient, partition: str, cache_dir: Path) -> str
     path = cache_dir / SUPPORT_FILE
     try:
         data = json.loads(path.read_bytes())
-        entry = data["partitions"][partition] if data["stamp"] == stamp else None
+        entry = data["partitions"].get(partition) if data["stamp"] == stamp else None
         fresh = not stamp.endswith(":missing") or time.time() - float(data["at"]) < 3600.0
     except (OSError, ValueError, KeyError, TypeError):
         data, entry, fresh = None, None, False  # missing, damaged or foreign: ask the cluster

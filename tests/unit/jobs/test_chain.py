@@ -1,0 +1,284 @@
+"""Chains of jobs (jobs.chain, issue 48): where requeue works, the links as submitted, the
+link hooks (done-check, no progress, top-up, the end), and one run for status/logs/cancel."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.client import SlurmClient
+from cluster.models import JobInfo
+from jobs import records
+from jobs.chain import chain_state, link_end, link_start, requeue_problem, requeue_support
+from jobs.errors import SubmitError
+from jobs.load import load_text
+from jobs.monitor import cancel, print_logs, states_many
+from jobs.records import RunRecord
+from jobs.submit import _chain_or_requeue, make_plan, submit, submit_slurm
+from train.history import RunHistory
+
+SPEC = "name: ch\ntrain: {max_steps: 5}\n"
+
+
+def _loaded(tmp_path: Path, *overrides: str, text: str = SPEC) -> Any:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return load_text(text, str(path), overrides)
+
+
+@pytest.mark.parametrize(
+    ("job_requeue", "mode", "works"),
+    [
+        ("1", "REQUEUE", True),
+        ("1", "OFF", True),
+        ("1", "SUSPEND,GANG", True),
+        ("0", "REQUEUE", False),
+        ("1", "CANCEL", False),
+        ("1", "cancel", False),
+        ("", "", True),
+    ],
+)
+def test_where_requeue_works(job_requeue: str, mode: str, works: bool) -> None:
+    assert (requeue_problem(job_requeue, mode) is None) == works
+
+
+class SettingsClient:
+    """What the mode decision reads: JobRequeue and the partition's PreemptMode, counted."""
+
+    def __init__(self, modes: dict[str, str], job_requeue: str = "1") -> None:
+        self.modes, self.job_requeue, self.asked = modes, job_requeue, 0
+
+    def conf_stamp(self) -> str:
+        return "/etc/slurm/slurm.conf:100:1.0"
+
+    def requeue_settings(self, partition: str) -> tuple[str, str]:
+        self.asked += 1
+        return self.job_requeue, self.modes[partition]
+
+
+def test_the_settings_are_asked_once_per_slurm_conf(tmp_path: Path) -> None:
+    client = SettingsClient({"debug": "REQUEUE", "cancel": "CANCEL"})
+    assert requeue_support(client, "debug", tmp_path) is None  # type: ignore[arg-type]
+    why = requeue_support(client, "cancel", tmp_path)  # type: ignore[arg-type]
+    assert why is not None and why.startswith("partition cancel: its PreemptMode is CANCEL")
+    assert requeue_support(client, "debug", tmp_path) is None  # type: ignore[arg-type]
+    assert requeue_support(client, "cancel", tmp_path) == why  # type: ignore[arg-type]
+    assert client.asked == 2
+    (tmp_path / "requeue-support.json").write_text("{damaged")
+    assert requeue_support(client, "debug", tmp_path) is None  # type: ignore[arg-type]
+    assert client.asked == 3
+
+
+def test_auto_is_a_chain_where_requeue_does_not_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = SettingsClient({"cancel": "CANCEL", "debug": "REQUEUE"})
+    loaded = _chain_or_requeue(_loaded(tmp_path), client, "cancel")  # type: ignore[arg-type]
+    assert loaded.spec.requeue.mode == "chain"
+    assert all(t.spec.requeue.mode == "chain" for t in loaded.tasks)
+    assert "the run goes as a chain of jobs" in capsys.readouterr().err
+    loaded = _chain_or_requeue(_loaded(tmp_path), client, "debug")  # type: ignore[arg-type]
+    assert loaded.spec.requeue.mode == "requeue"
+    forced = _loaded(tmp_path, "requeue.mode=requeue")
+    assert _chain_or_requeue(forced, client, "cancel").spec.requeue.mode == "requeue"  # type: ignore[arg-type]
+
+
+def test_a_sweep_as_a_chain_is_refused_in_one_line(tmp_path: Path) -> None:
+    text = "name: sw\ntrain: {}\nrequeue: {mode: chain}\nsweep:\n  grid:\n    train.seed: [1, 2]\n"
+    loaded = _loaded(tmp_path, text=text)
+    with pytest.raises(SubmitError, match=r"spec.yaml:3:\d+: requeue.mode: a sweep cannot run"):
+        _chain_or_requeue(loaded, SettingsClient({}), "debug")  # type: ignore[arg-type]
+
+
+def test_a_chain_is_its_links_queued_afternotok(tmp_path: Path, stub_slurm: Path) -> None:
+    loaded = _loaded(tmp_path, "requeue.mode=chain", "requeue.chain_depth=2")
+    record = submit_slurm(loaded, make_plan(loaded, tmp_path / "runs"), SlurmClient())
+    assert record.chain_job_ids == ["4242", "4243", "4244"] and record.job_id == "4242"
+    args = [(stub_slurm / f"sbatch-args-{n}.txt").read_text().split() for n in range(3)]
+    assert not any(a.startswith("--dependency") for a in args[0])
+    assert "--dependency=afternotok:4242" in args[1]
+    assert "--dependency=afternotok:4243" in args[2]
+    script = (stub_slurm / "submitted-0.sh").read_text()
+    assert (stub_slurm / "submitted-2.sh").read_text() == script
+    lines = script.splitlines()
+    assert "#SBATCH --no-requeue" in lines and "#SBATCH --requeue" not in lines
+    assert any("-m jobs.chain link-start" in ln for ln in lines)
+    assert "trap link_end EXIT" in lines
+    assert lines.index("trap link_end EXIT") < next(
+        i for i, ln in enumerate(lines) if ln.startswith("  srun ")
+    )
+    slurm = Path(record.run_dir) / "slurm"
+    for jid in record.chain_job_ids:
+        assert (slurm / f"{jid}_submitted.pkl").exists()
+    assert "mode: chain" in (Path(record.run_dir) / "resolved.yaml").read_text()
+    assert records.load_record(record.run_dir).chain_job_ids == record.chain_job_ids
+
+
+def test_a_refused_requeue_resubmits_as_a_chain(
+    tmp_path: Path, stub_slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sbatch = stub_slurm.parent / "stub-bin" / "sbatch"
+    text = sbatch.read_text().replace(
+        'cp "$script"',
+        "if grep -q -- '^#SBATCH --requeue' \"$script\"; then\n"
+        "  echo 'sbatch: error: --requeue is not allowed on this cluster' >&2; exit 1\nfi\n"
+        'cp "$script"',
+    )
+    sbatch.write_text(text)
+    loaded = _loaded(tmp_path)
+    record = submit(loaded, make_plan(loaded, tmp_path / "runs"), SlurmClient(), "slurm",
+                    preflight=False)  # fmt: skip
+    assert record.chain_job_ids == ["4242", "4243", "4244"]
+    assert "sbatch refused --requeue" in capsys.readouterr().err
+
+
+class LinkClient:
+    def __init__(self) -> None:
+        self.submitted: list[list[str]] = []
+        self.cancelled: list[str] = []
+
+    def submit(self, script: Path, args: list[str]) -> str:
+        self.submitted.append(list(args))
+        return str(100 + len(self.submitted))
+
+    def cancel(self, ids: list[str], *, no_requeue: bool = False) -> None:
+        assert no_requeue
+        self.cancelled.extend(ids)
+
+
+def _chain_run(tmp_path: Path, ids: list[str], stall: int = 3) -> RunRecord:
+    run = tmp_path / "run"
+    (run / "slurm").mkdir(parents=True)
+    (run / "resolved.yaml").write_text(
+        f"name: ch\ntrain: {{}}\nrequeue: {{mode: chain, chain_depth: 2, "
+        f"chain_stall_links: {stall}}}\n"
+    )
+    (run / "slurm" / f"{ids[0]}_submitted.pkl").write_bytes(pickle.dumps("task"))
+    rec = RunRecord(
+        "ch-1", "ch", str(run), "slurm", job_id=ids[0],
+        tasks=[records.TaskRecord(0, str(run), {})], chain_job_ids=list(ids),
+    )  # fmt: skip
+    records.save_record(rec)
+    return rec
+
+
+def test_a_link_that_starts_records_itself_and_queues_one_more(tmp_path: Path) -> None:
+    rec = _chain_run(tmp_path, ["1", "2", "3"])
+    client = LinkClient()
+    assert link_start(Path(rec.run_dir), "1", client) == "run"  # type: ignore[arg-type]
+    assert client.submitted == []  # two queued behind it already
+    RunHistory(rec.run_dir).append("checkpoint", step=10)
+    assert link_start(Path(rec.run_dir), "2", client) == "run"  # type: ignore[arg-type]
+    assert client.submitted == [["--dependency=afternotok:3"]]
+    assert records.load_record(rec.run_dir).chain_job_ids == ["1", "2", "3", "101"]
+    slurm = Path(rec.run_dir) / "slurm"
+    assert (slurm / "101_submitted.pkl").read_bytes() == (slurm / "1_submitted.pkl").read_bytes()
+    starts = [e for e in RunHistory(rec.run_dir).events() if e["event"] == "link_started"]
+    assert [(e["job_id"], e["link"], e["checkpoint_step"]) for e in starts] == [
+        ("1", 0, None), ("2", 1, 10),
+    ]  # fmt: skip
+
+
+def test_a_completed_run_ends_the_chain_at_the_next_start(tmp_path: Path) -> None:
+    rec = _chain_run(tmp_path, ["1", "2", "3"])
+    RunHistory(rec.run_dir).append("complete", step=5)
+    client = LinkClient()
+    assert link_start(Path(rec.run_dir), "2", client) == "exit 0"  # type: ignore[arg-type]
+    assert client.cancelled == ["3"] and client.submitted == []
+    end = [e for e in RunHistory(rec.run_dir).events() if e["event"] == "chain_ended"]
+    assert end and end[0]["reason"] == "completed"
+
+
+def test_links_without_checkpoint_progress_end_the_chain(tmp_path: Path) -> None:
+    rec = _chain_run(tmp_path, ["1", "2", "3", "4", "5"], stall=2)
+    history = RunHistory(rec.run_dir)
+    history.append("checkpoint", step=10)
+    client = LinkClient()
+    for jid in ("1", "2"):
+        assert link_start(Path(rec.run_dir), jid, client) == "run"  # type: ignore[arg-type]
+    assert link_start(Path(rec.run_dir), "3", client) == "exit 3"  # type: ignore[arg-type]
+    assert client.cancelled == ["5", "4"]
+    end = [e for e in history.events() if e["event"] == "chain_ended"][-1]
+    assert end["reason"].startswith(
+        "no progress: 2 links in a row ended at the checkpoint of step 10"
+    )
+
+
+def test_a_spent_budget_ends_the_chain(tmp_path: Path) -> None:
+    rec = _chain_run(tmp_path, ["1", "2", "3"])
+    client = LinkClient()
+    assert link_start(Path(rec.run_dir), "1", client) == "run"  # type: ignore[arg-type]
+    RunHistory(rec.run_dir).append("budget_exhausted", reason="preempted 20x")
+    link_end(Path(rec.run_dir), "1", 3, client)  # type: ignore[arg-type]
+    assert client.cancelled == ["3", "2"]
+
+
+def test_a_link_stopped_to_be_resumed_leaves_the_chain_to_the_next(tmp_path: Path) -> None:
+    rec = _chain_run(tmp_path, ["1", "2", "3"])
+    client = LinkClient()
+    link_end(Path(rec.run_dir), "1", 75, client)  # type: ignore[arg-type]
+    link_end(Path(rec.run_dir), "1", 143, client)  # type: ignore[arg-type]  # killed by Slurm
+    assert client.cancelled == []
+    RunHistory(rec.run_dir).append("complete", step=5)
+    link_end(Path(rec.run_dir), "2", 0, client)  # type: ignore[arg-type]
+    assert client.cancelled == ["3"]
+
+
+def _infos(**states: str) -> dict[str, JobInfo]:
+    return {j.lstrip("j"): JobInfo(j.lstrip("j"), s) for j, s in states.items()}
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        (_infos(j1="RUNNING", j2="PENDING", j3="PENDING"), ("RUNNING", "1")),
+        (_infos(j1="PREEMPTED", j2="RUNNING", j3="PENDING"), ("RUNNING", "1")),
+        (_infos(j1="CANCELLED", j2="PENDING", j3="PENDING"), ("PENDING", "1")),
+        (_infos(j1="PREEMPTED", j2="COMPLETED", j3="CANCELLED"), ("COMPLETED", "1")),
+        (_infos(j1="PREEMPTED", j2="FAILED", j3="CANCELLED"), ("FAILED", "1")),
+        (_infos(j1="CANCELLED", j2="CANCELLED", j3="CANCELLED"), ("CANCELLED", "1")),
+    ],
+)
+def test_a_chain_has_one_state(
+    tmp_path: Path, states: dict[str, JobInfo], expected: tuple[str, str]
+) -> None:
+    rec = RunRecord("c", "c", str(tmp_path), "slurm", job_id="1", chain_job_ids=["1", "2", "3"])
+    info = chain_state(rec, states)
+    assert info is not None and (info.state, info.job_id) == expected
+
+
+class StateClient:
+    def __init__(self, states: dict[str, str]) -> None:
+        self.states, self.asked, self.cancelled = states, [], []  # type: ignore[var-annotated]
+
+    def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
+        self.asked.append(sorted(ids))
+        return {j: JobInfo(j, s, name="c") for j, s in self.states.items() if j in ids}
+
+    def cancel(self, ids: list[str], *, no_requeue: bool = False) -> None:
+        self.cancelled.extend(ids)
+
+
+def test_status_logs_and_cancel_see_one_run_across_its_links(tmp_path: Path) -> None:
+    rec = RunRecord(
+        "c", "c", str(tmp_path), "slurm", job_id="1", chain_job_ids=["1", "2", "3"],
+        tasks=[records.TaskRecord(0, str(tmp_path), {})],
+    )  # fmt: skip
+    client = StateClient({"1": "PREEMPTED", "2": "RUNNING", "3": "PENDING"})
+    states = states_many([rec], lambda: client, ttl_s=0)  # type: ignore[arg-type,return-value]
+    assert client.asked == [["1", "2", "3"]]
+    assert list(states) == ["1"] and states["1"].state == "RUNNING"
+    assert cancel(rec, lambda: client) == ["3", "2", "1"]  # type: ignore[arg-type,return-value]
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "1_0_log.out").write_text("link one\n")
+    (tmp_path / "slurm" / "2_0_log.out").write_text("link two\n")
+    out = io.StringIO()
+    assert print_logs(rec, 0, None, out) == 2
+    assert "link one" in out.getvalue() and "link two" in out.getvalue()
+    assert json.loads(rec.to_json())["chain_job_ids"] == ["1", "2", "3"]
+    assert rec.slurm_job_ids() == ["1", "2", "3"]
