@@ -172,6 +172,9 @@ class SubmitClient(FakeClient):
     def limits(self) -> ClusterLimits:
         return ClusterLimits(3, 100)
 
+    def requeue_settings(self, partition: str) -> tuple[str, str]:
+        return "1", "REQUEUE"  # JobRequeue, PreemptMode: requeue works (jobs.chain)
+
 
 @pytest.fixture
 def routes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
