@@ -219,3 +219,20 @@ def test_a_link_of_a_chain_exits_for_the_next_link_instead_of_requeueing(
     link exits 75 and the next link of the chain resumes the run; budgets count the same."""
     d = decide(trigger, facts, counts, CHAIN)
     assert (d.event, d.action, d.exit_code, d.exhausted is not None) == expected
+
+
+def test_a_link_of_a_chain_records_its_requeue_and_exits_75(tmp_path: Any) -> None:
+    """The link exits 75 (the batch script ends with it, the job is not COMPLETED, the next
+    link's afternotok is met) and records a requeue via the chain, never scontrol requeue."""
+    from train.history import RunHistory
+    from train.stop.act import carry_out
+
+    class NoSlurm:
+        def requeue(self, job_id: str) -> None:
+            raise AssertionError("a chain never requeues its job")
+
+    d = decide("signal", _facts(SLURM, slurm_kind="preemption"), NONE, CHAIN)
+    history = RunHistory(tmp_path)
+    base = {"step": 7, "restart_count": 0, "job_id": "42"}
+    assert carry_out(d, history, base, tmp_path, client=NoSlurm()) == REQUEUE_EXIT_CODE
+    assert [(e["event"], e.get("via")) for e in history.events()] == [("requeue", "chain")]
