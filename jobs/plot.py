@@ -294,6 +294,7 @@ _PART_COLORS = {
     "stop": "tab:orange",
     "queued": "tab:purple",
     "held": "tab:pink",
+    "links": "tab:gray",
     "unaccounted": "lightgray",
 }
 

@@ -282,3 +282,45 @@ def test_status_logs_and_cancel_see_one_run_across_its_links(tmp_path: Path) -> 
     assert "link one" in out.getvalue() and "link two" in out.getvalue()
     assert json.loads(rec.to_json())["chain_job_ids"] == ["1", "2", "3"]
     assert rec.slurm_job_ids() == ["1", "2", "3"]
+
+
+def test_the_ledger_sees_one_run_and_the_waits_between_links(tmp_path: Path) -> None:
+    """One ``sacct -D`` for every link; each link that ran is one attempt in the order they
+    ran; the wait from a link's end to the next link's start is its own part (links), and the
+    parts still add up to the wall time."""
+    from cluster.models import JobAttempt
+    from jobs.goodputview import run_ledger
+
+    rec = RunRecord(
+        "c", "c", str(tmp_path), "slurm", job_id="1", chain_job_ids=["1", "2", "3", "4"],
+        tasks=[records.TaskRecord(0, str(tmp_path), {})], submitted_at=100.0,
+    )  # fmt: skip
+    lines = [
+        {"time": 101.0, "event": "link_started", "job_id": "1", "link": 0},
+        {"time": 110.0, "event": "start", "step": 0, "restart_count": 0, "job_id": "1"},
+        {"time": 150.0, "event": "preempted", "step": 40, "restart_count": 0, "job_id": "1"},
+        {"time": 181.0, "event": "link_started", "job_id": "2", "link": 1},
+        {"time": 190.0, "event": "resume", "step": 40, "restart_count": 0, "job_id": "2"},
+        {"time": 250.0, "event": "complete", "step": 100, "restart_count": 0, "job_id": "2"},
+        {"time": 251.0, "event": "chain_ended", "job_id": "2", "reason": "completed"},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+    class Sacct:
+        asked: list[str] = []  # noqa: RUF012
+
+        def attempt_times(self, job_id: str) -> list[JobAttempt]:
+            self.asked.append(job_id)
+            return [
+                JobAttempt("1", "PREEMPTED", 100.0, 100.0, 101.0, 155.0),
+                JobAttempt("2", "COMPLETED", 100.0, 155.0, 180.0, 252.0),
+                JobAttempt("3", "CANCELLED", 100.0, None, None, 252.0),
+                JobAttempt("4", "CANCELLED", 181.0, None, None, 252.0),
+            ]
+
+    led = run_ledger(rec, Sacct, now=400.0)
+    assert Sacct.asked == ["1,2,3,4"]
+    assert led.parts["links"] == pytest.approx(180.0 - 155.0)
+    assert led.parts["held"] == 0.0 and led.parts["queued"] == pytest.approx(1.0)
+    assert sum(led.parts.values()) == pytest.approx(252.0 - 100.0)
+    assert led.parts["unaccounted"] == 0.0
