@@ -194,9 +194,10 @@ def _end_chain(
 
 
 def link_start(run_dir: Path, job_id: str, client: SlurmClient | None = None) -> str:
-    """At the start of a link: ``run`` (resume the run), or ``exit N`` when the chain is over
-    (the run completed, a budget is spent, no checkpoint progress in the last links). A link
-    that runs records ``link_started`` and tops the chain up to ``chain_depth`` queued links."""
+    """At the start of a link: ``run`` (the first link), ``resume N`` (the N-th link to start:
+    it resumes the run from its last checkpoint), or ``exit N`` when the chain is over (the
+    run completed, a budget is spent, no checkpoint progress in the last links). A link that
+    runs records ``link_started`` and tops the chain up to ``chain_depth`` queued links."""
     record = records.load_record(run_dir)
     from train.spec.config import load_run_config
 
@@ -220,6 +221,7 @@ def link_start(run_dir: Path, job_id: str, client: SlurmClient | None = None) ->
         return f"exit {BUDGET_EXHAUSTED_EXIT_CODE}"
     ids = record.chain_job_ids
     link = ids.index(job_id) if job_id in ids else len(ids)
+    earlier = sum(e.get("event") == "link_started" for e in events)
     fields: dict[str, Any] = {"job_id": job_id, "link": link, "checkpoint_step": step}
     history.append("link_started", **fields)
     queued = _later_links(record, job_id) if job_id in ids else []
@@ -235,7 +237,8 @@ def link_start(run_dir: Path, job_id: str, client: SlurmClient | None = None) ->
         except (ClusterError, OSError) as exc:
             print(f"jobs.chain: cannot queue the next link: {exc}", file=sys.stderr)
         records.save_record(record)  # the one writer now: the links before it have ended
-    return "run"
+    # a later link continues the run of the links before it (train: a resume)
+    return f"resume {earlier}" if earlier else "run"
 
 
 def link_end(run_dir: Path, job_id: str, exit_code: int, client: SlurmClient | None = None) -> None:
@@ -278,8 +281,8 @@ def chain_state(record: records.RunRecord, found: Mapping[str, JobInfo]) -> JobI
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m jobs.chain link-start|link-end RUN_DIR --job-id ID [--exit-code N]``: the
-    hooks of a link's batch script (:func:`jobs.render.chain_lines`); link-start prints ``run``
-    or ``exit N``."""
+    hooks of a link's batch script (:func:`jobs.render.chain_lines`); link-start prints ``run``,
+    ``resume N`` or ``exit N``."""
     p = argparse.ArgumentParser(prog="python -m jobs.chain")
     p.add_argument("what", choices=("link-start", "link-end"))
     p.add_argument("run_dir", type=Path)
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the batch script goes on: a link resumes the run either way
         print(f"jobs.chain: {ns.what}: {type(exc).__name__}: {exc}", file=sys.stderr)
         if ns.what == "link-start":
-            print("run")
+            print("resume")  # train resumes from the last checkpoint, or starts fresh
     return 0
 
 

@@ -227,14 +227,19 @@ def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -
 
 def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
     """The hooks of a link of a chain (:mod:`jobs.chain`): before the step, the done-check and
-    the next links queued (``run``, or ``exit N`` when the chain is over); when the script
-    exits, the chain's end (the links still queued cancelled)."""
+    the next links queued (``run`` for the first link, ``resume N`` for a later one: the run
+    resumes, ``SLURM_TRAIN_LINK=N`` tells train so; ``exit N`` when the chain is over); when
+    the script exits, the chain's end (the links still queued cancelled)."""
     exe = shlex.quote(python or sys.executable)
     run = shlex.quote(str(Path(run_dir).absolute()))
     return [
         "# a link of a chain (jobs.chain): the done-check and the next links queued first",
-        f'link=$({exe} -m jobs.chain link-start {run} --job-id "$SLURM_JOB_ID") || link=run',
-        'if [ "$link" != run ]; then exit "${link#exit }"; fi',
+        f'link=$({exe} -m jobs.chain link-start {run} --job-id "$SLURM_JOB_ID") || link=resume',
+        'case "$link" in',
+        "  run) ;;",
+        '  resume*) n="${link#resume}"; n="${n# }"; export SLURM_TRAIN_LINK="${n:-1}" ;;',
+        '  *) exit "${link#exit }" ;;',
+        "esac",
         "link_end() {",
         "  link_rc=$?",
         f'  {exe} -m jobs.chain link-end {run} --job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',

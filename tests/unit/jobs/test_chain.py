@@ -173,7 +173,7 @@ def test_a_link_that_starts_records_itself_and_queues_one_more(tmp_path: Path) -
     assert link_start(Path(rec.run_dir), "1", client) == "run"  # type: ignore[arg-type]
     assert client.submitted == []  # two queued behind it already
     RunHistory(rec.run_dir).append("checkpoint", step=10)
-    assert link_start(Path(rec.run_dir), "2", client) == "run"  # type: ignore[arg-type]
+    assert link_start(Path(rec.run_dir), "2", client) == "resume 1"  # type: ignore[arg-type]
     assert client.submitted == [["--dependency=afternotok:3"]]
     assert records.load_record(rec.run_dir).chain_job_ids == ["1", "2", "3", "101"]
     slurm = Path(rec.run_dir) / "slurm"
@@ -199,8 +199,8 @@ def test_links_without_checkpoint_progress_end_the_chain(tmp_path: Path) -> None
     history = RunHistory(rec.run_dir)
     history.append("checkpoint", step=10)
     client = LinkClient()
-    for jid in ("1", "2"):
-        assert link_start(Path(rec.run_dir), jid, client) == "run"  # type: ignore[arg-type]
+    assert link_start(Path(rec.run_dir), "1", client) == "run"  # type: ignore[arg-type]
+    assert link_start(Path(rec.run_dir), "2", client) == "resume 1"  # type: ignore[arg-type]
     assert link_start(Path(rec.run_dir), "3", client) == "exit 3"  # type: ignore[arg-type]
     assert client.cancelled == ["5", "4"]
     end = [e for e in history.events() if e["event"] == "chain_ended"][-1]
@@ -324,3 +324,44 @@ def test_the_ledger_sees_one_run_and_the_waits_between_links(tmp_path: Path) -> 
     assert led.parts["held"] == 0.0 and led.parts["queued"] == pytest.approx(1.0)
     assert sum(led.parts.values()) == pytest.approx(252.0 - 100.0)
     assert led.parts["unaccounted"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "code", "link"),
+    [("run", 0, ""), ("resume 2", 0, "2"), ("resume", 0, "1"), ("exit 3", 3, None)],
+)
+def test_the_link_hook_in_the_batch_script(
+    tmp_path: Path, answer: str, code: int, link: str | None
+) -> None:
+    """What the script does with link-start's answer: run the step, run it as a resume
+    (SLURM_TRAIN_LINK for train: env.resumed), or end the link; link-end runs at the exit."""
+    import subprocess
+
+    from jobs.render import chain_lines
+    from train.env import DistEnv
+
+    stub = tmp_path / "python"
+    calls = tmp_path / "calls"
+    stub.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *link-start*) echo \'{answer}\' ;; esac\n'
+    )
+    stub.chmod(0o755)
+    script = "\n".join(
+        [*chain_lines(tmp_path / "run dir", python=str(stub)),
+         f"echo \"step link=${{SLURM_TRAIN_LINK-unset}}\" >> {calls}", "exit 0"]
+    )  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    proc = subprocess.run(["bash", "-c", script], env=env, check=False)
+    assert proc.returncode == code
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith("-m jobs.chain link-start ") and "run dir" in lines[0]
+    end = f"-m jobs.chain link-end {tmp_path / 'run dir'} --job-id 77 --exit-code {code}"
+    # a link told to exit ends before its exit hook is set: link-start ended the chain itself
+    assert (lines[-1] == end) == (link is not None)
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    if link is None:
+        assert steps == []
+    else:
+        assert steps == [f"step link={link or 'unset'}"]
+        env_of_step = {"SLURM_TRAIN_LINK": link} if link else {}
+        assert DistEnv.from_env(env_of_step).resumed == bool(link)
