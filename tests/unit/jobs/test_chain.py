@@ -365,3 +365,19 @@ def test_the_link_hook_in_the_batch_script(
         assert steps == [f"step link={link or 'unset'}"]
         env_of_step = {"SLURM_TRAIN_LINK": link} if link else {}
         assert DistEnv.from_env(env_of_step).resumed == bool(link)
+
+
+def test_follow_reads_every_links_log_in_turn(tmp_path: Path) -> None:
+    from jobs.follow import ChainTail
+
+    rec = RunRecord("c", "c", str(tmp_path), "slurm", job_id="1", chain_job_ids=["1", "2", "3"])
+    records.save_record(rec)
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "1_0_log.out").write_text("one\n")
+    tail = ChainTail(rec, 0)
+    assert tail.read() == ["one"] and tail.read() == []
+    rec.chain_job_ids.append("4")  # link 2 queued link 4; link 3 never ran
+    records.save_record(rec)
+    (tmp_path / "slurm" / "2_0_log.out").write_text("two\n")
+    (tmp_path / "slurm" / "4_0_log.out").write_text("four\n")
+    assert tail.read() == ["two"] and tail.read() == ["four"] and tail.read() == []
