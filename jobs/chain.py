@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 from jobs import records
 from jobs.render import submitit_folder, submitted_pickle
 from train.history import RunHistory
-from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
+from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
     from cluster.models import JobInfo
     from jobs.load import LoadedSpec
 
@@ -63,7 +63,7 @@ def requeue_problem(job_requeue: str, preempt_mode: str) -> str | None:
     return None
 
 
-def requeue_support(client: SlurmClient, partition: str, cache_dir: Path) -> str | None:
+def requeue_support(client: Slurm, partition: str, cache_dir: Path) -> str | None:
     """Why requeue does not work for a job in ``partition`` (None: it works).
 
     ``JobRequeue`` and ``PreemptMode`` are slurm.conf settings: kept in the state directory on
@@ -125,13 +125,13 @@ def _slurm_env() -> dict[str, str]:
     }
 
 
-def _client() -> SlurmClient:
-    from cluster.client import SlurmClient
+def _client() -> Slurm:
+    from cluster import slurm_client
 
-    return SlurmClient(timeout=60, environ=_slurm_env(), shielded=True)
+    return slurm_client(timeout=60, environ=_slurm_env(), shielded=True)
 
 
-def queue_link(record: records.RunRecord, client: SlurmClient, after: str) -> str:
+def queue_link(record: records.RunRecord, client: Slurm, after: str) -> str:
     """Submit one more link of the chain, after link ``after`` (afternotok), with the run's own
     script and a copy of its task's pickle; returns its job id."""
     run_dir = Path(record.run_dir)
@@ -176,9 +176,7 @@ def _later_links(record: records.RunRecord, job_id: str) -> list[str]:
     return ids[ids.index(job_id) + 1 :] if job_id in ids else []
 
 
-def _end_chain(
-    record: records.RunRecord, job_id: str, reason: str, client: SlurmClient | None
-) -> None:
+def _end_chain(record: records.RunRecord, job_id: str, reason: str, client: Slurm | None) -> None:
     """Record the chain's end and cancel the links still queued behind ``job_id``."""
     history = RunHistory(record.run_dir)
     later = _later_links(record, job_id)
@@ -193,13 +191,13 @@ def _end_chain(
                   file=sys.stderr)  # fmt: skip
 
 
-def link_start(run_dir: Path, job_id: str, client: SlurmClient | None = None) -> str:
+def link_start(run_dir: Path, job_id: str, client: Slurm | None = None) -> str:
     """At the start of a link: ``run`` (the first link), ``resume N`` (the N-th link to start:
     it resumes the run from its last checkpoint), or ``exit N`` when the chain is over (the
     run completed, a budget is spent, no checkpoint progress in the last links). A link that
     runs records ``link_started`` and tops the chain up to ``chain_depth`` queued links."""
     record = records.load_record(run_dir)
-    from train.spec.config import load_run_config
+    from train.spec import load_run_config
 
     config = load_run_config(record.tasks[0].run_dir + "/resolved.yaml").requeue
     history = RunHistory(run_dir)
@@ -241,7 +239,7 @@ def link_start(run_dir: Path, job_id: str, client: SlurmClient | None = None) ->
     return f"resume {earlier}" if earlier else "run"
 
 
-def link_end(run_dir: Path, job_id: str, exit_code: int, client: SlurmClient | None = None) -> None:
+def link_end(run_dir: Path, job_id: str, exit_code: int, client: Slurm | None = None) -> None:
     """When a link's batch script exits: the chain ends when the run completed, a budget is
     spent or it was cancelled (the queued links cancelled); a link that stopped to be resumed
     (exit 75, a failure) leaves it to the next link."""

@@ -20,7 +20,7 @@ from cluster.errors import BadInputError
 from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
     from jobs.load import LoadedSpec
     from jobs.records import RunRecord
 
@@ -191,10 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _client() -> SlurmClient:
-    from cluster.client import SlurmClient
+def _client() -> Slurm:
+    from cluster import slurm_client
 
-    return SlurmClient()
+    return slurm_client()
 
 
 # -- submit -------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from train.report import REPORT_KIND
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
 KINDS = ("preempt", "timeout", "cancel", "fail")
 _STOP_EVENTS = {"preempted", "timeout", "cancelled", "failure"}
@@ -139,7 +139,7 @@ class Drill:
     def __init__(
         self,
         record: RunRecord,
-        client: SlurmClient,
+        client: Slurm,
         kind: str,
         *,
         timeout_s: float = 900.0,
@@ -499,7 +499,7 @@ class Drill:
 
 def run_drill(
     record: RunRecord,
-    client: SlurmClient,
+    client: Slurm,
     kind: str,
     *,
     timeout_s: float = 900.0,

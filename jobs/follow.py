@@ -48,9 +48,9 @@ from jobs.records import RunRecord
 from train.schema import EVENT, check_lines, report
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 UNKNOWN_GIVE_UP_S = 60.0
 CHUNK = 1 << 20  # the most of a file one read holds (a GiB of new log: 1024 pieces)
 MIN_POLL_S = 3.0

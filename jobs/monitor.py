@@ -18,9 +18,9 @@ from jobs.pids import ProcHandle, cmdline, signal_if_ours
 from jobs.records import RunRecord
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
 # Reasons of an UNKNOWN state that Slurm's answer is not about this run's job.
 OTHER_CLUSTER = "not this run's job: submitted to cluster"
@@ -293,7 +293,7 @@ def describe_failure(event: dict[str, Any], tail: int = 3) -> list[str]:
     whole, also for an event recorded with the last stderr line), ``cause: ...`` (the rule
     that sorted it, train.stop.causes; the root rank of several), and the last ``tail`` lines
     of stderr."""
-    from train.stop.causes import exception_line
+    from train.stop import exception_line
 
     error = event.get("error")
     stderr = event.get("stderr_tail")

@@ -25,9 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from cluster.timefmt import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
-from train.spec.base import StrictModel
-from train.spec.config import EntrypointConfig, RequeueConfig, TrainConfig
-from train.spec.messages import FieldIssue
+from train.spec import EntrypointConfig, FieldIssue, RequeueConfig, StrictModel, TrainConfig
 
 __all__ = [
     "Environment",

@@ -34,7 +34,6 @@ __all__ = [
     "RunHistory",
     "over_budget",
     "read_jsonl",
-    "read_jsonl_checked",
 ]
 
 EVENTS = (

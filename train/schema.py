@@ -160,7 +160,7 @@ EVENT = Schema(
         "budget_exhausted": {"reason": "!str"},  # why the run stopped: what status says
     },
 )
-# RUN_DIR/metrics.jsonl (train/metrics.py, rank 0).
+# RUN_DIR/metrics.jsonl (train/loop/metrics.py, rank 0).
 METRIC = Schema(
     "metric",
     required={"kind": "str"},

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from train.spec import launches_torchrun
 
-__all__ = ["TorchrunNode", "expand_vars", "launches_torchrun", "torchrun_argv"]
+__all__ = ["TorchrunNode", "expand_vars", "torchrun_argv"]
 
 _VAR = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -37,15 +37,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.command.launchers import TorchrunNode, expand_vars, torchrun_argv
 from train.command.processes import (
-    PROC,
     StderrTail,
-    StopPlan,
     child_environ,
-    plan_stop,
     resolve_argv,
     signal_group,
     signal_name,
@@ -58,19 +55,26 @@ from train.command.rootcause import read_reports, write_report
 from train.command.stop import StopHandling
 from train.env import DistEnv
 from train.errors import EntrypointError
-from train.hang.heartbeat import Watchdog, start_watchdog
+from train.hang import Watchdog, start_watchdog
 from train.history import RunHistory
-from train.spec.config import RunConfig
-from train.stop.act import (
+from train.procfs import PROC
+from train.spec import RunConfig
+from train.stop import (
     BUDGET_EXHAUSTED_EXIT_CODE,
     REQUEUE_EXIT_CODE,
+    exception_line,
     failure_claimed,
+    pop_early_signals,
     request_requeue,
+    root_report,
+    rules_of,
+    signature,
 )
-from train.stop.causes import exception_line, root_report, rules_of, signature
-from train.stop.signals import pop_early_signals
 
-__all__ = ["StopPlan", "child_environ", "plan_stop", "resolve_argv", "run_command"]
+if TYPE_CHECKING:
+    from cluster import Slurm
+
+__all__ = ["run_command"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +104,7 @@ class CommandRun(StopHandling):
         run_dir: Path,
         resume_from: Path | None,
         *,
-        client: Any = None,
+        client: Slurm | None = None,
         proc_root: Path = PROC,
         early: Any = None,
         checkpoint_world_size: int | None = None,

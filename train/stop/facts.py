@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from cluster import Slurm
 
 __all__ = [
     "LOCAL_SUPERVISOR_ENV",
@@ -109,16 +112,16 @@ def classify_stop(
     job_id: str,
     signal_delay_s: float,
     *,
-    client: Any = None,
+    client: Slurm | None = None,
     now: float | None = None,
     restart_count: int | None = None,
 ) -> StopKind:
     """Ask Slurm why job ``job_id`` is being stopped; ``"signal"`` if Slurm cannot be asked."""
     try:
         if client is None:
-            from cluster.client import SlurmClient  # lazy: train does not need cluster to import
+            from cluster import slurm_client  # lazy: train does not need cluster to import
 
-            client = SlurmClient(timeout=10)
+            client = slurm_client(timeout=10)
         info = client.show_job(job_id)
     except Exception as exc:  # no scontrol in a container, controller down, ...
         log.warning("cannot ask Slurm about job %s (%s); stop kind unknown", job_id, exc)
@@ -128,21 +131,21 @@ def classify_stop(
     return kind
 
 
-def end_time(job_id: str, client: Any = None) -> float | None:
+def end_time(job_id: str, client: Slurm | None = None) -> float | None:
     """When Slurm ends job ``job_id`` (its EndTime: the time limit), from one ``scontrol show
     job``; None when Slurm cannot say or the job has no limit."""
     try:
         if client is None:
-            from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+            from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-            client = SlurmClient(timeout=10)
+            client = slurm_client(timeout=10)
         return _parse_slurm_timestamp(client.show_job(job_id).get("EndTime"))
     except Exception as exc:  # controller busy or gone: no early stop
         log.debug("cannot read job %s's EndTime (%s)", job_id, exc)
         return None
 
 
-def preemption_grace_s(job_id: str, client: Any) -> int | None:
+def preemption_grace_s(job_id: str, client: Slurm) -> int | None:
     """The GraceTime of job ``job_id``'s partition: how long Slurm waits between the preemption
     signal and the kill; None when Slurm cannot say (or the partition has none)."""
     try:
@@ -155,7 +158,7 @@ def preemption_grace_s(job_id: str, client: Any) -> int | None:
 
 
 def node_failure(
-    job_id: str, restart_count: int, hosts: Sequence[str], client: Any, *, now: bool = False
+    job_id: str, restart_count: int, hosts: Sequence[str], client: Slurm, *, now: bool = False
 ) -> dict[str, str] | None:
     """The nodes of this attempt that Slurm failed under job ``job_id`` (node -> state), when
     this stop is a NODE_FAIL (see :func:`train.stop.quarantine.failed_nodes`; ``now``: a
@@ -176,7 +179,7 @@ class AskedOnce:
     """``client`` whose ``show_job`` answers once per job (the rest passes through): one stop
     is classified, checked for a node failure and fitted to GraceTime from ONE scontrol call."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Slurm) -> None:
         self._client = client
         self._jobs: dict[str, dict[str, str]] = {}
 
@@ -216,7 +219,7 @@ class StopFacts:
     preempt_evidence: bool = False  # Slurm says preempted (PreemptTime) or requeued (Restarts)
 
 
-def _local_cancel(run_dir: Any) -> bool:
+def _local_cancel(run_dir: Path | str) -> bool:
     """The local launcher stops the ranks for good: ``RUN_DIR/.local-stop`` says "cancel", or the
     launcher is gone (killed: its ranks got their parent-death SIGTERM; nobody restarts them)."""
     launcher = os.environ.get(LOCAL_SUPERVISOR_ENV, "")
@@ -230,7 +233,7 @@ def _local_cancel(run_dir: Any) -> bool:
 
 
 def failure_cause(
-    error_texts: Sequence[object], rules: Sequence[Any] | None, run_dir: Any
+    error_texts: Sequence[object], rules: Sequence[Any] | None, run_dir: Path | str | None
 ) -> tuple[str, str, bool]:
     """(class, why, whether the evidence names this node) of a failure
     (:func:`train.stop.causes.decide_cause`). A failure of no known cause that ended the
@@ -262,11 +265,11 @@ def gather(
     *,
     job_id: str | None,
     restart_count: int,
-    run_dir: Any,
+    run_dir: Path | str,
     signal_delay_s: float,
     hosts: Sequence[str] = (),
     node: str | None = None,
-    client: Any = None,
+    client: Slurm | None = None,
     hang_claimed: bool = False,
     error_texts: Sequence[object] = (),
     suspects: Sequence[str] = (),
@@ -315,9 +318,9 @@ def gather(
     if hang_claimed or echo or trigger not in ("signal", "cancel", "failure"):
         return facts("slurm")
     if client is None:
-        from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+        from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-        client = SlurmClient(timeout=30, shielded=True)
+        client = slurm_client(timeout=30, shielded=True)
     asked = AskedOnce(client)
     # a failure may be a node's death that Slurm has not acted on yet (a step killed with
     # its node, a rank that lost its peer there): the node's state says so

@@ -392,10 +392,10 @@ def test_a_local_cancel_is_recorded_as_cancelled_not_preempted(tmp_path: Path) -
     from jobs.localrun import STOP_FILE
     from train.history import RunHistory
     from train.spec.config import RequeueConfig
-    from train.stop.act import request_requeue
+    from train.stop import Decider, request_requeue
 
-    class Env:
-        is_main, job_id, restart_count, world_size = True, None, 0, 1
+    def Env() -> Decider:
+        return Decider(None, 0)
 
     assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=7) == 75
     (tmp_path / STOP_FILE).write_text("cancel\n")
@@ -502,10 +502,10 @@ def test_ranks_of_a_killed_local_supervisor_record_a_cancel(
 
     from train.history import RunHistory
     from train.spec.config import RequeueConfig
-    from train.stop.act import request_requeue
+    from train.stop import Decider, request_requeue
 
-    class Env:
-        is_main, job_id, restart_count, world_size = True, None, 0, 1
+    def Env() -> Decider:
+        return Decider(None, 0)
 
     monkeypatch.setenv("SLURM_TRAIN_LOCAL_SUPERVISOR", str(os.getppid()))  # alive: a requeue
     assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=3) == 75

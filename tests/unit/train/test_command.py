@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.command.processes import parse_sigmask, topmost
-from train.command.supervisor import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.env import DistEnv
 from train.history import RunHistory
 from train.spec.config import RunConfig
-from train.stop.act import REQUEUE_EXIT_CODE
+from train.stop import REQUEUE_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[3]
 USR1, USR2, TERM = int(signal.SIGUSR1), int(signal.SIGUSR2), int(signal.SIGTERM)
