@@ -354,6 +354,10 @@ class SlurmClient:
         cmd = ["scancel", *(["--signal", signal] if signal else []), *ids]
         self.run(cmd)
 
+    def set_dependency(self, job_id: str, dependency: str) -> None:
+        """``scontrol update JobId=ID Dependency=...`` of a pending job."""
+        self.run(["scontrol", "update", f"JobId={job_id}", f"Dependency={dependency}"])
+
     def requeue(self, job_id: str) -> None:
         """Put a running (or finished) batch job back in the queue with the same id.
 

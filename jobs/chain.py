@@ -177,10 +177,16 @@ def _later_links(record: records.RunRecord, job_id: str) -> list[str]:
 
 
 def _end_chain(record: records.RunRecord, job_id: str, reason: str, client: Slurm | None) -> None:
-    """Record the chain's end and cancel the links still queued behind ``job_id``."""
+    """Record the chain's end, cancel the links still queued behind ``job_id``, and let the
+    stages of a pipeline waiting on it start or cancel them (jobs.dependents)."""
     history = RunHistory(record.run_dir)
     later = _later_links(record, job_id)
     history.append("chain_ended", job_id=job_id, reason=reason, cancelled=later)
+    if record.dependents:
+        from jobs.dependents import release_dependents
+
+        client = client or _client()
+        release_dependents(record, job_id, reason == "completed", reason, client)
     if later:
         from cluster.errors import ClusterError
 

@@ -130,6 +130,12 @@ class RunRecord:
     # A run submitted as a chain of jobs (jobs.chain; requeue.mode chain): every link's job id
     # in submission order (job_id is the first); links queue the next ones and add them here.
     chain_job_ids: list[str] = field(default_factory=list)
+    # A stage of a pipeline (jobs.pipeline): the pipeline's id, the stage's name, and the job
+    # ids of the next stage waiting on this one (``dependents_after``: ok or any).
+    pipeline: str = ""
+    stage: str = ""
+    dependents: list[str] = field(default_factory=list)
+    dependents_after: str = ""
 
     def slurm_job_ids(self) -> list[str]:
         """The Slurm job id of every array, of every link of a chain, or of the job of this run,
@@ -198,6 +204,10 @@ RUN_RECORD = Schema(
         "array_chunk": "count",
         "cluster": "str",
         "chain_job_ids": "list[str]",
+        "pipeline": "str",
+        "stage": "str",
+        "dependents": "list[str]",
+        "dependents_after": "str",
     },
 )
 TASK_RECORD = Schema(

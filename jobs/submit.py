@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,8 +161,10 @@ def submit(
     executor: str = "auto",
     *,
     preflight: bool = True,
+    after: Sequence[str] = (),
 ) -> records.RunRecord:
     """Submit to Slurm (after the preflight) or run locally; ``auto``: Slurm when it answers.
+    ``after``: sbatch options of the run's first job (a pipeline's ``--dependency``).
 
     Slurm costs one ``sinfo`` (which also tells ``auto`` that Slurm answers) and one sbatch per
     array; the array limits come from :func:`jobs.preflight.cluster_limits` (cached).
@@ -204,14 +206,16 @@ def submit(
             limit = array_limit(len(loaded.tasks), limits, loaded.where)
         loaded = _chain_or_requeue(loaded, client, partition)
     try:
-        return submit_slurm(loaded, plan, client, array_limit=limit)
+        return submit_slurm(loaded, plan, client, array_limit=limit, after=after)
     except SubmitError as exc:
         from jobs.chain import requeue_refused, with_mode
 
         # a site that refuses --requeue (a job submit plugin): the run as a chain (mode auto)
         if auto and loaded.spec.requeue.mode != "chain" and requeue_refused(str(exc)):
             _chain_note(loaded, f"sbatch refused --requeue ({exc})")
-            return submit_slurm(with_mode(loaded, "chain"), plan, client, array_limit=limit)
+            return submit_slurm(
+                with_mode(loaded, "chain"), plan, client, array_limit=limit, after=after
+            )
         raise
 
 
@@ -249,7 +253,12 @@ def _chain_or_requeue(loaded: LoadedSpec, client: Slurm, partition: str) -> Load
 
 
 def submit_slurm(
-    loaded: LoadedSpec, plan: Plan, client: Slurm, *, array_limit: int | None = None
+    loaded: LoadedSpec,
+    plan: Plan,
+    client: Slurm,
+    *,
+    array_limit: int | None = None,
+    after: Sequence[str] = (),
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
@@ -286,9 +295,9 @@ def submit_slurm(
             if k == 0 or not chain:
                 path.write_text(sbatch_script(loaded.spec, plan.run_dir, count), encoding="utf-8")
             dependency = "afternotok" if chain else "afterany"
-            after = [f"--dependency={dependency}:{job_ids[-1]}"] if job_ids else []
+            deps = [f"--dependency={dependency}:{job_ids[-1]}"] if job_ids else list(after)
             # sbatch from the caller's directory, as submitit did: the job's working directory.
-            job_ids.append(client.submit(path, after))
+            job_ids.append(client.submit(path, deps))
             for i, pkl in enumerate(pickles):
                 jid = f"{job_ids[-1]}_{i}" if loaded.is_array else job_ids[-1]
                 os.replace(pkl, submitted_pickle(folder, jid))

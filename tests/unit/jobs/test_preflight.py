@@ -186,7 +186,9 @@ def routes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
     monkeypatch.setattr(
         mod,
         "submit_slurm",
-        lambda loaded, plan, client, array_limit=None: taken.append(("slurm", array_limit)),
+        lambda loaded, plan, client, array_limit=None, after=(): taken.append(
+            ("slurm", array_limit)
+        ),
     )
     return taken
 
