@@ -122,11 +122,6 @@ def load_pipeline(
             raise SpecError(problems)
         name = f"name={spec.name}-{stage.name}"
         loaded = load_text(body, label, [*stage.set, name], path=path)
-        if loaded.is_array and k < len(spec.stages) - 1:
-            raise SpecError(
-                f"{source.where(('stages', k, 'spec'))}: stages.{k}.spec: a sweep may be a "
-                "pipeline's last stage only (the stages after it would wait on every task)"
-            )
         out.append(LoadedStage(stage, loaded, tuple(dict.fromkeys(refs))))
     return spec, out
 
@@ -210,7 +205,9 @@ def plan_pipeline(
     out = []
     for k, (s, p) in enumerate(zip(stages, plans, strict=True)):
         loaded = _with_inputs(s.loaded, s.refs, dirs)
-        if k < len(stages) - 1:
+        if k < len(stages) - 1 and not loaded.is_array:
+            # (a sweep's tasks end one by one: the stage after it waits on every array with
+            # afterok, which Slurm never meets when a task failed: DependencyNeverSatisfied)
             loaded = _with_stage_end(loaded, p.run_dir)
         out.append((replace(s, loaded=loaded), p))
     return pipeline_id, out
@@ -245,7 +242,7 @@ def submit_pipeline(
             after = []
             if done:
                 kind = "afterok" if s.stage.after == "ok" else "afterany"
-                after = [f"--dependency={kind}:{done[-1].job_id}"]
+                after = [f"--dependency={kind}:{':'.join(done[-1].slurm_job_ids())}"]
             record = submit(s.loaded, plan, client, "slurm", preflight=preflight, after=after)
             record.pipeline, record.stage = pipeline_id, s.stage.name
             records.save_record(record)

@@ -202,3 +202,14 @@ def test_the_checkpoint_a_stage_takes_is_the_last_one_recorded(tmp_path: Path) -
     history.append("checkpoint", step=10, path=str(tmp_path / "checkpoints" / "step-10"))
     history.append("checkpoint", step=20, path=str(tmp_path / "checkpoints" / "step-20"))
     assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoints" / "step-20")
+
+
+def test_a_sweep_can_be_a_stage(tmp_path: Path, stub_slurm: Path) -> None:
+    path = _write(tmp_path)
+    (tmp_path / "train.yaml").write_text(
+        f"name: t\n{STAGE}sweep:\n  grid:\n    train.seed: [1, 2]\n"
+    )
+    stages = submit_pipeline(path, [], SlurmClient(), tmp_path / "runs", preflight=False)
+    assert stages[0].array_size == 2
+    assert "--dependency=afterok:4242" in (stub_slurm / "sbatch-args-1.txt").read_text().split()
+    assert "trap stage_end EXIT" not in (stub_slurm / "submitted-0.sh").read_text()
