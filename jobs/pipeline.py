@@ -16,7 +16,8 @@ A spec with ``stages:`` is a pipeline::
 requeue or chain: preempted, it resumes), named ``PIPELINE-STAGE``, each after the stage before
 (``--dependency=afterok:JOB`` or ``afterany``). A stage takes from an earlier stage
 ``${stages.NAME.run_dir}`` (known at submission) and ``${stages.NAME.checkpoint}`` (the path of
-its last checkpoint, found when the stage starts: its batch script exports ``STAGE_NAME_*``,
+its newest valid checkpoint, found when the stage starts: ``python -m train.checkpoint.dirs``;
+its batch script exports ``STAGE_NAME_*``,
 and a command's ``${VAR}`` is expanded from its environment). A stage that ends without
 completing (a failure, a spent budget, a cancel) cancels the stages waiting on it (``afterok``)
 and records why in their run directories. The pipeline is one name for ``jobs status`` (a line
@@ -154,7 +155,7 @@ def _with_inputs(loaded: LoadedSpec, refs: Sequence[str], dirs: Mapping[str, Pat
     exe = shlex.quote(sys.executable)
     variables = {_var(r, "run_dir"): str(dirs[r]) for r in refs}
     setup = [
-        f'export {_var(r, "checkpoint")}="$({exe} -m jobs.pipeline checkpoint '
+        f'export {_var(r, "checkpoint")}="$({exe} -m train.checkpoint.dirs '
         f'{shlex.quote(str(dirs[r]))})"'
         for r in refs
     ]
@@ -259,14 +260,6 @@ def submit_pipeline(
 
 
 # -- inside the allocation ------------------------------------------------------------------
-def last_checkpoint(run_dir: Path) -> str:
-    """The path of the run's last checkpoint (its newest ``checkpoint`` event); the run
-    directory when it recorded none (a command's own files are there)."""
-    events = RunHistory(run_dir).events()
-    paths = [e.get("path") for e in events if e.get("event") == "checkpoint" and e.get("path")]
-    return str(paths[-1]) if paths else str(run_dir)
-
-
 def stage_end(run_dir: Path, job_id: str, exit_code: int, client: Slurm | None = None) -> None:
     """A (non-chain) stage's batch script exits: completed, over without completing (its
     dependents cancelled), or requeued (nothing to do)."""
@@ -308,23 +301,18 @@ def find_pipeline(query: str) -> list[records.RunRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m jobs.pipeline checkpoint RUN_DIR`` (prints the path) or ``stage-end RUN_DIR
-    --job-id ID --exit-code N`` (a stage's batch script at its exit)."""
+    """``python -m jobs.pipeline stage-end RUN_DIR --job-id ID --exit-code N``: a stage's batch
+    script at its exit."""
     p = argparse.ArgumentParser(prog="python -m jobs.pipeline")
-    p.add_argument("what", choices=("checkpoint", "stage-end"))
+    p.add_argument("what", choices=("stage-end",))
     p.add_argument("run_dir", type=Path)
     p.add_argument("--job-id", default="")
     p.add_argument("--exit-code", type=int, default=0)
     ns = p.parse_args(argv)
     try:
-        if ns.what == "checkpoint":
-            print(last_checkpoint(ns.run_dir))
-        else:
-            stage_end(ns.run_dir, ns.job_id, ns.exit_code)
+        stage_end(ns.run_dir, ns.job_id, ns.exit_code)
     except Exception as exc:  # the batch script goes on
         print(f"jobs.pipeline: {ns.what}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if ns.what == "checkpoint":
-            print(ns.run_dir)
     return 0
 
 

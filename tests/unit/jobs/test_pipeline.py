@@ -16,7 +16,7 @@ from cluster.models import JobInfo
 from jobs import records
 from jobs.cli import main
 from jobs.dependents import release_dependents, unfinished
-from jobs.pipeline import find_pipeline, last_checkpoint, load_pipeline, submit_pipeline
+from jobs.pipeline import find_pipeline, load_pipeline, submit_pipeline
 from jobs.records import RunRecord
 from train.history import RunHistory
 
@@ -89,7 +89,7 @@ def test_the_example_pipeline_dry_runs_every_stage(tmp_path: Path) -> None:
     assert "# ==== stage train\n" in text
     assert "# ==== stage eval (after the stage before: ok)" in text
     assert "trap stage_end EXIT" in text.split("# ==== stage eval")[0]
-    assert "-m jobs.pipeline checkpoint" in text.split("# ==== stage eval")[1]
+    assert "-m train.checkpoint.dirs" in text.split("# ==== stage eval")[1]
 
 
 def test_stages_are_queued_one_after_the_other(tmp_path: Path, stub_slurm: Path) -> None:
@@ -103,7 +103,7 @@ def test_stages_are_queued_one_after_the_other(tmp_path: Path, stub_slurm: Path)
     assert first.dependents == ["4243"] and first.dependents_after == "ok"
     script = (stub_slurm / "submitted-1.sh").read_text()
     assert f"export STAGE_TRAIN_RUN_DIR={stages[0].run_dir}" in script
-    assert "python" in script and "jobs.pipeline checkpoint" in script
+    assert "-m train.checkpoint.dirs" in script
     assert [r.stage for r in find_pipeline("pipe")] == ["train", "eval"]
     assert [r.stage for r in find_pipeline(stages[0].pipeline)] == ["train", "eval"]
     assert find_pipeline("pipe-train") == [] and find_pipeline("nothing") == []
@@ -194,14 +194,6 @@ def test_a_completed_chain_stage_points_the_next_at_the_link_that_completed(
                       dependents_after="ok")  # fmt: skip
     release_dependents(plain, "8", True, None, client)  # type: ignore[arg-type]
     assert client.dependencies == [("9", "afterok:10")]  # Slurm's afterok releases it
-
-
-def test_the_checkpoint_a_stage_takes_is_the_last_one_recorded(tmp_path: Path) -> None:
-    assert last_checkpoint(tmp_path) == str(tmp_path)
-    history = RunHistory(tmp_path)
-    history.append("checkpoint", step=10, path=str(tmp_path / "checkpoints" / "step-10"))
-    history.append("checkpoint", step=20, path=str(tmp_path / "checkpoints" / "step-20"))
-    assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoints" / "step-20")
 
 
 def test_a_sweep_can_be_a_stage(tmp_path: Path, stub_slurm: Path) -> None:
