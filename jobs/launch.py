@@ -137,6 +137,7 @@ def after_step(argv: list[str] | None = None) -> int:
     step (:func:`train.stop.step.after_step` for this task's run, found through its pickle);
     prints ``restart`` or ``exit N`` (jobs.render.in_place_loop)."""
     import argparse
+    import contextlib
     import sys
 
     p = argparse.ArgumentParser(prog="python -m jobs.launch")
@@ -165,7 +166,8 @@ def after_step(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the batch script must go on: it ends with the step's own code
         print(f"jobs.launch: cannot decide after the step ({type(exc).__name__}: {exc})",
               file=sys.stderr)  # fmt: skip
-    print("restart" if code is None else f"exit {code}")
+    with contextlib.suppress(OSError):  # the batch script may be gone (a requeue ends it)
+        print("restart" if code is None else f"exit {code}", flush=True)
     return 0
 
 

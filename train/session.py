@@ -45,6 +45,7 @@ from train.stop import (
     EarlyStop,
     PreemptionGuard,
     describe_failure,
+    early_stop_lead_s,
     end_time,
     ended_elsewhere,
     explain_previous_attempt,
@@ -204,12 +205,15 @@ class RunSession:
         end = end_time(str(self.env.job_id))
         if end is None:
             return None
+        lead = early_stop_lead_s(needed, self.requeue.signal_delay_s, end - time.time())
+        if lead is None:
+            return None
 
         def fire() -> None:
             self._early_kind = "timeout"
             self.guard.trigger(self.requeue.signal)
 
-        return EarlyStop(end, needed, fire).start()
+        return EarlyStop(end, lead, fire).start()
 
     def _latest_valid(self, line: Line) -> Path | None:
         # only asked when this run resumes its own directory: its leftovers may go

@@ -514,6 +514,29 @@ def test_ranks_of_a_killed_local_supervisor_record_a_cancel(
     assert [e["event"] for e in RunHistory(tmp_path).events()][-1] == "cancelled"
 
 
+@pytest.mark.parametrize("codes", [[0, 1], [-9, 134], [0, 75], [0, 3]])
+def test_a_local_run_rank_0_completed_is_completed_whatever_a_rank_exits_with_after(
+    tmp_path: Path, codes: list[int]
+) -> None:
+    """Issue 44 item 2: the local executor agrees with the batch script and the command
+    supervisor (train.history.attempt_completed_at): rank 0's complete of this attempt ends the
+    run COMPLETED; a rank that fails after it (gloo's abort at exit) is not a failure."""
+    from jobs.localrun import Supervisor
+    from train.history import RunHistory
+
+    rec = RunRecord(
+        "l-4", "l", str(tmp_path), "local", job_id="local-1",
+        tasks=[TaskRecord(0, str(tmp_path), {})],
+    )  # fmt: skip
+    sup = Supervisor(rec)
+    history = RunHistory(tmp_path)
+    history.append("complete", step=50, restart_count=1, job_id=None)
+    assert sup._outcome(0, codes, history, attempt=1) == ("COMPLETED", "")
+    assert [e["event"] for e in history.events()] == ["complete"]  # no failure, no requeue
+    # another attempt's complete is not this one's
+    assert sup._outcome(0, [0, 1], history, attempt=2)[0] == "REQUEUED"
+
+
 class LateEventClient(ScriptedClient):
     """A log line read first, then an event stamped a moment BEFORE it written after it."""
 
