@@ -381,3 +381,17 @@ def test_follow_reads_every_links_log_in_turn(tmp_path: Path) -> None:
     (tmp_path / "slurm" / "2_0_log.out").write_text("two\n")
     (tmp_path / "slurm" / "4_0_log.out").write_text("four\n")
     assert tail.read() == ["two"] and tail.read() == ["four"] and tail.read() == []
+
+
+def test_the_plot_names_each_link_of_a_chain_as_its_attempt(tmp_path: Path) -> None:
+    from jobs.plot import read_series
+
+    history = RunHistory(tmp_path)
+    for k, jid in enumerate(("1", "2")):
+        history.append("link_started", job_id=jid, link=k)
+        history.append("start" if k == 0 else "resume", step=10 * k, restart_count=0, job_id=jid)
+    history.append("complete", step=20, restart_count=0, job_id="2")
+    life = read_series(tmp_path, "run").life
+    assert [(e, a) for _, e, a in life if e in ("start", "resume", "complete")] == [
+        ("start", "(link 0)"), ("resume", "(link 1)"), ("complete", "(link 1)"),
+    ]  # fmt: skip
