@@ -25,7 +25,7 @@ import yaml
 
 from cluster.hostlist import expand_hostlist
 from jobs.records import load_record
-from train.checkpoint.manager import CheckpointManager, verify_checkpoint
+from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
 from train.spec.config import load_run_config
