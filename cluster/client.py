@@ -217,6 +217,12 @@ class SlurmClient:
         mode = parse.parse_key_values(first).get("PreemptMode") or config.get("PreemptMode", "")
         return config.get("JobRequeue", ""), mode
 
+    def sbatch_options(self) -> frozenset[str]:
+        """The long options the ``sbatch`` this client runs lists in ``sbatch --help`` (its
+        release's; see :func:`cluster.parse.parse_sbatch_help`). Callers may cache it per
+        cluster (:meth:`conf_stamp`)."""
+        return parse.parse_sbatch_help(self.run(["sbatch", "--help"]).stdout)
+
     def conf_stamp(self) -> str:
         """Identifies the slurm.conf in use as it is now (path, size, mtime)."""
         return conf_stamp(self.conf)

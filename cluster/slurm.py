@@ -45,6 +45,9 @@ class Slurm(Protocol):
     def conf_stamp(self) -> str: ...
     def requeue_settings(self, partition: str) -> tuple[str, str]:
         """(``JobRequeue``, the partition's ``PreemptMode``): whether a job can be requeued."""
+
+    def sbatch_options(self) -> frozenset[str]:
+        """The long options ``sbatch --help`` lists (its release's)."""
         ...
 
     def cluster_name(self) -> str: ...

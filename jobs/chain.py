@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobs import records
 from jobs.render import submitit_folder, submitted_pickle
+from train import runfiles
 from train.history import RunHistory
 from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 
@@ -139,9 +139,7 @@ def queue_link(record: records.RunRecord, client: Slurm, after: str) -> str:
     job_id = client.submit(run_dir / "sbatch.sh", [f"--dependency={LINK_DEPENDENCY}:{after}"])
     # it cannot start before `after` has ended (afternotok): the pickle is there in time
     source = submitted_pickle(folder, record.job_id)
-    tmp = folder / f".{job_id}.{os.getpid()}.pkl"
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, submitted_pickle(folder, job_id))
+    runfiles.atomic_write(submitted_pickle(folder, job_id), source.read_bytes(), durable=False)
     return job_id
 
 

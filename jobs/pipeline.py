@@ -152,7 +152,9 @@ def _with_inputs(loaded: LoadedSpec, refs: Sequence[str], dirs: Mapping[str, Pat
     run directory (a variable) and last checkpoint (found when the stage starts)."""
     if not refs:
         return loaded
-    exe = shlex.quote(sys.executable)
+    from jobs.executor import safe_python  # -P, as every python line of the script
+
+    exe = safe_python()
     variables = {_var(r, "run_dir"): str(dirs[r]) for r in refs}
     setup = [
         f'export {_var(r, "checkpoint")}="$({exe} -m train.checkpoint.dirs '
@@ -174,7 +176,9 @@ def _with_inputs(loaded: LoadedSpec, refs: Sequence[str], dirs: Mapping[str, Pat
 def _with_stage_end(loaded: LoadedSpec, run_dir: Path) -> LoadedSpec:
     """The stage's script ends with ``python -m jobs.pipeline stage-end`` (the stages waiting on
     it cancelled when it ends without completing); a chain's link-end does it for a chain."""
-    exe = shlex.quote(sys.executable)
+    from jobs.executor import safe_python  # -P, as every python line of the script
+
+    exe = safe_python()
     lines = [
         "stage_end() {",
         "  stage_rc=$?",

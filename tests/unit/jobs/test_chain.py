@@ -354,8 +354,8 @@ def test_the_link_hook_in_the_batch_script(
     proc = subprocess.run(["bash", "-c", script], env=env, check=False)
     assert proc.returncode == code
     lines = calls.read_text().splitlines()
-    assert lines[0].startswith("-m jobs.chain link-start ") and "run dir" in lines[0]
-    end = f"-m jobs.chain link-end {tmp_path / 'run dir'} --job-id 77 --exit-code {code}"
+    assert lines[0].startswith("-P -m jobs.chain link-start ") and "run dir" in lines[0]
+    end = f"-P -m jobs.chain link-end {tmp_path / 'run dir'} --job-id 77 --exit-code {code}"
     # a link told to exit ends before its exit hook is set: link-start ended the chain itself
     assert (lines[-1] == end) == (link is not None)
     steps = [ln for ln in lines if ln.startswith("step ")]
