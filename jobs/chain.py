@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -143,9 +144,26 @@ def queue_link(record: records.RunRecord, client: Slurm, after: str) -> str:
     return job_id
 
 
-def last_checkpoint_step(events: Sequence[Mapping[str, Any]]) -> int | None:
-    """The step of the newest checkpoint the run recorded (None: none yet)."""
-    steps = [e["step"] for e in events if e.get("event") == "checkpoint" and e.get("step")]
+_STEP_DIR = re.compile(r"step-(\d+)(?:\.b\d+)?")
+
+
+def last_checkpoint_step(
+    events: Sequence[Mapping[str, Any]], run_dir: Path | None = None
+) -> int | None:
+    """The step of the run's newest checkpoint (None: none yet): the newest of the saves its
+    events name (a stop's save, a resume's checkpoint) and of the committed ``step-N``
+    directories (interval saves record no event; a directory is named so only once committed)."""
+    steps = [
+        int(e["step"])
+        for e in events
+        if e.get("event") in ("checkpoint", "resume") and isinstance(e.get("step"), int)
+    ]
+    if run_dir is not None:
+        try:
+            names = os.listdir(run_dir / "checkpoints")
+        except OSError:
+            names = []
+        steps += [int(m.group(1)) for n in names if (m := _STEP_DIR.fullmatch(n))]
     return max(steps) if steps else None
 
 
@@ -211,7 +229,7 @@ def link_start(run_dir: Path, job_id: str, client: Slurm | None = None) -> str:
         if not any(e.get("event") == "chain_ended" for e in events):
             _end_chain(record, job_id, why, client)
         return "exit 0"
-    step = last_checkpoint_step(events)
+    step = last_checkpoint_step(events, Path(record.run_dir))
     if stalled(events, step, config.chain_stall_links):
         at = "no checkpoint yet" if step is None else f"the checkpoint of step {step}"
         _end_chain(

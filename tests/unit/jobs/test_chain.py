@@ -395,3 +395,15 @@ def test_the_plot_names_each_link_of_a_chain_as_its_attempt(tmp_path: Path) -> N
     assert [(e, a) for _, e, a in life if e in ("start", "resume", "complete")] == [
         ("start", "(link 0)"), ("resume", "(link 1)"), ("complete", "(link 1)"),
     ]  # fmt: skip
+
+
+def test_progress_counts_the_checkpoints_on_disk_too(tmp_path: Path) -> None:
+    """Interval saves record no event: a link that saved step-30 on disk made progress."""
+    from jobs.chain import last_checkpoint_step
+
+    events = [{"event": "checkpoint", "step": 10}, {"event": "resume", "step": 20}]
+    assert last_checkpoint_step(events) == 20
+    (tmp_path / "checkpoints" / "step-30.b1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / ".step-40.tmp").mkdir()  # being written, not committed
+    assert last_checkpoint_step(events, tmp_path) == 30
+    assert last_checkpoint_step([], tmp_path / "missing") is None
