@@ -205,3 +205,14 @@ def test_a_sweep_can_be_a_stage(tmp_path: Path, stub_slurm: Path) -> None:
     assert stages[0].array_size == 2
     assert "--dependency=afterok:4242" in (stub_slurm / "sbatch-args-1.txt").read_text().split()
     assert "trap stage_end EXIT" not in (stub_slurm / "submitted-0.sh").read_text()
+
+
+def test_every_stage_of_the_example_pipeline_is_a_spec_train_accepts(tmp_path: Path) -> None:
+    """test_examples' train check, for a pipeline: each stage's resolved spec."""
+    from train.spec import dump_spec, load_run_config
+
+    _, stages = load_pipeline(REPO / "examples" / "pipeline.yaml")
+    for s in stages:
+        path = tmp_path / f"{s.stage.name}.yaml"
+        path.write_text(dump_spec(s.loaded.spec.model_dump(mode="json", exclude_none=True)))
+        load_run_config(path)
