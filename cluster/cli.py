@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("cluster already up and healthy; nothing changed")
             _print_status(lc)
             print(f"export SLURM_CONF={lc.conf}")
+            login = lc.login_server()
+            if login is not None:  # the login node of --remote (README: From your laptop)
+                print(f"export SLURM_TRAIN_SSH_CONFIG={login.client_config}")
             return 0
         if args.command == "down":
             stopped = lc.down()

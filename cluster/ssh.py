@@ -29,8 +29,9 @@ from cluster.errors import BadInputError, ClusterError, SlurmCommandError, Slurm
 
 #: an OpenSSH configuration file to read instead of ``~/.ssh/config``
 CONFIG_ENV = "SLURM_TRAIN_SSH_CONFIG"
-#: what is added where the user set no ControlPath (``%C``: a hash of host, port and user)
-CONTROL_PATH = "~/.ssh/st-%C"
+#: what is added where the user set no ControlPath: ``~/.ssh/st-%C`` (``%C``: a hash of the
+#: host, port and user; short: a socket's path has room for ~100 bytes)
+CONTROL_NAME = "st-%C"
 CONTROL_PERSIST = "4h"
 CONNECT_TIMEOUT_S = 15
 #: ssh's own failures exit 255 (a remote command's status is passed through otherwise)
@@ -105,7 +106,7 @@ class SshTarget:
             if self.jumps:
                 args += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
             else:
-                args += ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_PATH}"]
+                args += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_path()}"]
                 if self.options.get("controlpersist", "no") == "no":
                     args += ["-o", f"ControlPersist={CONTROL_PERSIST}"]
         return args
@@ -121,6 +122,15 @@ class SshTarget:
             self.host,
             remote_command(remote, cwd=cwd, env=env),
         ]
+
+
+def control_path() -> str:
+    """``HOME/.ssh/st-%C`` (the home of the user, as ssh finds it; the folder made 0700)."""
+    import pwd
+
+    folder = os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".ssh")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return os.path.join(folder, CONTROL_NAME)
 
 
 def remote_command(
@@ -174,17 +184,15 @@ def parse_ssh_g(text: str) -> dict[str, str]:
 
 
 def classify(host: str, returncode: int, stderr: str) -> SshError | None:
-    """ssh's own failure (exit 255) as one of ours; None: the remote command's own result."""
+    """ssh's own failure (exit 255: none of the commands we run exits so) as one of ours;
+    None: the remote command ran and this is its own status."""
     if returncode != SSH_FAILED:
         return None
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    last = lines[-1].strip() if lines else "no message"
-    low = stderr.lower()
-    if any(m in low for m in _LOGIN_NEEDED):
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else "no message"
+    if any(m in stderr.lower() for m in _LOGIN_NEEDED):
         return SshLoginRequiredError(host, last)
-    if "connection" in low or "ssh:" in low or "mux" in low or "kex_" in low or not lines:
-        return SshConnectionError(host, last)
-    return None  # a remote command that itself exited 255
+    return SshConnectionError(host, last)
 
 
 class SshSlurmClient(SlurmClient):

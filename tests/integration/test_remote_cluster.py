@@ -1,0 +1,236 @@
+"""Issue 47, for real: from "the laptop" (root's shell, no SLURM_CONF, a state folder of its
+own) to the local cluster's login node (``python -m cluster up``'s sshd on loopback, the user
+``trainee``) through the system's ssh: a prompt answered once by ``jobs login`` and shared
+after it, BatchMode's refusal in one line, ProxyJump, then the README's example: submit,
+preempt, resume, complete (followed across a dropped connection), list, status, plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+USER = "trainee"
+LOGIN, JUMP, LOCKED = "slurm-train-login", "slurm-train-jump", "slurm-train-locked"
+PASSPHRASE = "correct horse"
+REMOTE_PY = "/usr/bin/python3"
+
+
+def _skip() -> str | None:
+    from cluster.local import sshd
+
+    if not sshd.installed():
+        return "openssh-server is not installed (scripts/setup.sh installs it)"
+    if sshd.login_user() is None:
+        return f"no user {USER} (scripts/setup.sh makes it)"
+    site = _site_packages()
+    probe = subprocess.run(
+        ["runuser", "-u", USER, "--", "env", f"PYTHONPATH={REPO}:{site}", REMOTE_PY, "-c",
+         "import jobs.cli, torch"],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        return f"{USER} cannot import this checkout with {REMOTE_PY} (a checkout under /root?)"
+    return None
+
+
+def _site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def _jobs(
+    args: list[str], env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobs", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def _master_pid(env: dict[str, str], host: str) -> int | None:
+    from cluster.ssh import resolve
+
+    target = resolve(host, env)
+    done = subprocess.run(
+        ["ssh", *target.option_args(), "-O", "check", "--", host],
+        capture_output=True, text=True, timeout=10, check=False,
+    )  # fmt: skip
+    found = re.search(r"pid=(\d+)", done.stderr)
+    return int(found.group(1)) if found else None
+
+
+@pytest.fixture(scope="module")
+def laptop(
+    slurm_env: dict[str, str], slurm_cluster: object, tmp_path_factory: pytest.TempPathFactory
+):
+    why = _skip()
+    if why is not None:
+        pytest.skip(why)
+    up = subprocess.run(
+        [sys.executable, "-m", "cluster", "up"], env=slurm_env, cwd=REPO,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    found = re.search(r"^export SLURM_TRAIN_SSH_CONFIG=(\S+)$", up.stdout, re.M)
+    assert found is not None, up.stdout
+    config = Path(found.group(1))
+    tmp = tmp_path_factory.mktemp("laptop")
+    # A key with a passphrase: BatchMode cannot use it; `jobs login` asks for it once.
+    locked = tmp / "locked_key"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", PASSPHRASE, "-f", str(locked)],
+        check=True, timeout=60,
+    )  # fmt: skip
+    authorized = config.parent / "authorized_keys"
+    authorized.write_text(authorized.read_text() + (tmp / "locked_key.pub").read_text())
+    text = config.read_text()
+    login_block = text.split(f"Host {LOGIN}\n", 1)[1].split("Host ", 1)[0]
+    own = login_block.replace(str(config.parent / "id_ed25519"), str(locked))
+    (tmp / "ssh_config").write_text(f"{text}Host {LOCKED}\n{own}")
+    askpass = tmp / "askpass"
+    askpass.write_text(f"#!/bin/sh\necho '{PASSPHRASE}'\n")
+    askpass.chmod(0o755)
+    # the cluster user's folders (its runs, its run index)
+    remote = Path(f"{slurm_cluster.layout.root}-remote")  # type: ignore[attr-defined]
+    shutil.rmtree(remote, ignore_errors=True)
+    remote.mkdir(mode=0o755)
+    shutil.chown(remote, USER, USER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(
+        SLURM_TRAIN_SSH_CONFIG=str(tmp / "ssh_config"),
+        SLURM_TRAIN_STATE_DIR=str(tmp / "state"),
+        SSH_ASKPASS=str(askpass),
+        SSH_ASKPASS_REQUIRE="force",
+        DISPLAY=":0",
+    )
+    data = {
+        "conf": slurm_env["SLURM_CONF"],
+        "remote": remote,
+        "tmp": tmp,
+        "config": config,
+        "env": env,
+        "cluster": slurm_cluster,
+    }
+    yield data
+    for host in (LOGIN, LOCKED):
+        pid = _master_pid(env, host)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+
+
+def _spec(data: dict, steps: int) -> Path:
+    code = f"$HOME/slurm-train/code/{REPO.name}"
+    remote = data["remote"]
+    text = (REPO / "examples" / "cifar.yaml").read_text()
+    setup = "\n".join(
+        f"    - {line!r}".replace("'", '"')
+        for line in [
+            f"export SLURM_CONF={data['conf']}",
+            f"export PYTHONPATH={code}:{code}/tests/hooks:{_site_packages()}",
+            f"export SLURM_TRAIN_STATE_DIR={remote}/state SLURM_TRAIN_RUNS_DIR={remote}/runs",
+            "export TRAIN_TEST_STEP_S=0.4",
+        ]
+    )
+    text = text.replace("environment:\n", f"environment:\n  setup:\n{setup}\n", 1)
+    spec = data["tmp"] / "remote.yaml"
+    spec.write_text(text)
+    return spec
+
+
+def test_a_prompt_is_refused_in_one_line_then_login_answers_it_once(laptop: dict) -> None:
+    env = laptop["env"]
+    refused = _jobs(["status", "--remote", LOCKED], env, timeout=60)
+    assert refused.returncode == 1, refused
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"python -m jobs login {LOCKED}" in lines[0], refused.stderr
+    login = _jobs(["login", LOCKED], env, timeout=60)
+    assert login.returncode == 0, login.stderr
+    assert _master_pid(env, LOCKED) is not None
+    # BatchMode again: through the shared master; the remote Python has no slurm-train in a
+    # plain environment: one line that says how to install it
+    shared = _jobs(["status", "--remote", LOCKED, "--remote-python", REMOTE_PY], env, timeout=60)
+    assert shared.returncode == 1, shared
+    assert f"slurm-train is not installed for {REMOTE_PY}" in shared.stderr, shared.stderr
+    missing = _jobs(["status", "--remote", LOCKED, "--remote-python", "/nope/python"], env)
+    assert missing.returncode == 1 and "no Python '/nope/python'" in missing.stderr
+
+
+def test_proxyjump_reaches_the_cluster_without_multiplexing(laptop: dict) -> None:
+    from cluster import slurm_client
+    from cluster.ssh import resolve
+
+    env = laptop["env"]
+    assert not resolve(JUMP, env).multiplexed
+    client = slurm_client(environ=env, remote=JUMP, conf=laptop["conf"])
+    assert {n.name for n in client.nodes()} == {"n1", "n2", "n3"}
+    assert client.cluster_name()
+
+
+def test_readme_example_from_the_laptop(laptop: dict) -> None:
+    env, tmp = laptop["env"], laptop["tmp"]
+    spec = _spec(laptop, steps=60)
+    sub = _jobs(
+        ["submit", str(spec), "--remote", LOGIN, "--remote-python", REMOTE_PY,
+         "--set", "train.max_steps=60"],
+        env,
+    )  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip()
+    run = re.search(r"submitted (\S+) on " + LOGIN, sub.stderr)
+    assert run is not None and job.isdigit(), sub.stderr
+    run_id = run.group(1)
+    listed = _jobs(["list"], env, timeout=60)
+    assert listed.returncode == 0 and run_id in listed.stdout and LOGIN in listed.stdout, listed
+
+    drill = _jobs(["drill", run_id, "--kind", "preempt", "--timeout", "400"], env, timeout=450)
+    assert drill.returncode == 0, drill.stdout + drill.stderr
+
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "logs", run_id, "-f"], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(5)
+        # the connection drops: the shared master and the server both go away for a while
+        login = laptop["cluster"].login_server()
+        master = _master_pid(env, LOGIN)
+        assert master is not None
+        sshd_pid = int(login.pid_file.read_text())
+        os.kill(sshd_pid, signal.SIGTERM)
+        os.kill(master, signal.SIGKILL)
+        time.sleep(8)
+        login.start()
+        out, err = follow.communicate(timeout=400)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    assert "trying again" in err and "connected again" in err, err[-2000:]
+    assert follow.returncode == 0, err[-2000:]
+    assert "done: 60 steps" in out, out[-2000:]
+
+    status = _jobs(["status", run_id, "--json"], env, timeout=120)
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)
+    task = data["tasks"][0]
+    assert task["state"] == "COMPLETED", task
+    assert "preempted" in task["history"] and task["attempts"] >= 2, task
+
+    png = tmp / "life.png"
+    plot = _jobs(["plot", run_id, "-o", str(png)], env, timeout=300)
+    assert plot.returncode == 0, plot.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
