@@ -20,6 +20,10 @@ install_system_packages() {
     command -v munged >/dev/null || need+=(munge)
     command -v mariadbd >/dev/null || need+=(mariadb-server)
     command -v shellcheck >/dev/null || need+=(shellcheck)
+    # the local cluster's login node for --remote (cluster/local/sshd.py), and what jobs --remote uses
+    [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+    command -v ssh >/dev/null || need+=(openssh-client)
+    command -v rsync >/dev/null || need+=(rsync)
     if [ "${#need[@]}" -eq 0 ]; then
         return 0
     fi
