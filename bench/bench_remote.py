@@ -103,7 +103,8 @@ def _measure(opts: Options, config: Path, work: Path, remote: Path) -> list[Figu
         jr.poll_once(record, 0, 0, job)
 
     def poll_here() -> None:
-        line = f"cd && {record.remote.shell(['status', record.run_dir, '--json'], tail)}"
+        argv = ["status", record.run_dir, "--json", "--no-goodput"]
+        line = f"cd && {record.remote.shell(argv, tail)}"
         subprocess.run([*local, line], capture_output=True, timeout=120, check=True)
 
     repeats = 3 if opts.quick else opts.repeats

@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument("run", nargs="?", help="run id, job id, name or run directory")
     st.add_argument("--json", action="store_true")
+    st.add_argument(
+        "--no-goodput",
+        action="store_true",
+        help="a named run: leave out its goodput (one sacct less; what a --follow poll from "
+        "another machine asks)",
+    )
 
     lg = sub.add_parser(
         "logs",
@@ -295,7 +301,7 @@ def _submit_remote(args: argparse.Namespace, out: IO[str]) -> int:
     code, run = remote.submit(opts, out)
     if code != 0 or run is None or not args.follow:
         return code
-    return remote.follow(run, out)
+    return remote.follow(run, out, rank=0)  # the states and rank 0's log
 
 
 def _remote(args: argparse.Namespace, out: IO[str]) -> int | None:
@@ -363,7 +369,8 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     states = states_many(runs, _client)  # one sacct call for all of them
     # a named run: its goodput too (one more sacct, -D: Slurm's times of every attempt; not
     # for a run that never started: its time so far is all queued)
-    ledger = run_ledger(runs[0], _client, states=states) if args.run else None
+    want = args.run and not args.no_goodput
+    ledger = run_ledger(runs[0], _client, states=states) if want else None
     if args.json:
         data = status_json(runs, states)
         if ledger is not None:

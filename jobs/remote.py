@@ -22,6 +22,7 @@ spec's ``environment.setup`` (shell code by design, as in the batch script), the
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import shlex
@@ -48,6 +49,8 @@ DEFAULT_PYTHON = "python3"
 COMMAND_TIMEOUT_S = 120.0
 #: back-off between tries while the connection is down (a --follow never ends for that)
 RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+#: the most bytes of a log one poll brings (a long log comes over in pieces, as jobs.follow reads)
+LOG_PIECE = 1 << 20
 _LOG_MARK = "\x1eslurm-train-log\x1e"
 # the exit codes of the checks that open every remote command (_prelude)
 _NO_DIR, _SETUP_FAILED, _NO_PYTHON, _NO_PACKAGE = 91, 92, 93, 94
@@ -109,23 +112,27 @@ class Remote:
         capture: bool = True,
     ) -> subprocess.CompletedProcess[str]:
         """ONE ssh command running the remote CLI; its checks' failures become one line."""
-        from cluster.ssh import classify
+        from cluster.ssh import SshConnectionError, classify
 
         target = self.target()
         cmd = ["ssh", *target.option_args(), "--", self.host, self.shell(argv, tail)]
         try:
-            done = subprocess.run(
+            raw = subprocess.run(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if capture else None,
                 stderr=subprocess.PIPE,
-                text=True,
                 timeout=timeout,
             )
-        except subprocess.TimeoutExpired:
-            raise JobsError(
-                f"{self.host}: no answer in {timeout} s (the connection hangs?)"
-            ) from None
+        except subprocess.TimeoutExpired:  # a connection that hangs: retryable, as a drop
+            raise SshConnectionError(self.host, f"no answer in {timeout} s") from None
+        # stdout keeps every byte (a log's piece may end inside a character): surrogateescape
+        done = subprocess.CompletedProcess(
+            cmd,
+            raw.returncode,
+            (raw.stdout or b"").decode("utf-8", "surrogateescape"),
+            (raw.stderr or b"").decode("utf-8", "replace"),
+        )
         failed = classify(self.host, done.returncode, done.stderr or "")
         if failed is not None:
             raise failed
@@ -152,7 +159,7 @@ def _prelude(remote: Remote) -> str:
     """The checks every remote command opens with (exit 91-94: see :meth:`Remote._check`)."""
     parts = []
     if remote.workdir:
-        parts.append(f"cd {shlex.quote(remote.workdir)} 2>/dev/null || exit {_NO_DIR}; ")
+        parts.append(f"cd {_remote_path(remote.workdir)} 2>/dev/null || exit {_NO_DIR}; ")
     if remote.setup:  # the spec's own shell code (README: the one exception to quoting)
         body = "\n".join(remote.setup)
         parts.append(f"{{ {body}\n}} >&2 || exit {_SETUP_FAILED}; ")
@@ -160,6 +167,20 @@ def _prelude(remote: Remote) -> str:
     parts.append(f"command -v {py} >/dev/null 2>&1 || exit {_NO_PYTHON}; ")
     parts.append(f"{py} -c 'import jobs.cli' >/dev/null 2>&1 || exit {_NO_PACKAGE}; ")
     return "".join(parts)
+
+
+def _printable(text: str) -> str:
+    """What :meth:`Remote.run` read, with bytes that are not UTF-8 shown as U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _remote_path(path: str) -> str:
+    """``path`` quoted for the remote shell; a leading ``~/`` stays the remote home."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return f"~/{shlex.quote(path[2:])}"
+    return shlex.quote(path)
 
 
 def _last_line(text: str | None, default: str) -> str:
@@ -380,8 +401,8 @@ def push_code(host: str, spec: Path) -> tuple[str, str]:
         rel = spec.relative_to(root)
     except ValueError:
         return workdir, _send_spec(host, spec, workdir)
-    if str(rel).encode() + b"\0" not in b"\0" + files and not files.startswith(bytes(rel)):
-        _rsync(host, root, bytes(rel) + b"\0", workdir)  # an ignored spec: sent all the same
+    if str(rel).encode() not in files.split(b"\0"):  # an ignored spec: sent all the same
+        _rsync(host, root, str(rel).encode() + b"\0", workdir)
     return workdir, str(rel)
 
 
@@ -443,7 +464,7 @@ def passthrough(remote: Remote, argv: Sequence[str], out: IO[str]) -> int:
     done = remote.run(
         argv, capture=True, timeout=None if argv[:1] == ["drill"] else COMMAND_TIMEOUT_S
     )
-    out.write(done.stdout)
+    out.write(_printable(done.stdout))
     out.flush()
     sys.stderr.write(done.stderr)
     return done.returncode
@@ -511,9 +532,10 @@ def poll_once(run: RemoteRun, rank: int | None, offset: int, job_id: str) -> Pol
         log = f"{run.run_dir}/slurm/{job_id}_{rank}_log.out"
         tail = (
             f"; printf '\\n{_LOG_MARK}\\n'; "
-            f"tail -c +{offset + 1} {shlex.quote(log)} 2>/dev/null || true"
+            f"{{ tail -c +{offset + 1} {shlex.quote(log)} 2>/dev/null | head -c {LOG_PIECE}; }}"
+            " || true"
         )
-    done = run.remote.run(["status", run.run_dir, "--json"], tail=tail)
+    done = run.remote.run(["status", run.run_dir, "--json", "--no-goodput"], tail=tail)
     text, _, log_text = done.stdout.partition(f"\n{_LOG_MARK}\n")
     try:
         data = json.loads(text)
@@ -556,7 +578,9 @@ def follow(
     from jobs.follow import Poller
 
     poller = Poller()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a piece may split a char
     offset, failures, last = 0, 0, ""
+    mid_line = False  # the log shown so far ends inside a line
     job_id = run.job_ids[0] if run.job_ids else run.job_id
     confirm = 0
     while True:
@@ -576,24 +600,31 @@ def follow(
         failures = 0
         changed = bool(got.log)
         if got.log:
-            out.write(got.log.decode("utf-8", errors="replace"))
+            text = decoder.decode(got.log)
+            out.write(text)
             offset += len(got.log)
+            mid_line = (bool(text) and not text.endswith("\n")) or (mid_line and not text)
         now = " ".join(f"{j} {s}" for j, s in sorted(got.states.items()))
         if now != last:
             changed = True
             last = now
-            if show_states:
-                out.write(f"{time.strftime('%H:%M:%S')} {run.run_id}: {now or 'no state yet'}\n")
+            if show_states:  # on a line of its own, also beside a log's unfinished line
+                state = f"{time.strftime('%H:%M:%S')} {run.run_id}: {now or 'no state yet'}\n"
+                out.write(("\n" if mid_line else "") + state)
+                mid_line = False
         out.flush()
         if got.states and all(s in FINAL for s in got.states.values()):
             confirm += 1  # a final state seen twice (a requeue shows one for a moment)
-            if confirm >= 2 or all(s == "COMPLETED" for s in got.states.values()):
+            done = confirm >= 2 or all(s == "COMPLETED" for s in got.states.values())
+            if done and len(got.log) < LOG_PIECE:  # and the log shown to its end
                 return 0 if all(s == "COMPLETED" for s in got.states.values()) else 1
             poller.polled(changed)
             poller.soon()
             continue
         confirm = 0
         poller.polled(changed)
+        if len(got.log) >= LOG_PIECE:
+            poller.hurry()  # more of the log is there: the next piece at once
 
 
 # -- the command line ---------------------------------------------------------------------------

@@ -193,10 +193,10 @@ def test_submit_refused_spec_is_the_same_line_as_here(
 
 
 def test_poll_is_one_ssh_command(ssh_env: dict[str, str], tmp_path: Path) -> None:
-    """The state and the log's new bytes: one round trip."""
+    """The state and the log's new bytes (not UTF-8 as they may be): one round trip."""
     run_dir = tmp_path / "run"
     (run_dir / "slurm").mkdir(parents=True)
-    (run_dir / "slurm" / "1234_0_log.out").write_bytes(b"0123456789")
+    (run_dir / "slurm" / "1234_0_log.out").write_bytes(b"0123\xc3\xa9\xff89")
     py = tmp_path / "py"
     py.write_text(
         '#!/bin/sh\nif [ "$1" = -c ]; then exit 0; fi\n'
@@ -207,5 +207,24 @@ def test_poll_is_one_ssh_command(ssh_env: dict[str, str], tmp_path: Path) -> Non
         remote.Remote("login1", "", str(py)), str(run_dir), "r1", "", "1234", ("1234",)
     )
     got = remote.poll_once(r, 0, 4, "1234")
-    assert got.states == {"1234": "RUNNING"} and got.log == b"456789"
+    assert (
+        got.states == {"1234": "RUNNING"} and got.log == b"\xc3\xa9\xff89"
+    )  # every byte, as written
     assert (tmp_path / "ssh.log").read_text().count("BatchMode=yes") == 1
+
+
+def test_follow_shows_the_whole_log_before_it_ends(ssh_env: dict[str, str], tmp_path: Path) -> None:
+    """A completed run whose log is longer than one piece: the rest comes before the end, and
+    a character split between two pieces is shown whole."""
+    run_ = _record(tmp_path)
+    big = b"x" * (remote.LOG_PIECE - 1) + "\u00e9".encode()  # the piece ends inside the char
+    answers = [
+        remote.Poll({"1234": "COMPLETED"}, big[: remote.LOG_PIECE]),
+        remote.Poll({"1234": "COMPLETED"}, big[remote.LOG_PIECE :] + b"end\n"),
+    ]
+    out = io.StringIO()
+    code = remote.follow(
+        run_, out, rank=0, show_states=False, sleep=lambda s: None, poll=lambda *a: answers.pop(0)
+    )
+    assert code == 0 and not answers
+    assert out.getvalue().endswith("x\u00e9end\n")
