@@ -4,9 +4,12 @@ ours, and the client over a stand-in ``ssh`` (runs the remote line with ``sh -c`
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ssh_fake import fake_ssh
 
 from cluster.errors import BadInputError, SlurmTimeoutError
