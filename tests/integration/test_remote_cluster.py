@@ -117,6 +117,8 @@ def laptop(
         SSH_ASKPASS_REQUIRE="force",
         DISPLAY=":0",
     )
+    for host in (LOGIN, LOCKED):  # no shared connection of an earlier session (the two
+        _end_master(env, host)  # aliases share one: same host, port and user, one %C)
     data = {
         "conf": slurm_env["SLURM_CONF"],
         "remote": remote,
@@ -127,9 +129,14 @@ def laptop(
     }
     yield data
     for host in (LOGIN, LOCKED):
-        pid = _master_pid(env, host)
-        if pid:
-            os.kill(pid, signal.SIGTERM)
+        _end_master(env, host)
+
+
+def _end_master(env: dict[str, str], host: str) -> None:
+    from cluster.ssh import resolve
+
+    argv = ["ssh", *resolve(host, env).option_args(), "-O", "exit", "--", host]
+    subprocess.run(argv, capture_output=True, timeout=10, check=False)
 
 
 def _spec(data: dict, steps: int) -> Path:
