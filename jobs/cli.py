@@ -1,4 +1,5 @@
-"""``python -m jobs``: submit, status, logs, cancel, list, drill.
+"""``python -m jobs``: submit, status, logs, cancel, list, drill, plot; login (``--remote HOST``:
+the same commands for a cluster reached over SSH, :mod:`jobs.remote`).
 
 Exit codes: 0 ok, 2 bad input or usage, 1 anything else. Errors are one line on stderr (a spec
 with several problems: one line each); ``--debug`` adds the traceback. Nothing here imports
