@@ -459,11 +459,11 @@ def _git_root(folder: Path) -> Path | None:
 
 
 # -- the other commands ------------------------------------------------------------------------
-def passthrough(remote: Remote, argv: Sequence[str], out: IO[str]) -> int:
-    """Run one remote command (its output shown as it comes: status, logs, cancel, drill)."""
-    done = remote.run(
-        argv, capture=True, timeout=None if argv[:1] == ["drill"] else COMMAND_TIMEOUT_S
-    )
+def passthrough(
+    remote: Remote, argv: Sequence[str], out: IO[str], timeout: float = COMMAND_TIMEOUT_S
+) -> int:
+    """Run one remote command, then show what it printed (status, logs, cancel, drill)."""
+    done = remote.run(argv, timeout=timeout)
     out.write(_printable(done.stdout))
     out.flush()
     sys.stderr.write(done.stderr)
@@ -690,7 +690,9 @@ def dispatch(args: Any, out: IO[str]) -> int | None:
         argv += ["--json"] if args.json else []
         argv += ["--partition", args.partition] if args.partition else []
         argv += ["--accept-short-limit"] if args.accept_short_limit else []
-    return passthrough(run.remote, argv, out)
+    # a drill waits there for the job (its own --timeout): the one remote command that lasts
+    limit = args.timeout + COMMAND_TIMEOUT_S if args.command == "drill" else COMMAND_TIMEOUT_S
+    return passthrough(run.remote, argv, out, limit)
 
 
 def _learn(run: RemoteRun) -> RemoteRun:
