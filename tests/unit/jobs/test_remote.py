@@ -228,3 +228,12 @@ def test_follow_shows_the_whole_log_before_it_ends(ssh_env: dict[str, str], tmp_
     )
     assert code == 0 and not answers
     assert out.getvalue().endswith("x\u00e9end\n")
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [("~", "cd ~ "), ("~/my code", "cd ~/'my code' "), ("/a b/$(id)", "cd '/a b/$(id)' ")],
+)
+def test_remote_dir_is_quoted_and_keeps_the_remote_home(given: str, line: str) -> None:
+    prelude = remote.Remote("h", workdir=given).shell(["status"])
+    assert prelude.startswith(line)
