@@ -395,6 +395,9 @@ def push_code(host: str, spec: Path) -> tuple[str, str]:
         timeout=60,
         check=True,
     ).stdout
+    # a tracked file deleted in the working tree is not sent (rsync would fail on it)
+    names = [n for n in files.split(b"\0") if n and os.path.lexists(root / os.fsdecode(n))]
+    files = b"".join(n + b"\0" for n in names)
     workdir = f"{CODE_ROOT}/{root.name}"
     _rsync(host, root, files, workdir)
     try:

@@ -7,16 +7,20 @@ import os
 from pathlib import Path
 
 FAKE_SSH = r"""#!/bin/sh
-# a stand-in for ssh: -G prints options; -O check fails; else the last word runs here
-for a; do last=$a; done
+# a stand-in for ssh: -G prints options; -O check fails; else the words after the host run here
 case " $* " in *" -G "*)
+  for a; do last=$a; done
   printf 'hostname %s\nport 22\nbatchmode no\ncontrolmaster false\n' "$last"
   printf 'connecttimeout none\ncontrolpersist no\n'; exit 0;; esac
 case " $* " in *" -O "*) exit 255;; esac
 printf '%s\n' "$*" >> "$FAKE_SSH_LOG"
 if [ -n "$FAKE_SSH_FAIL" ]; then echo "$FAKE_SSH_FAIL" >&2; exit 255; fi
 if [ -n "$FAKE_SSH_SLEEP" ]; then exec sleep "$FAKE_SSH_SLEEP"; fi
-exec sh -c "$last"
+while [ $# -gt 0 ]; do
+  case "$1" in -o|-F) shift 2;; --) shift;; -*) shift;; *) break;; esac
+done
+shift  # the host
+exec sh -c "$*"
 """
 
 

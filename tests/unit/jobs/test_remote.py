@@ -237,3 +237,32 @@ def test_follow_shows_the_whole_log_before_it_ends(ssh_env: dict[str, str], tmp_
 def test_remote_dir_is_quoted_and_keeps_the_remote_home(given: str, line: str) -> None:
     prelude = remote.Remote("h", workdir=given).shell(["status"])
     assert prelude.startswith(line)
+
+
+def test_the_code_goes_over_as_its_tracked_files(ssh_env: dict[str, str], tmp_path: Path) -> None:
+    """rsync (through the stand-in ssh): tracked and untracked-not-ignored files, not ignored
+    ones, not a tracked file deleted here; an ignored spec is sent all the same."""
+    import subprocess
+
+    repo = tmp_path / "proj"
+    (repo / "pkg").mkdir(parents=True)
+    for name, text in [
+        ("pkg/train.py", "x"),
+        ("gone.py", "y"),
+        (".gitignore", "*.log\nspec*.yaml\n"),
+    ]:
+        (repo / name).write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    (repo / "gone.py").unlink()
+    (repo / "new.py").write_text("n")
+    (repo / "out.log").write_text("ignored")
+    spec = repo / "spec.yaml"
+    spec.write_text("name: x\n")
+    workdir, rel = remote.push_code("login1", spec)
+    there = tmp_path / workdir
+    assert (workdir, rel) == ("slurm-train/code/proj", "spec.yaml")
+    sent = sorted(str(p.relative_to(there)) for p in there.rglob("*") if p.is_file())
+    assert sent == [".gitignore", "new.py", "pkg/train.py", "spec.yaml"]
