@@ -244,20 +244,14 @@ def index_path() -> Path:
 
 
 def record(run: RemoteRun) -> None:
-    """One line in ``$SLURM_TRAIN_STATE_DIR/remote.jsonl`` (O_APPEND, links refused)."""
-    from train.runfiles import open_fd
+    """One line in ``$SLURM_TRAIN_STATE_DIR/remote.jsonl``, beside the run index: in the state
+    folder proven ours, appended by :func:`train.runfiles.append_line` (O_APPEND, no link, a
+    torn last line not glued onto)."""
+    from jobs.records import ensure_state_dir
+    from train import runfiles
 
-    path = index_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_fd(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
-    try:
-        line = json.dumps(run.entry(), sort_keys=True)
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":  # a torn last line: a fresh one
-            line = "\n" + line
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    line = json.dumps(run.entry(), sort_keys=True)
+    runfiles.append_line(ensure_state_dir() / REMOTE_INDEX, line, durable=False)
 
 
 def read_remote_index() -> list[RemoteRun]:

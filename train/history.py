@@ -19,43 +19,44 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from train.runfiles import open_fd
+from train import runfiles
+from train.runfiles import (
+    BUDGET_LABELS,
+    EVENT_KINDS,
+    EVENTS_FILE,
+    FAILURE_CLASSES,
+    FAILURE_KINDS,
+    append_line,
+)
 from train.schema import EVENT, read_jsonl_checked, read_records
 
 __all__ = [
     "BUDGETS",
+    "BUDGET_SCOPES",
     "EVENTS",
+    "FINAL_EVENTS",
     "STOP_EVENTS",
     "BudgetConfig",
     "RunHistory",
+    "attempt_completed_at",
+    "budget_counts",
     "over_budget",
     "read_jsonl",
 ]
 
-EVENTS = (
-    "start",
-    "resume",
-    "signal",
-    "checkpoint",
-    "requeue",
-    "preempted",
-    "timeout",
-    "failure",
-    "target",
-    "complete",
-    "budget_exhausted",
-    "cancelled",
-    "hang",
-    "quarantine",
-    "node_fail",
-    "restart_in_place",
-)
+# every list of event names derives from the one table of event kinds (train.runfiles)
+EVENTS = runfiles.EVENTS
+# what consumes a requeue budget (an event, or a failure of one class: train.stop.causes), with
+# the RequeueConfig field that limits it
+BUDGETS = runfiles.BUDGETS
 # the events that interrupt an attempt (what `jobs plot` marks, what explains an attempt's end)
-STOP_EVENTS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")
+STOP_EVENTS = tuple(k.name for k in EVENT_KINDS if k.interrupts)
+# the events that end a run for good
+FINAL_EVENTS = tuple(k.name for k in EVENT_KINDS if k.final)
 
 
 def _whole(value: object) -> int | None:
@@ -82,28 +83,15 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl_checked(path)[0]
 
 
-# what consumes a requeue budget (an event, or a failure of one class: train.stop.causes), with
-# the RequeueConfig field that limits it and how a message names it
-BUDGETS = {
-    "preempted": "max_preemptions",
-    "timeout": "max_timeouts",
-    "failure_unknown": "max_failures",
-    "failure_infra": "max_infra_failures",
-    "failure_user": "max_user_failures",
-    "hang": "max_hangs",
-}
-_LABELS = {
-    "failure_unknown": "failure",
-    "failure_infra": "infrastructure failure",
-    "failure_user": "error of the code or config",
-}
-FAILURE_CLASSES = ("user", "infra", "unknown")
-
-
 def failure_class(event: Mapping[str, Any]) -> str:
     """The class of a ``failure`` event (train.stop.causes); older events have none: unknown."""
     cls = event.get("failure_class")
     return cls if cls in FAILURE_CLASSES else "unknown"
+
+
+# the counts the summary line names, with its word for each (the table's order)
+_SUMMARY = tuple((k.count_key, k.summary) for k in EVENT_KINDS if k.count_key and k.summary)
+_NAMED = {f.name: f.named for f in FAILURE_KINDS}
 
 
 class BudgetConfig(Protocol):
@@ -127,11 +115,113 @@ def over_budget(counts: Mapping[str, int], requeue_config: BudgetConfig) -> str 
         limit = getattr(requeue_config, attr, None)
         count = int(counts.get(event, 0))
         if limit is not None and count > int(limit):
+            label = BUDGET_LABELS.get(event, event)
             return (
-                f"{_LABELS.get(event, event)} {count}x, over the budget requeue.{attr}={limit}; "
+                f"{label} {count}x, over the budget requeue.{attr}={limit}; "
                 f"not requeuing (raise requeue.{attr} to allow more)"
             )
     return None
+
+
+#: The scope of each budget (the spec's field descriptions say the same, train/spec/policy.py):
+#: what the count a budget is checked against covers (:func:`budget_counts`). A submission is a
+#: ``jobs submit`` (one Slurm job id, kept across requeues; a local run: its restarts); a new
+#: submission that resumes a run directory starts with fresh budgets.
+BUDGET_SCOPES = {
+    "max_preemptions": "submission",
+    "max_timeouts": "submission",
+    "max_failures": "submission",
+    "max_infra_failures": "submission",
+    "max_user_failures": "submission",
+    "max_hangs": "submission",
+    "max_restarts_without_progress": "submission",
+    "max_restarts_in_place": "allocation",
+}
+
+
+def _same_job(a: object, b: object) -> bool:
+    return (None if a is None else str(a)) == (None if b is None else str(b))
+
+
+def _whole_or_zero(value: object) -> int | None:
+    """A count field as written (0 included); None for a damaged or foreign value."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def attempt_completed_at(
+    events: Iterable[Mapping[str, Any]],
+    *,
+    job_id: object,
+    restart_count: int,
+    in_place: int = 0,
+) -> float | None:
+    """When rank 0 recorded this attempt (job, restart count, restart in place) ``complete``;
+    None: not (yet). THE definition of a completed run, shared by the batch script
+    (:mod:`train.stop.step`), the command supervisor and the local executor: once rank 0
+    recorded ``complete``, a later non-zero exit of any rank (gloo's abort at exit, an OOM kill
+    in teardown, a rank stopped while it lingers) is not a failure and the run ends COMPLETED."""
+    for e in events:
+        restart, place = e.get("restart_count"), e.get("in_place", 0)
+        if (
+            e.get("event") == "complete"
+            and _same_job(e.get("job_id"), job_id)
+            and _whole_or_zero(restart) == restart_count
+            and _whole_or_zero(place) == in_place
+        ):
+            at = e.get("time")
+            return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
+    return None
+
+
+def _submission(events: list[dict[str, Any]], job_id: object) -> list[dict[str, Any]]:
+    """The events of the current submission (``job_id``'s): the newest ones back to another job
+    id, or back to where the restart count fell (a new submission starts at 0 again: the local
+    executor's runs have no job id)."""
+    start = len(events)
+    later = None
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        if not _same_job(e.get("job_id"), job_id):
+            break
+        count = _count(e.get("restart_count"))
+        if later is not None and count > later:
+            break
+        later, start = count, i
+    return events[start:]
+
+
+def budget_counts(
+    events: Iterable[Mapping[str, Any]], *, job_id: object, restart_count: int
+) -> dict[str, int]:
+    """The counts the stop decision checks the budgets against, each over its scope
+    (:data:`BUDGET_SCOPES`): the stops of the current submission (``preempted``, ``timeout``,
+    ``failure``, ``failure_CLASS``, ``hang``), the restarts in place of this allocation
+    (``restart_in_place``: job id and restart count), and ``stalled_restarts``: how many
+    consecutive restarts of this submission resumed from the same checkpoint step
+    (``stalled_step``, -1 when no restart resumed from a known step)."""
+    listed = [dict(e) for e in events]
+    mine = _submission(listed, job_id)
+    counts = dict.fromkeys((*EVENTS, *(f"failure_{c}" for c in FAILURE_CLASSES)), 0)
+    for e in mine:
+        name = str(e.get("event"))
+        counts[name] = counts.get(name, 0) + 1
+        if name == "failure":
+            counts[f"failure_{failure_class(e)}"] += 1
+    counts["restart_in_place"] = sum(
+        1
+        for e in mine
+        if e.get("event") == "restart_in_place" and _count(e.get("restart_count")) == restart_count
+    )
+    steps = [e.get("step") for e in mine if e.get("event") == "resume"]
+    stalled, at = 0, -1
+    if steps and isinstance(steps[-1], int) and not isinstance(steps[-1], bool):
+        at = steps[-1]
+        for step in reversed(steps):
+            if step != at:
+                break
+            stalled += 1
+    counts["stalled_restarts"], counts["stalled_step"] = stalled, at
+    return counts
 
 
 def _count(value: Any) -> int:
@@ -143,26 +233,16 @@ class RunHistory:
     """Reads and appends ``RUN_DIR/events.jsonl``."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / "events.jsonl"
+        self.path = Path(run_dir) / EVENTS_FILE
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event (one ``write`` of one line, fsynced) and return it."""
         if event not in EVENTS:
             raise ValueError(f"unknown event {event!r}; expected one of {', '.join(EVENTS)}")
         record = {"time": round(time.time(), 3), "event": event, **fields}
-        line = json.dumps(record, sort_keys=False, default=str) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_APPEND + a single write keeps lines whole even if another writer appends too
-        fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)  # never through a link
-        try:
-            # a crash mid-write leaves a torn last line: start on a fresh line, not glued to it
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = "\n" + line
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        # one O_APPEND write, fsynced, never through a link, never glued onto a torn line
+        append_line(self.path, json.dumps(record, sort_keys=False, default=str))
         return record
 
     def events(self) -> list[dict[str, Any]]:
@@ -179,6 +259,10 @@ class RunHistory:
                 counts[key] += 1
         return counts
 
+    def budget_counts(self, job_id: object, restart_count: int) -> dict[str, int]:
+        """:func:`budget_counts` of the recorded events (what the stop decision reads)."""
+        return budget_counts(self.events(), job_id=job_id, restart_count=restart_count)
+
     def check_budget(self, requeue_config: BudgetConfig) -> str | None:
         """Why the run must stop instead of being requeued, or None when within budget
         (:func:`over_budget` of the recorded counts)."""
@@ -190,8 +274,7 @@ class RunHistory:
         counts = self.counts()
         resumes = [e for e in events if e["event"] == "resume"]
         last = events[-1] if events else None
-        terminal = ("complete", "budget_exhausted", "cancelled")
-        final = next((e for e in reversed(events) if e["event"] in terminal), None)
+        final = next((e for e in reversed(events) if e["event"] in FINAL_EVENTS), None)
         return {
             "preemptions": counts["preempted"],
             "timeouts": counts["timeout"],
@@ -240,14 +323,7 @@ class RunHistory:
         """One line for humans, e.g. ``preempted 2x, timeout 1x, resumed at step 120``."""
         d = self.to_dict()
         parts = []
-        for key, label in (
-            ("preemptions", "preempted"),
-            ("timeouts", "timeout"),
-            ("failures", "failed"),
-            ("hangs", "hung"),
-            ("node_failures", "node failure"),
-            ("restarts_in_place", "restarted in place"),
-        ):
+        for key, label in _SUMMARY:
             if d[key]:
                 parts.append(f"{label} {d[key]}x")
                 if key == "node_failures" and d["failed_nodes"]:
@@ -267,17 +343,12 @@ class RunHistory:
         failure = d["last_failure"]
         if failure and not d["complete"] and failure.get("error"):
             # the real cause (a command's exit code and last stderr line), not the step's code
-            cls = failure_class(failure)
-            named = (
-                ""
-                if cls == "unknown"
-                else ("infrastructure" if cls == "infra" else "code or config")
-            )
+            word = _NAMED[failure_class(failure)] or ""
             # the rule that sorted it (train.stop.causes: "... (rule NAME: the line)")
             rule = re.search(r"\(rule ([^:()]+):", str(failure.get("cause") or ""))
             if rule:
-                named = f"{named}, " * bool(named) + f"rule {rule.group(1)}"
-            named = f" ({named})" if named else ""
+                word = f"{word}, " * bool(word) + f"rule {rule.group(1)}"
+            named = f" ({word})" if word else ""
             parts.append(f"last failure{named}: {str(failure['error'])[:160]}")
         if not parts:
             return "no events yet" if d["last_event"] is None else "no interruptions"

@@ -30,7 +30,11 @@ from train.checkpoint.digest import (
     state_digest,
 )
 from train.errors import CheckpointError
-from train.runfiles import open_text
+from train.runfiles import atomic_write
+
+# The split of the global batch a checkpoint of the built-in trainer was trained with
+# (train.loop.order.BatchSplit.to_json): a resume keeps its micro-batch.
+SPLIT_KEYS = ("world_size", "grad_accum", "micro_batch")
 
 __all__ = [
     "MANIFEST",
@@ -46,6 +50,7 @@ __all__ = [
     "verify",
     "verify_checkpoint",
     "write_json_atomic",
+    "written_split",
 ]
 
 MANIFEST = "manifest.json"
@@ -96,15 +101,10 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(obj: Any, path: Path, *, durable: bool = True) -> None:
     """Write JSON to ``path`` through a rename. ``durable``: fsync the file and its directory
     (False for rank markers: they only coordinate ranks, a crash discards the save anyway)."""
-    tmp = path.with_name(path.name + ".partial")
-    with open_text(tmp) as f:  # a link planted there is refused, never written through
-        json.dump(obj, f, indent=1, sort_keys=True)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
+    # the owner's atomic write (through NAME.partial, the format's temporary name): a link
+    # planted there is refused, never written through
+    text = json.dumps(obj, indent=1, sort_keys=True)
+    atomic_write(path, text, durable=durable, temp=path.name + ".partial")
 
 
 def torch_load(path: Path) -> Any:
@@ -150,6 +150,11 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
     for key in ("spec_hash", "run_id"):
         if manifest.get(key) is not None and not isinstance(manifest[key], str):
             raise bad(f"{key} is {manifest[key]!r}, not a string")
+    split = manifest.get("split")
+    if split is not None and not (
+        isinstance(split, dict) and all(_is_int(split.get(k), 1) for k in SPLIT_KEYS)
+    ):
+        raise bad(f"split is {split!r}, not {{{', '.join(SPLIT_KEYS)}: whole numbers >= 1}}")
     check_line(manifest, where)
     files = manifest["files"]
     if not isinstance(files, dict) or not files:
@@ -162,6 +167,14 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
         if not is_hex(info.get(algo)):
             raise bad(f"{name}: no {algo}")
     return manifest
+
+
+def written_split(manifest: dict[str, Any]) -> dict[str, int] | None:
+    """The split (world_size, grad_accum, micro_batch) the checkpoint was trained with, as its
+    (checked) manifest records it; None for a checkpoint that records none (an older one, or
+    user code's)."""
+    split = manifest.get("split")
+    return {k: int(split[k]) for k in SPLIT_KEYS} if isinstance(split, dict) else None
 
 
 def check_line(data: dict[str, Any], where: str | Path) -> tuple[int, tuple[tuple[int, int], ...]]:

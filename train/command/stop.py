@@ -33,7 +33,7 @@ from train.command.processes import (
 from train.env import DistEnv
 from train.history import RunHistory
 from train.procfs import process_tree
-from train.runfiles import touch
+from train.runfiles import STOPS, make_dirs, touch
 from train.spec import RunConfig
 from train.stop import (
     AskedOnce,
@@ -108,7 +108,8 @@ class StopHandling:
             and failure_claimed(self.run_dir, self.env.job_id, self.env.attempt),
         )
         assert self.history is not None
-        decision = decide("signal", facts, self.history.counts(), self.config.requeue)
+        counts = self.history.budget_counts(self.env.job_id, self.env.restart_count)
+        decision = decide("signal", facts, counts, self.config.requeue)
         record(decision, self.history, self._base(), facts, signal=signal_name(trigger))
         if decision.kind == "preemption" and asked is not None:
             self._fit_grace(preemption_grace_s(str(self.env.job_id), asked))
@@ -251,12 +252,12 @@ class StopHandling:
 
     # -- ranks ----------------------------------------------------------------------------------
     def _marker_dir(self) -> Path:
-        return self.run_dir / ".stops" / f"{self.env.job_id}-{self.env.attempt}"
+        return self.run_dir / STOPS / f"{self.env.job_id}-{self.env.attempt}"
 
     def _mark_stopped(self) -> None:
         if self.env.world_size > 1:
             try:
-                self._marker_dir().mkdir(parents=True, exist_ok=True)
+                make_dirs(self.run_dir, STOPS, self._marker_dir().name)  # no planted link
                 touch(self._marker_dir() / str(self.env.rank))
             except OSError as exc:
                 log.warning("cannot mark rank %d stopped (%s)", self.env.rank, exc)

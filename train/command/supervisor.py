@@ -56,8 +56,9 @@ from train.command.stop import StopHandling
 from train.env import DistEnv
 from train.errors import EntrypointError
 from train.hang import Watchdog, start_watchdog
-from train.history import RunHistory
+from train.history import RunHistory, attempt_completed_at
 from train.procfs import PROC
+from train.runfiles import EVENTS_FILE
 from train.spec import RunConfig
 from train.stop import (
     BUDGET_EXHAUSTED_EXIT_CODE,
@@ -286,7 +287,7 @@ class CommandRun(StopHandling):
     def _rank0_completed_at(self) -> float | None:
         """When rank 0 recorded this attempt's run complete (None: not yet). Reads
         ``events.jsonl`` only when its size or time changed since the last look."""
-        path = self.run_dir / "events.jsonl"
+        path = self.run_dir / EVENTS_FILE
         try:
             st = path.stat()
         except OSError:
@@ -294,15 +295,11 @@ class CommandRun(StopHandling):
         key = (st.st_size, st.st_mtime_ns)
         if key == self._seen[0]:
             return self._seen[1]
-        at = next(
-            (
-                float(e["time"])
-                for e in RunHistory(self.run_dir).events()
-                if e.get("event") == "complete"
-                and e.get("restart_count") == self.env.restart_count
-                and isinstance(e.get("time"), int | float)
-            ),
-            None,
+        at = attempt_completed_at(
+            RunHistory(self.run_dir).events(),
+            job_id=self.env.job_id,
+            restart_count=self.env.restart_count,
+            in_place=self.env.in_place,
         )
         self._seen = (key, at)
         return at

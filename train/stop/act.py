@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cluster.errors import BadInputError
 from train.history import BudgetConfig, RunHistory
+from train.runfiles import FAILURES, make_dirs
 from train.stop.causes import rules_of
 from train.stop.claims import hang_claimed
 from train.stop.decision import (
@@ -70,7 +71,7 @@ def describe_failure(exc: BaseException, where: str) -> str:
 
 
 def _failure_marker(run_dir: Path | str, job_id: str | None, attempt: int | str) -> Path:
-    return Path(run_dir) / ".failures" / f"{job_id}-{attempt}"
+    return Path(run_dir) / FAILURES / f"{job_id}-{attempt}"
 
 
 def failure_claimed(run_dir: Path | str, job_id: str | None, attempt: int | str) -> bool:
@@ -83,7 +84,7 @@ def claim_failure(run_dir: Path | str, job_id: str, attempt: int | str, is_main:
     exclusive create of ``RUN_DIR/.failures/JOB-ATTEMPT`` on the shared run directory)."""
     marker = _failure_marker(run_dir, job_id, attempt)
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(run_dir, FAILURES)  # never through a planted link
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         return False
@@ -182,9 +183,12 @@ def carry_out(
             client = _client(client)
             client.requeue(str(job_id))
         except Exception as exc:
+            # what happened, not what is hoped: the batch script retries after the step
+            # (train.stop.step: the requeue, or requeue_failed again) on this exit code
             log.warning("scontrol requeue %s failed (%s); exiting %d for the batch script to "
                         "requeue", job_id, exc, REQUEUE_EXIT_CODE)  # fmt: skip
-            history.append("requeue", **base, via="exit_code", error=str(exc)[:200])
+            history.append("requeue_failed", **base, by="rank", error=str(exc)[:200],
+                           then=f"exit {REQUEUE_EXIT_CODE}")  # fmt: skip
             return REQUEUE_EXIT_CODE
         history.append("requeue", **base, via="scontrol")
         step = base.get("step")
@@ -194,6 +198,8 @@ def carry_out(
         log.warning("%s: the batch script restarts the step in this allocation (no requeue)",
                     decision.event)  # fmt: skip
     elif decision.action == "exit_requeue":
+        # what happens here: exit 75 hands the restart to the launcher (no Slurm job: the
+        # local executor restarts on it; jobs follow says so)
         history.append("requeue", **base, via="exit_code")
         log.warning("not under Slurm: exiting %d so the launcher can restart the run",
                     REQUEUE_EXIT_CODE)  # fmt: skip
@@ -257,8 +263,12 @@ def stop_attempt(
         failure_claimed=ended == "failure",
         in_place=env.in_place_supervised,
         signal=signal,
+        # a stop signal is decided here after every rank saved and met at a barrier
+        peers_met=trigger not in ("failure", "hang"),
     )
-    decision = decide(trigger, facts, history.counts(), requeue_config)
+    decision = decide(
+        trigger, facts, history.budget_counts(env.job_id, env.restart_count), requeue_config
+    )
     if on_decision is not None:
         on_decision(decision)
     base = attempt_fields(env, step)
