@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -187,37 +188,74 @@ def test_proxyjump_reaches_the_cluster_without_multiplexing(laptop: dict) -> Non
     assert client.cluster_name()
 
 
+def readme_commands() -> list[list[str]]:
+    """The commands of the README's "From your laptop" block, in order."""
+    section = (REPO / "README.md").read_text().split("## From your laptop", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "README: no ```bash block under ## From your laptop"
+    return [w for w in (shlex.split(ln, comments=True) for ln in block.group(1).splitlines()) if w]
+
+
+def _as_here(cmd: list[str], spec: Path) -> list[str]:
+    """A README command as this test runs it: the cluster's alias for ``mycluster``, the test's
+    spec (the example plus the environment of the cluster user) and remote Python."""
+    assert cmd[:3] == ["python", "-m", "jobs"], cmd
+    swap = {"mycluster": LOGIN, "examples/cifar.yaml": str(spec), ".venv/bin/python": REMOTE_PY}
+    return [swap.get(word, word) for word in cmd[3:]]
+
+
 def test_readme_example_from_the_laptop(laptop: dict) -> None:
+    """README: From your laptop, command by command, from root's shell to the cluster user:
+    login, submit, list, a preemption, the log followed to the end across a dropped
+    connection, status (COMPLETED after a resume), plot."""
     env, tmp = laptop["env"], laptop["tmp"]
     spec = _spec(laptop, steps=60)
-    sub = _jobs(
-        ["submit", str(spec), "--remote", LOGIN, "--remote-python", REMOTE_PY,
-         "--set", "train.max_steps=60"],
-        env,
-    )  # fmt: skip
-    assert sub.returncode == 0, sub.stderr
-    job = sub.stdout.strip()
-    run = re.search(r"submitted (\S+) on " + LOGIN, sub.stderr)
-    assert run is not None and job.isdigit(), sub.stderr
-    run_id = run.group(1)
-    listed = _jobs(["list"], env, timeout=60)
-    assert listed.returncode == 0 and run_id in listed.stdout and LOGIN in listed.stdout, listed
+    commands = [_as_here(c, spec) for c in readme_commands()]
+    assert [c[0] for c in commands] == [
+        "login", "submit", "list", "drill", "logs", "status", "plot",
+    ]  # fmt: skip
+    name = commands[3][1]
+    seen: dict[str, subprocess.CompletedProcess[str]] = {}
+    for args in commands:
+        if args[0] == "submit":
+            args = [*args, "--set", "train.max_steps=60"]
+        if args[0] == "logs":
+            seen["logs"] = _follow_across_a_drop(laptop, args)
+            continue
+        if args[0] == "plot":
+            args = [a if a != "life.png" else str(tmp / "life.png") for a in args]
+        seen[args[0]] = done = _jobs(args, env, timeout=450)
+        assert done.returncode == 0, f"{args}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
 
-    drill = _jobs(["drill", run_id, "--kind", "preempt", "--timeout", "400"], env, timeout=450)
-    assert drill.returncode == 0, drill.stdout + drill.stderr
+    job = seen["submit"].stdout.strip()
+    assert job.isdigit() and f"on {LOGIN}" in seen["submit"].stderr, seen["submit"].stderr
+    listed = seen["list"].stdout
+    assert name in listed and LOGIN in listed and job in listed, listed
+    follow = seen["logs"]
+    assert "trying again" in follow.stderr and "connected again" in follow.stderr, follow.stderr
+    assert "done: 60 steps" in follow.stdout, follow.stdout[-2000:]
+    status = _jobs(["status", name, "--json"], env, timeout=120)
+    task = json.loads(status.stdout)["tasks"][0]
+    assert task["state"] == "COMPLETED", task
+    assert "preempted" in task["history"] and task["attempts"] >= 2, task
+    assert "COMPLETED" in seen["status"].stdout, seen["status"].stdout
+    assert (tmp / "life.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+def _follow_across_a_drop(laptop: dict, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``jobs logs RUN -f`` while the connection drops: the shared master killed and the
+    server down for a while (the follow tries again; the run goes on)."""
+    env = laptop["env"]
     follow = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "logs", run_id, "-f"], cwd=REPO, env=env,
+        [sys.executable, "-m", "jobs", *args], cwd=REPO, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         time.sleep(5)
-        # the connection drops: the shared master and the server both go away for a while
         login = laptop["cluster"].login_server()
         master = _master_pid(env, LOGIN)
         assert master is not None
-        sshd_pid = int(login.pid_file.read_text())
-        os.kill(sshd_pid, signal.SIGTERM)
+        os.kill(int(login.pid_file.read_text()), signal.SIGTERM)
         os.kill(master, signal.SIGKILL)
         time.sleep(8)
         login.start()
@@ -226,18 +264,5 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
         if follow.poll() is None:
             follow.kill()
             follow.communicate()
-    assert "trying again" in err and "connected again" in err, err[-2000:]
     assert follow.returncode == 0, err[-2000:]
-    assert "done: 60 steps" in out, out[-2000:]
-
-    status = _jobs(["status", run_id, "--json"], env, timeout=120)
-    assert status.returncode == 0, status.stderr
-    data = json.loads(status.stdout)
-    task = data["tasks"][0]
-    assert task["state"] == "COMPLETED", task
-    assert "preempted" in task["history"] and task["attempts"] >= 2, task
-
-    png = tmp / "life.png"
-    plot = _jobs(["plot", run_id, "-o", str(png)], env, timeout=300)
-    assert plot.returncode == 0, plot.stderr
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return subprocess.CompletedProcess(args, 0, out, err)
