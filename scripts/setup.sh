@@ -20,6 +20,10 @@ install_system_packages() {
     command -v munged >/dev/null || need+=(munge)
     command -v mariadbd >/dev/null || need+=(mariadb-server)
     command -v shellcheck >/dev/null || need+=(shellcheck)
+    # the local cluster's login node for --remote (cluster/local/sshd.py), and what jobs --remote uses
+    [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+    command -v ssh >/dev/null || need+=(openssh-client)
+    command -v rsync >/dev/null || need+=(rsync)
     # A release other than the host's (`make setup SLURM=24.11`) runs in a root file system
     # that `python -m cluster up --slurm` builds with mmdebstrap (cluster/local/release.py).
     case "${SLURM:-}" in
