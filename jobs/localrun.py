@@ -44,6 +44,7 @@ from jobs.pids import ProcHandle
 from jobs.records import RunRecord, load_record
 from train.env import DistEnv
 from train.history import RunHistory
+from train.safepath import python_module_argv
 from train.schema import Schema, report
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class Supervisor:
             env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
             log = self.record.log_file(self.task_id(index), rank).open("ab")
             self.logs.append(log)
-            cmd = [sys.executable, "-u", "-m", "train", "--config"]
+            cmd = python_module_argv("train", "--config", unbuffered=True)
             cmd += [str(Path(task_dir) / "resolved.yaml"), "--run-dir", task_dir]
             if entry["restarts"]:
                 cmd.append("--resume")  # a restart continues this run's own checkpoints

@@ -34,6 +34,7 @@ from jobs.render import (
     submitted_pickle,
     timeout_min,
 )
+from train.safepath import python_module_argv
 from train.spec.load import dump_spec
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.localrun", str(plan.run_dir)],
+            python_module_argv("jobs.localrun", str(plan.run_dir)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

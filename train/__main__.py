@@ -14,6 +14,13 @@ if __name__ == "__main__":
     # signal Slurm sends in that window is kept for the guard instead of killing the task
     # (which would end the job FAILED instead of requeued). stdlib only, so it costs ~nothing.
     install_early(_STOP_SIGNALS)
+    # Then, before anything imports `cluster`: a user's cluster.py in the working directory
+    # (first on sys.path under `python -m`) would be imported in its place (train.safepath).
+    from train import safepath
+
+    safepath.refuse_shadowing(
+        safepath.unsafe_first_entry(), ("cluster",), "`python -P -m train ...` instead"
+    )
     from train.startup import pause_collector
 
     pause_collector()  # until the run starts (train.startup says why)

@@ -85,7 +85,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -95,6 +94,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from train.runfiles import open_fd, open_text, write_text
+from train.safepath import python_module_argv
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -295,14 +295,14 @@ class Watchdog:
         self._watcher: subprocess.Popen[bytes] | None = None
         if local_rank != 0:
             return
-        cmd = [
-            sys.executable, "-m", "train.hang.watcher",
+        cmd = python_module_argv(
+            "train.hang.watcher",
             "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
             "--local-dir", str(self.local_dir), "--world-size", str(world_size),
             "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),
             "--budgets", json.dumps(budgets), "--job-id", job_id or "",
             "--restart-count", str(restart_count), "--in-place", str(in_place),
-        ]  # fmt: skip
+        )  # fmt: skip
         if command_pid is not None:
             cmd += ["--command"]
         if timeout_s:

@@ -1,0 +1,104 @@
+"""The user's own files never stand in for this project's packages (stdlib only, torch-free).
+
+``python -m jobs`` (and ``python -m train``, ``python SCRIPT``) puts the working directory first
+on ``sys.path``: in a folder holding the user's own ``train.py`` (the most common file name in
+this field), a ``jobs/`` folder or a ``cluster.py``, ``import train`` would run the user's file
+instead of this project's package. Two defences, one module:
+
+- :func:`python_module_argv`: every Python subprocess this project starts runs with ``-P``
+  (Python >= 3.11: the working directory is not put on ``sys.path``). A flag, not
+  ``PYTHONSAFEPATH`` in the environment: the environment reaches the user's own code, whose
+  ``python train.py`` must keep finding the modules beside it.
+- :func:`shadowed` / :func:`refuse_shadowing`: a command line run as ``python -m PKG`` looks,
+  without importing anything of the user's, whether the first entry of ``sys.path`` provides one
+  of our package names; if it does, one line names the file and the fix, and the process exits 2.
+  Each ``__main__`` calls it before it imports the other packages (``jobs/__main__.py`` says how
+  it imports this module while ``train`` itself may be shadowed).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from importlib.machinery import PathFinder
+from pathlib import Path
+
+PACKAGES = ("jobs", "train", "cluster")
+# The folder that holds this project's packages (the checkout, or site-packages).
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def python_module_argv(module: str, *args: str, unbuffered: bool = False) -> list[str]:
+    """``[python, -P, -m, module, *args]``: this project's module, never one from the cwd.
+
+    Before Python 3.11 (no ``-P``) a ``-c`` prologue drops the first ``sys.path`` entry and runs
+    the module as ``-m`` would; the module's name stays an argument of its own (``jobs.monitor``
+    recognises a local run's processes by it).
+    """
+    flags = ["-u"] if unbuffered else []
+    if sys.version_info >= (3, 11):
+        return [sys.executable, *flags, "-P", "-m", module, *args]
+    prologue = (
+        "import runpy, sys; del sys.path[0]; "
+        "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, *flags, "-c", prologue, module, *args]
+
+
+def unsafe_first_entry() -> str | None:
+    """The ``sys.path`` entry Python put first for the script or ``-m`` (the working directory),
+    or None where there is none to fear: ``-P``/``PYTHONSAFEPATH``, or it is our own root."""
+    if getattr(sys.flags, "safe_path", False) or not sys.path:
+        return None
+    first = sys.path[0]
+    try:
+        if Path(first or ".").resolve() == ROOT:
+            return None
+    except OSError:
+        return None
+    return first
+
+
+def shadowed(entry: str, names: Sequence[str] = PACKAGES) -> list[Path]:
+    """The files or folders in ``entry`` that ``import NAME`` would take for one of ``names``.
+
+    Found the way the import system finds them (``PathFinder`` on that one entry: a module, a
+    package, a compiled extension), never imported. A folder without ``__init__.py`` counts: in
+    an editable install, a namespace portion first on the path wins over our package.
+    """
+    found: list[Path] = []
+    for name in names:
+        try:
+            spec = PathFinder.find_spec(name, [entry or "."])
+        except (ImportError, OSError, ValueError):
+            continue
+        if spec is None:
+            continue
+        if spec.origin and spec.origin != "namespace":
+            origin = Path(spec.origin)
+            found.append(origin.parent if origin.name.startswith("__init__.") else origin)
+        elif spec.submodule_search_locations:
+            found.append(Path(next(iter(spec.submodule_search_locations))))
+    return found
+
+
+def shadow_message(found: Sequence[Path], fix: str) -> str:
+    """One line: which of the user's files shadows which package, and the fix."""
+    first = found[0]
+    name = first.name.split(".", 1)[0]
+    what = f"./{first.name}" + ("/" if first.is_dir() else "")
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return (
+        f"your {what}{more} shadows slurm-train's `{name}` package: run {fix} "
+        "(python -m puts the working directory first on sys.path; -P leaves it out)"
+    )
+
+
+def refuse_shadowing(entry: str | None, names: Sequence[str], fix: str) -> None:
+    """Exit 2 with one line if ``entry`` (see :func:`unsafe_first_entry`) shadows ``names``."""
+    if entry is None:
+        return
+    found = shadowed(entry, names)
+    if found:
+        print(shadow_message(found, fix), file=sys.stderr)
+        raise SystemExit(2)
