@@ -34,6 +34,7 @@ job's StartTime to its first training step).
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -185,6 +186,7 @@ class Drill:
 
     # -- the drill -----------------------------------------------------------------------------
     def run(self) -> DrillReport:
+        self._check_owner()  # before anything is done to the job
         self.say(f"waiting for job {self.job_id} to train")
         self.wait("the job to run and train", self._training)
         restarts = self.restarts()
@@ -209,6 +211,24 @@ class Drill:
             self._restore_time_limit()  # a drill that gave up leaves no short limit behind
         self._measure(t0, restarts)
         return self.report
+
+    def _check_owner(self) -> None:
+        """A drill interrupts your own job: another user's (a colleague's run directory on the
+        shared file system) is refused in one line before anything is done, rather than by
+        Slurm halfway through (``scancel``/``scontrol`` refuse a job that is not the caller's:
+        the time limit would be lowered, then unknown). Root may drill any job."""
+        from cluster.parse import parse_user_id
+
+        me = os.geteuid()
+        owner = parse_user_id(self.job().get("UserId", ""))
+        if me == 0 or owner is None or owner[1] == me:
+            return
+        name = owner[0] or str(owner[1])
+        raise UsageError(
+            f"drill: job {self.job_id} ({self.record.run_id}) belongs to {name}, not to you "
+            f"(uid {me}): Slurm lets only a job's owner or an operator signal, requeue or "
+            "change it; drill a run you submitted"
+        )
 
     def _training(self) -> bool:
         state = self.job().get("JobState")
@@ -264,8 +284,14 @@ class Drill:
         node = expand_hostlist(info.get("NodeList", ""))[0]
         name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
         script = self.run_dir / "drill" / "preempt.sbatch"
-        script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text("#!/bin/bash\nsleep 1\n")
+        try:
+            script.parent.mkdir(parents=True, exist_ok=True)
+            script.write_text("#!/bin/bash\nsleep 1\n")
+        except OSError as exc:
+            raise DrillError(
+                f"drill: cannot write {script} ({exc.strerror}); nothing was done to job "
+                f"{self.job_id}"
+            ) from None
         args = [f"--partition={name}", f"--nodelist={node}", "--exclusive", "--time=1"]
         args += ["--job-name=drill-preempt", "--output=/dev/null"]
         urgent = self.client.submit(script, args)
