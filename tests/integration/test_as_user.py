@@ -14,8 +14,6 @@ path: ``test_user_install.py``). Root keeps only the daemons, and one job of its
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -28,65 +26,35 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from slow_saves import slow_steps
+from user_helpers import SYSTEM_PYTHON, USER, run_as_user, skip_reason, uid, user_dir
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cifar.yaml"
-USER = os.environ.get("SLURM_TRAIN_TEST_USER", "trainee")
-SYSTEM_PYTHON = Path("/usr/bin/python3")
 TINY = [
     *("--set", "train.data.train_size=512", "--set", "train.data.test_size=64"),
     *("--set", "train.width=8", "--set", "train.batch_size=32", "--set", "resources.time=10"),
 ]
-# The variables a user's shell would have that matter here (the rest of root's stay out).
-PASSED = (
-    "SLURM_CONF",
-    "SLURM_TRAIN_CLUSTER_DIR",
-    "SLURM_TRAIN_CLUSTER_PORT_OFFSET",
-    "PYTHONPATH",
-    "TRAIN_TEST_STEP_S",
-    "TRAIN_TEST_PACE_FILE",
-)
 
 AsUser = Callable[..., subprocess.CompletedProcess[str]]
-
-
-def _user_skip_reason() -> str | None:
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        return f"no user {USER!r} (scripts/setup.sh creates it when run as root)"
-    if shutil.which("runuser") is None:
-        return "runuser is not installed (util-linux)"
-    if not SYSTEM_PYTHON.exists():
-        return f"{SYSTEM_PYTHON} is missing: the user's venv is made from it"
-    probe = subprocess.run(
-        [str(SYSTEM_PYTHON), "-c", "import sys; print(sys.version_info[:2])"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    if probe.stdout.strip() != str(sys.version_info[:2]):
-        return f"{SYSTEM_PYTHON} is not Python {sys.version_info[:2]}: it cannot read .venv"
-    return None
 
 
 @pytest.fixture(scope="session")
 def user_home(slurm_env: dict[str, str]) -> Path:
     """A fresh HOME for ``trainee`` beside this worker's cluster, with a venv that reads the
     checkout's ``.venv`` (see the module docstring)."""
-    reason = _user_skip_reason()
+    reason = skip_reason()
     if reason is not None:
         pytest.skip(reason)
     cluster_dir = Path(slurm_env["SLURM_TRAIN_CLUSTER_DIR"])
-    home = cluster_dir.parent / f"{cluster_dir.name}-{USER}"
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(mode=0o755)
-    shutil.chown(home, USER, USER)
+    home = user_dir(cluster_dir.parent / f"{cluster_dir.name}-{USER}")
     venv = home / "venv"
-    subprocess.run(
-        ["runuser", "-u", USER, "--", str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)],
-        check=True, timeout=120, capture_output=True,
+    proc = run_as_user(
+        [str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)],
+        home=home, cwd=home, venv=venv, env={},
     )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
     ours = sysconfig.get_paths()["purelib"]
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(
@@ -102,20 +70,15 @@ def user_home(slurm_env: dict[str, str]) -> Path:
 @pytest.fixture
 def as_user(user_home: Path, slurm_env: dict[str, str], request: pytest.FixtureRequest) -> AsUser:
     """Run a command as ``trainee`` in a folder of its own for this test."""
-    work = user_home / request.node.name.replace("[", "-").replace("]", "")
-    work.mkdir()
-    shutil.chown(work, USER, USER)
+    work = user_dir(user_home / request.node.name.replace("[", "-").replace("]", ""))
 
     def run(
         *argv: str, extra: dict[str, str] | None = None, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:
         env = {**slurm_env, **(extra or {})}
-        keep = [f"{k}={env[k]}" for k in PASSED if k in env]
-        path = f"{user_home / 'venv' / 'bin'}:/usr/bin:/bin"
-        cmd = ["runuser", "-u", USER, "--", "env", "-i", f"HOME={user_home}", f"PATH={path}"]
-        cmd += ["LANG=C.UTF-8", *keep, *argv]
-        return subprocess.run(
-            cmd, cwd=work, capture_output=True, text=True, timeout=timeout, check=False
+        venv = user_home / "venv"
+        return run_as_user(
+            list(argv), home=user_home, cwd=work, venv=venv, env=env, timeout=timeout
         )
 
     run.work = work  # type: ignore[attr-defined]
@@ -144,7 +107,6 @@ def _wait(as_user: AsUser, run: str, wanted: set[str], timeout: float = 240) -> 
 def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
     as_user: AsUser, user_home: Path
 ) -> None:
-    uid = pwd.getpwnam(USER).pw_uid
     proc = _jobs(as_user, "submit", str(EXAMPLE), *TINY, "--set", "train.max_steps=4", "--follow")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job_id = proc.stdout.splitlines()[0].strip()
@@ -153,10 +115,10 @@ def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
     run_dir = Path(status["run_dir"])
     assert run_dir.is_relative_to(as_user.work)  # type: ignore[attr-defined]
     for path in (run_dir, run_dir / "checkpoints", user_home / ".local" / "state" / "slurm-train"):
-        assert path.stat().st_uid == uid, path
+        assert path.stat().st_uid == uid(), path
     plot = _jobs(as_user, "plot", job_id)
     assert plot.returncode == 0, plot.stderr
-    assert Path(plot.stdout.strip()).stat().st_uid == uid
+    assert Path(plot.stdout.strip()).stat().st_uid == uid()
     listed = _jobs(as_user, "list")
     assert listed.returncode == 0 and str(run_dir) in listed.stdout
 
