@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from importlib.machinery import PathFinder
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 PACKAGES = ("jobs", "train", "cluster")
@@ -60,26 +60,46 @@ def unsafe_first_entry() -> str | None:
 
 
 def shadowed(entry: str, names: Sequence[str] = PACKAGES) -> list[Path]:
-    """The files or folders in ``entry`` that ``import NAME`` would take for one of ``names``.
+    """The files or folders in ``entry`` that ``import NAME`` would take instead of ours.
 
-    Found the way the import system finds them (``PathFinder`` on that one entry: a module, a
-    package, a compiled extension), never imported. A folder without ``__init__.py`` counts: in
-    an editable install, a namespace portion first on the path wins over our package.
+    Asked of the import system's own finders, in order, as a fresh import of each name would
+    ask them (:func:`fresh_spec`; nothing is imported): a module, a package or a compiled
+    extension in ``entry``. A folder there without ``__init__.py`` (a data folder named
+    ``train/``) counts only where the import would end in it: under an editable install (our
+    packages found by a finder after the path's), not where our regular package comes later
+    on the path (a wheel in site-packages).
     """
+    where = Path(entry or ".").resolve()
     found: list[Path] = []
     for name in names:
-        try:
-            spec = PathFinder.find_spec(name, [entry or "."])
-        except (ImportError, OSError, ValueError):
-            continue
+        spec = fresh_spec(name)
         if spec is None:
             continue
         if spec.origin and spec.origin != "namespace":
             origin = Path(spec.origin)
-            found.append(origin.parent if origin.name.startswith("__init__.") else origin)
+            location = origin.parent if origin.name.startswith("__init__.") else origin
         elif spec.submodule_search_locations:
-            found.append(Path(next(iter(spec.submodule_search_locations))))
+            location = Path(next(iter(spec.submodule_search_locations)))
+        else:
+            continue
+        if location.resolve().parent == where:
+            found.append(location)
     return found
+
+
+def fresh_spec(name: str) -> ModuleSpec | None:
+    """The spec a first ``import NAME`` would get (``sys.modules`` left out of it)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = find(name, None)
+        except (ImportError, OSError, ValueError):
+            continue
+        if spec is not None:
+            return spec
+    return None
 
 
 def shadow_message(found: Sequence[Path], fix: str) -> str:

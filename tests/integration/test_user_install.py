@@ -94,6 +94,21 @@ def test_a_wheel_installed_by_a_user_runs_the_cifar_example_through_a_preemption
     proc = user("slurm-train", "submit", "cifar.yaml", "--dry-run", "--template", "ddp")
     assert proc.returncode == 0 and str(REPO) not in proc.stdout, proc.stderr[-3000:]
 
+    # Beside a data folder named train/ (no __init__.py) the installed package still wins:
+    # python -m jobs goes ahead; beside a train.py it refuses, and slurm-train goes ahead.
+    # (In a folder of its own: the batch script's python lines take -P elsewhere.)
+    work = user_dir(home / "beside")
+    shutil.copy(spec, work / "cifar.yaml")
+    (work / "train").mkdir()
+    dry = ("submit", "cifar.yaml", "--dry-run")
+    proc = user("python", "-m", "jobs", *dry)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (work / "train.py").write_text("raise SystemExit('the user train.py ran')\n")
+    proc = user("python", "-m", "jobs", *dry)
+    assert proc.returncode == 2 and proc.stderr.startswith("your ./train.py shadows"), proc.stderr
+    assert user("slurm-train", *dry).returncode == 0
+    work = home / "project"
+
     # Every step sleeps 0.2 s while the pace file exists (tests/hooks; only the hooks folder on
     # PYTHONPATH, not the checkout): the run lasts until the drill is done.
     pace = scratch / "pace"
