@@ -116,9 +116,9 @@ def count_calls(log: Path, *names: str) -> int:
 
 
 def bench_cluster(env: dict[str, str], tmp: Path) -> dict[str, object]:
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
 
-    client = SlurmClient(environ=env)
+    client = slurm_client(environ=env)
     if not client.ping():
         return {"skipped": "no Slurm controller answers (python -m cluster up)"}
     spec = tmp / "sweep1000.yaml"

@@ -89,7 +89,7 @@ def run(opts: Options) -> list[Figure]:
     name = "Slurm commands, followed job"
     if not opts.slurm_conf:
         return [skipped(SECTION, name, "no local cluster config (python -m cluster up)")]
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
     from jobs.follow import follow
     from jobs.records import RunRecord, TaskRecord
 
@@ -99,8 +99,8 @@ def run(opts: Options) -> list[Figure]:
     env["SLURM_CONF"] = opts.slurm_conf
     env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
     ours_log, base_log = work / "ours.log", work / "baseline.log"
-    ours = SlurmClient(environ={**env, "SHIM_LOG": str(ours_log)}, timeout=30)
-    base = SlurmClient(environ={**env, "SHIM_LOG": str(base_log)}, timeout=30)
+    ours = slurm_client(environ={**env, "SHIM_LOG": str(ours_log)}, timeout=30)
+    base = slurm_client(environ={**env, "SHIM_LOG": str(base_log)}, timeout=30)
     if not ours.ping():
         return [skipped(SECTION, name, "no Slurm controller answers (python -m cluster up)")]
     duration = 60 if opts.quick else 120

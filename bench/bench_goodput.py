@@ -417,11 +417,11 @@ def run(opts: Options) -> list[Figure]:
     name = "goodput vs peers"
     if not opts.slurm_conf:
         return [skipped(SECTION, name, "no local cluster config (python -m cluster up)")]
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
 
     env = bench_env(threads=None)
     env["SLURM_CONF"] = opts.slurm_conf
-    client = SlurmClient(environ=env, timeout=30)
+    client = slurm_client(environ=env, timeout=30)
     if not client.ping():
         return [skipped(SECTION, name, "no Slurm controller answers (python -m cluster up)")]
     sched = Schedule(steps=300, preemptions=2, after_s=15.0) if opts.quick else Schedule(

@@ -105,14 +105,14 @@ def _copy_latest(run_dir: Path, dest: Path) -> Path:
 def run(opts: Options) -> list[Figure]:
     if not opts.slurm_conf:
         return [skipped(SECTION, NAME, "no local cluster config (python -m cluster up)")]
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
 
     env = bench_env(threads=None)
     env["SLURM_CONF"] = opts.slurm_conf
     work = opts.workdir / "inplace"
     env["SLURM_TRAIN_STATE_DIR"] = str(work / "state")
     env["SLURM_TRAIN_RUNS_DIR"] = str(work / "runs")
-    client = SlurmClient(environ=env, timeout=30)
+    client = slurm_client(environ=env, timeout=30)
     if not client.ping():
         return [skipped(SECTION, NAME, "no Slurm controller answers (python -m cluster up)")]
     work.mkdir(parents=True, exist_ok=True)

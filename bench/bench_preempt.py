@@ -305,11 +305,11 @@ def run(opts: Options) -> list[Figure]:
         import train.loop.trainer  # noqa: F401  (the path under test must at least import)
     except Exception as exc:
         return [skipped(SECTION, name, f"train path not importable: {exc}")]
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
 
     env = bench_env(threads=None)
     env["SLURM_CONF"] = opts.slurm_conf
-    client = SlurmClient(environ=env, timeout=30)
+    client = slurm_client(environ=env, timeout=30)
     if not client.ping():
         return [skipped(SECTION, name, "no Slurm controller answers (python -m cluster up)")]
     names = {p.name for p in client.partitions()}

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.checkpoint.manager import CheckpointManager, capture_rng_state, model_state_dict
+from train.checkpoint import CheckpointManager, capture_rng_state, model_state_dict
 
 __all__ = ["CheckpointBench", "bench_checkpoint_save"]
 

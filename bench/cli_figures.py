@@ -102,9 +102,9 @@ def _job_id(text: str) -> str:
 def _real_submit(opts: Options, env: dict[str, str], tmp: Path) -> list[Figure]:
     """``jobs submit`` (held) vs the import floor + ``sbatch`` of the same script (held)."""
     from bench.bench_cli import count_calls, slurm_shims
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
 
-    client = SlurmClient(environ=env)
+    client = slurm_client(environ=env)
     spec = REPO / "examples" / "cifar.yaml"
     hold = ["--set", "launch.sbatch_args.hold=true"]
     py = sys.executable
@@ -274,9 +274,9 @@ def run(opts: Options) -> list[Figure]:
         env["SLURM_CONF"] = opts.slurm_conf
     opts.log("cli: submit --dry-run vs import submitit, pydantic, yaml")
     figures = _dry_run(opts, env)
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
 
-    if not SlurmClient(environ=env).ping():
+    if not slurm_client(environ=env).ping():
         reason = "no Slurm controller answers (python -m cluster up)"
         figures.append(skipped(SECTION, "real submit, 1000-point sweep, status", reason))
         return figures

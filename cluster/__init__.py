@@ -1,7 +1,9 @@
 """The only code that runs Slurm commands, plus a real local dev cluster.
 
 Public surface:
-- :class:`cluster.client.SlurmClient`: typed calls over sinfo/scontrol/squeue/sacct/sbatch/scancel.
+- :func:`cluster.slurm.slurm_client`: THE factory of a Slurm client (:class:`cluster.slurm.Slurm`,
+  the typed protocol of what ``train`` and ``jobs`` ask of Slurm); today's transport is
+  :class:`cluster.client.SlurmClient`: typed calls over sinfo/scontrol/squeue/sacct/sbatch/scancel.
 - :func:`cluster.hostlist.expand_hostlist`: Slurm hostlist expressions to host names.
 - :func:`cluster.timefmt.parse_slurm_time`: Slurm time strings to seconds.
 - :mod:`cluster.errors`: one error tree.
@@ -14,5 +16,14 @@ from __future__ import annotations
 
 from cluster.errors import ClusterError, SlurmCommandError, SlurmNotFoundError
 from cluster.hostlist import expand_hostlist
+from cluster.slurm import Slurm, SlurmFactory, slurm_client
 
-__all__ = ["ClusterError", "SlurmCommandError", "SlurmNotFoundError", "expand_hostlist"]
+__all__ = [
+    "ClusterError",
+    "Slurm",
+    "SlurmCommandError",
+    "SlurmFactory",
+    "SlurmNotFoundError",
+    "expand_hostlist",
+    "slurm_client",
+]

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_status(lc: object) -> bool:
-    from cluster.client import SlurmClient
+    from cluster import slurm_client
     from cluster.local.manager import LocalCluster
 
     assert isinstance(lc, LocalCluster)
@@ -51,7 +51,7 @@ def _print_status(lc: object) -> bool:
         print(f"  {d.name:<12} pid {d.pid if d.pid else '-':<8} {mark}")
     if not lc.status()[3].alive:  # slurmctld
         return False
-    client = SlurmClient(conf=lc.conf, timeout=10)
+    client = slurm_client(conf=lc.conf, timeout=10)
     try:
         for n in client.nodes():
             gres = ",".join(f"{k}:{v}" for k, v in n.gres.items()) or "-"

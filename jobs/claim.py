@@ -39,9 +39,9 @@ from jobs.records import RECORD, Plan, RunRecord, load_record
 from train.runfiles import open_fd
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 OWNER = ".owner"
 LOCK = ".owner.lock"
 CLAIM_GRACE_S = 600.0  # a submission on another host: its claim counts as live this long

@@ -14,27 +14,63 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from cluster.errors import BadInputError
 from jobs.errors import InputError, JobsError, UsageError
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
+    from jobs.load import LoadedSpec
     from jobs.records import RunRecord
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # the examples of each --help (epilog) keep their lines
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
-def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description="Submit and watch training jobs on Slurm.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+#: sbatch_templates/*.sbatch (jobs.templates.TEMPLATE_NAMES; a test keeps the two the same:
+#: the parser does not import the renderer)
+TEMPLATES = ("ddp", "dataparallel", "requeue", "array")
 
-    s = sub.add_parser("submit", help="validate a spec and submit it (prints the job id)")
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=prog,
+        description="Submit and watch training jobs on Slurm.",
+        epilog=_examples(
+            "python -m jobs submit examples/cifar.yaml --follow",
+            "python -m jobs status",
+            "python -m jobs SUBCOMMAND --help      # each with its own examples",
+        ),
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        parser_class=_Parser,
+    )
+
+    s = sub.add_parser(
+        "submit",
+        help="validate a spec and submit it (prints the job id)",
+        epilog=_examples(
+            "python -m jobs submit examples/cifar.yaml --follow",
+            "python -m jobs submit my.yaml --set train.max_steps=200 --dry-run",
+            "python -m jobs submit my.yaml --executor local       # this machine, no Slurm",
+            "python -m jobs submit my.yaml --dry-run --template ddp > ddp.sbatch",
+        ),
+    )
     s.add_argument("spec", help="job spec YAML file")
     s.add_argument(
         "--set",
@@ -71,32 +107,57 @@ def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
     s.add_argument(
         "--template",
         metavar="NAME",
-        help="render sbatch_templates/NAME.sbatch instead of the submitit script",
+        help="render sbatch_templates/NAME.sbatch instead of the submitit script: "
+        f"{', '.join(TEMPLATES)} (README: sbatch by hand)",
     )
     s.add_argument(
         "--runs-dir", help="parent of run directories (default: $SLURM_TRAIN_RUNS_DIR or ./runs)"
     )
+    s.add_argument(
+        "--continue-files",
+        action="store_true",
+        help="a command: let it continue from the checkpoint files an earlier run left in this "
+        "folder (without it, jobs submit refuses to: see jobs/workdir.py)",
+    )
 
-    st = sub.add_parser("status", help="state of a run (or of recent runs)")
+    st = sub.add_parser(
+        "status",
+        help="state of a run (or of recent runs)",
+        epilog=_examples("python -m jobs status", "python -m jobs status cifar --json"),
+    )
     st.add_argument("run", nargs="?", help="run id, job id, name or run directory")
     st.add_argument("--json", action="store_true")
 
-    lg = sub.add_parser("logs", help="print (or follow) the log of one rank")
+    lg = sub.add_parser(
+        "logs",
+        help="print (or follow) the log of one rank",
+        epilog=_examples("python -m jobs logs cifar -f", "python -m jobs logs 1234_3 --rank 1"),
+    )
     lg.add_argument("run", help="run id, job id (12 or 12_3), name or run directory")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     lg.add_argument("--rank", type=int, default=0, help="global rank (default 0)")
 
-    c = sub.add_parser("cancel", help="cancel a run (scancel)")
+    c = sub.add_parser(
+        "cancel",
+        help="cancel a run (scancel)",
+        epilog=_examples("python -m jobs cancel cifar", "python -m jobs cancel 1234"),
+    )
     c.add_argument("run", help="run id, job id, name or run directory")
 
     ls = sub.add_parser(
-        "list", help="recorded runs, newest first, with their states (one Slurm query for all)"
+        "list",
+        help="recorded runs, newest first, with their states (one Slurm query for all)",
+        epilog=_examples("python -m jobs list", "python -m jobs list -n 5 --json"),
     )
     ls.add_argument("-n", type=int, default=20, help="how many (default 20)")
     ls.add_argument("--json", action="store_true")
     ls.add_argument("--no-state", action="store_true", help="ask Slurm nothing (index only)")
     dr = sub.add_parser(
-        "drill", help="interrupt a running job as Slurm would, wait for it, report what it cost"
+        "drill",
+        help="interrupt a running job as Slurm would, wait for it, report what it cost",
+        epilog=_examples(
+            "python -m jobs drill cifar --kind preempt", "python -m jobs drill 1234 --kind fail"
+        ),
     )
     dr.add_argument("run", help="run id, job id, name or run directory")
     dr.add_argument(
@@ -117,7 +178,9 @@ def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
         "keeps the short limit (it times out at every restart until requeue.max_timeouts)",
     )
     pl = sub.add_parser(
-        "plot", help="one picture of a run's life: curves, interruptions, resumes (PNG)"
+        "plot",
+        help="one picture of a run's life: curves, interruptions, resumes (PNG)",
+        epilog=_examples("python -m jobs plot cifar", "python -m jobs plot 1234 -o life.png"),
     )
     pl.add_argument("run", help="run id, job id, name or run directory")
     pl.add_argument("-o", "--output", type=Path, help="PNG file (default: RUN_DIR/plot.png)")
@@ -128,10 +191,10 @@ def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
     return p
 
 
-def _client() -> SlurmClient:
-    from cluster.client import SlurmClient
+def _client() -> Slurm:
+    from cluster import slurm_client
 
-    return SlurmClient()
+    return slurm_client()
 
 
 # -- submit -------------------------------------------------------------------------------------
@@ -155,6 +218,8 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
     try:
         loaded = load_spec(args.spec, args.overrides)
         plan = make_plan(loaded, runs_root(args.runs_dir))
+        if not args.dry_run and not args.continue_files:
+            _refuse_earlier_files(loaded, runs_root(args.runs_dir))
         if args.dry_run:  # the one dry-run route: what Slurm would get (jobs.render's mapping)
             from jobs.submit import dry_run, dry_run_note
 
@@ -178,6 +243,19 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
 
         return follow(record, _client, out=out, as_json=args.json)
     return 0
+
+
+def _refuse_earlier_files(loaded: LoadedSpec, runs: Path) -> None:
+    """A command runs in this folder: refuse when an earlier run's checkpoint is here."""
+    if loaded.spec.entrypoint is None or loaded.spec.entrypoint.command is None:
+        return
+    from jobs.records import read_index
+    from jobs.workdir import earlier_checkpoints, refusal
+
+    here = Path.cwd()
+    found = earlier_checkpoints(here, read_index(report=False), runs)
+    if found:
+        raise UsageError(f"submit: {refusal(found, here)}")
 
 
 def _print_submitted(record: RunRecord, as_json: bool, out: IO[str]) -> None:
@@ -251,6 +329,15 @@ def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:
         out.write(json.dumps(entries, indent=1) + "\n")
         return 0
     width = max((len(str(e.get("run_id", "?"))) for e in entries), default=0)
+    width = max(width, len("RUN"))
+    if entries:
+        state_title = "" if args.no_state else "STATE"
+        out.write(
+            f"{'RUN':<{width}}  {'JOB':<14} {'WHERE':<6} {state_title:<12} "
+            f"{'SUBMITTED':<16}  RUN DIR\n"
+        )
+    else:
+        print("jobs: no runs recorded yet (python -m jobs submit SPEC.yaml)", file=sys.stderr)
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(_number(e.get("submitted_at"))))
         state = "" if args.no_state else states.get(e["run_dir"], "?")
@@ -275,9 +362,15 @@ def _run_states(records: list[RunRecord]) -> dict[str, str]:
     except ClusterError as exc:
         print(f"jobs: no states (Slurm: {str(exc).splitlines()[0]})", file=sys.stderr)
         return {}
+    from jobs.monitor import OTHER_CLUSTER
+
     out = {}
     for r in records:
-        found = [states[j].state for j in r.job_ids() if j in states]
+        infos = [states[j] for j in r.job_ids() if j in states]
+        if infos and all(i.reason.startswith(OTHER_CLUSTER) for i in infos):
+            out[r.run_dir] = f"on {r.cluster}"  # another cluster's run: not asked, not UNKNOWN
+            continue
+        found = [i.state for i in infos]
         if not found:
             continue
         if len(found) == 1:
@@ -435,4 +528,4 @@ def main(
         return 1
 
 
-__all__ = ["InputError", "build_parser", "main"]
+__all__ = ["InputError", "build_parser", "console", "main"]

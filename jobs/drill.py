@@ -33,6 +33,7 @@ job's StartTime to its first training step).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -46,10 +47,11 @@ from cluster.models import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory
+from train.report import REPORT_KIND
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
 KINDS = ("preempt", "timeout", "cancel", "fail")
 _STOP_EVENTS = {"preempted", "timeout", "cancelled", "failure"}
@@ -76,6 +78,10 @@ class DrillReport:
     resumed_from_step: int | None = None
     steps_lost: int | None = None
     restart_to_first_step_s: float | None = None
+    # a command's own steps, where it reports them (train.report): the first step it reported
+    # after the restart, and how many steps apart its reports are (the error of the rows above)
+    first_step_after_restart: int | None = None
+    report_interval: int | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,17 +93,24 @@ class DrillReport:
                 return "n/a"
             return f"{value:.1f}{unit}" if isinstance(value, float) else f"{value}{unit}"
 
-        out = [
-            f"drill {self.kind} of {self.run_id} (job {self.job_id}): {self.outcome}",
-            f"  action                  {self.action}",
-            f"  recorded as             {show(self.stop_event)}",
-            f"  signal to checkpoint    {show(self.signal_to_checkpoint_s, ' s')}",
-            f"  last completed step     {show(self.last_completed_step)}",
-            f"  checkpoint step         {show(self.checkpoint_step)}",
-            f"  resumed from step       {show(self.resumed_from_step)}",
-            f"  steps lost              {show(self.steps_lost)}",
-            f"  restart to first step   {show(self.restart_to_first_step_s, ' s')}",
+        about = f" (+-{self.report_interval}: reported every {self.report_interval})"
+        approx = about if self.report_interval and self.report_interval > 1 else ""
+        rows = [
+            ("action", self.action, ""),
+            ("recorded as", self.stop_event, ""),
+            ("signal to checkpoint", self.signal_to_checkpoint_s, " s"),
+            ("last completed step", self.last_completed_step, approx),
+            ("checkpoint step", self.checkpoint_step, ""),
+            ("resumed from step", self.resumed_from_step, ""),
+            ("first step after", self.first_step_after_restart, ""),
+            ("steps lost", self.steps_lost, approx),
+            ("restart to first step", self.restart_to_first_step_s, " s"),
         ]
+        out = [f"drill {self.kind} of {self.run_id} (job {self.job_id}): {self.outcome}"]
+        # a row the drill cannot know is not printed (a command that reports no steps)
+        out.extend(
+            f"  {name:<24}{show(value, unit)}" for name, value, unit in rows if value is not None
+        )
         out.extend(f"  note: {n}" for n in self.notes)
         return out
 
@@ -127,7 +140,7 @@ class Drill:
     def __init__(
         self,
         record: RunRecord,
-        client: SlurmClient,
+        client: Slurm,
         kind: str,
         *,
         timeout_s: float = 900.0,
@@ -170,7 +183,12 @@ class Drill:
         out = []
         for rec in read_records(self.run_dir / "metrics.jsonl", METRIC):
             step, when = _as_int(rec.get("step")), rec.get("time")
-            if rec.get("kind") == "train" and step is not None and isinstance(when, int | float):
+            kind = rec.get("kind")
+            if (
+                kind in ("train", REPORT_KIND)
+                and step is not None
+                and isinstance(when, int | float)
+            ):
                 out.append((float(when), step))
         return out
 
@@ -250,6 +268,11 @@ class Drill:
         return max((_time(e) for e in starts if _time(e) <= before), default=0.0)
 
     def _command(self) -> bool:
+        """A run of the user's own code (its start records name the entrypoint), or a run that
+        logs no steps of the built-in trainer."""
+        starts = [e for e in self.events() if e["event"] == "start"]
+        if any("entrypoint" in e for e in starts):
+            return True
         return not (self.run_dir / "metrics.jsonl").exists()
 
     def _requeued(self, before: int) -> bool:
@@ -443,11 +466,14 @@ class Drill:
         first = min((t for t, _ in self.train_steps() if t >= _time(resumed)), default=None)
         if start is not None and first is not None:
             r.restart_to_first_step_s = round(first - start, 2)
-        r.outcome = (
-            f"back: resumed at step {r.resumed_from_step}"
-            if r.resumed_from_step is not None
-            else "back: restarted (a command: its steps are its own, not known here)"
-        )
+        if self._command():
+            self._measure_command(resumed)
+        else:
+            r.outcome = (
+                f"back: resumed at step {r.resumed_from_step}"
+                if r.resumed_from_step is not None
+                else "back: restarted (no step recorded since)"
+            )
         if self.in_place:
             r.outcome += " (restarted in place, the same allocation)"
         if self.kind == "fail" and r.stop_event is None:
@@ -456,10 +482,50 @@ class Drill:
                 "logged one (train.log_interval)"
             )
 
+    def _measure_command(self, resumed: dict[str, Any]) -> None:
+        """Where a command resumed, from what it reports (train.report): the first step after
+        the restart against its first step ever and the last step before the stop."""
+        r = self.report
+        after = _time(resumed)
+        if self.kind != "cancel" and any(True for _ in self.train_steps()):
+            deadline = time.monotonic() + min(self.timeout_s, 120.0)
+            while not any(t >= after for t, _ in self.train_steps()):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(self.poll_s)
+        steps = self.train_steps()
+        if not steps:
+            r.outcome = "back: restarted; whether your code resumed is not known"
+            r.notes.append(
+                "your command reports no steps: call train.report(step) every N steps "
+                "(README: Bring your own training code) and a drill says where it resumed"
+            )
+            return
+        ordered = sorted(s for _, s in steps)
+        gaps = [b - a for a, b in itertools.pairwise(ordered) if b > a]
+        r.report_interval = sorted(gaps)[len(gaps) // 2] if gaps else 1
+        first_ever = min(ordered)
+        later = [(t, s) for t, s in steps if t >= after]
+        if not later:
+            r.outcome = "back: restarted; no step reported since the restart yet"
+            return
+        r.first_step_after_restart = min(later)[1]
+        r.resumed_from_step = None  # known to the command only; the first step after says it
+        if r.last_completed_step is not None:
+            r.steps_lost = max(0, r.last_completed_step - r.first_step_after_restart + 1)
+            r.steps_lost += r.report_interval - 1  # the steps since its last report
+        if r.first_step_after_restart <= first_ever:
+            r.outcome = f"back: started over (first step after the restart: {first_ever})"
+        else:
+            r.outcome = (
+                f"back: resumed (first step reported after the restart: "
+                f"{r.first_step_after_restart})"
+            )
+
 
 def run_drill(
     record: RunRecord,
-    client: SlurmClient,
+    client: Slurm,
     kind: str,
     *,
     timeout_s: float = 900.0,

@@ -20,7 +20,14 @@ What a person sees (``--json``: the same as one JSON object a line, nothing else
 
 submitit's own log lines (each also arrives through train's logging, so twice) are dropped at
 INFO and shown once at WARNING and above; train's ``TIME [rank R] LEVEL logger:`` prefix is
-shortened to the time.
+shortened to the time, and a line of the command's own output (no time of its own) gets the time
+it was read: every line starts with its time. Slurm's notes on a step it ended
+(``slurmstepd: error: *** JOB 13 ON n1 CANCELLED AT ... DUE TO JOB REQUEUE ***``, srun's
+``Job step aborted``) are what a preemption, a time limit or a requeue looks like from inside the
+step, not errors: they are shown as one plain line (``Slurm ended the step: job requeue``), or
+not at all where the run's own events say it. Lines are shown in time order: what was read is
+held for :data:`REORDER_S` before it is shown, so that a record written a moment late (an event
+stamped before a log line that was read first) still comes before it.
 """
 
 from __future__ import annotations
@@ -41,9 +48,9 @@ from jobs.records import RunRecord
 from train.schema import EVENT, check_lines, report
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 UNKNOWN_GIVE_UP_S = 60.0
 CHUNK = 1 << 20  # the most of a file one read holds (a GiB of new log: 1024 pieces)
 MIN_POLL_S = 3.0
@@ -64,6 +71,18 @@ _HURRY = {
 }
 _FINAL_EVENTS = {"complete", "budget_exhausted", "cancelled"}
 _OURS = re.compile(r"^(\d\d:\d\d:\d\d) \[rank (\d+)\] ([A-Z]+) ([\w.]+): (.*)$")
+# slurmstepd's note on a step or job it ended, and srun's chatter while a step is torn down
+_STEPD = re.compile(
+    r"^(?:slurmstepd|srun): error: \*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+"
+    r"(?: DUE TO ([A-Z _]+?))?(?: \*\*\*)?$"
+)
+_SRUN_TEARDOWN = re.compile(
+    r"^srun: (?:Job step aborted: Waiting up to \d+ seconds for job step to finish\.|"
+    r"forcing job termination|got SIGCONT|Cancelled pending job step with signal \d+|"
+    r"error: Timed out waiting for job step to complete)$"
+)
+#: How long what was read is held before it is shown (in time order with what comes later).
+REORDER_S = 1.5
 _SUBMITIT = re.compile(r"^submitit ([A-Z]+) \(\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d),\d+\) - (.*)$")
 
 
@@ -252,6 +271,12 @@ class LineFilter:
             if logger == "submitit" and (level in ("DEBUG", "INFO") or msg in self.shown_submitit):
                 return t, None
             return t, f"{hms} {msg}" if level == "INFO" else f"{hms} {level} {msg}"
+        m = _STEPD.match(line.strip())
+        if m:  # a preemption, time limit or requeue seen from inside the step: not an error
+            why = (m.group(1) or "cancelled").strip().lower()
+            return None, f"Slurm ended the step: {why}"
+        if _SRUN_TEARDOWN.match(line.strip()):
+            return None, None  # srun taking the step down: the events say why
         return None, line
 
 
@@ -300,9 +325,12 @@ class Following:
             hurry()  # the job started writing: Slurm has news too
         for line in lines:
             t, text = self.filters[jid](line, now) if pretty else (None, line)
+            stamped = t is not None
             # A node's clock may run ahead of ours: never order a line after "now".
             t = min(t, now) if t is not None else self.last_time.get(jid, now)
             self.last_time[jid] = t
+            if pretty and text is not None and not stamped and text.strip():
+                text = f"{_hms(t)} {text}"  # one prefix style: every line starts with its time
             if text is not None and (text.strip() or not pretty):
                 data = {"type": "log", "job_id": jid, "rank": self.rank, "line": line}
                 items.append(self.item(t, prefix + text, data))
@@ -377,8 +405,9 @@ def follow(
     draining: dict[str, JobInfo] = {}  # over, but its files are not read to the end yet
     states: dict[str, JobInfo] = {}
     unknown_since: float | None = None
+    held: list[Item] = []  # read, not yet shown (REORDER_S)
     while True:
-        items: list[Item] = []
+        items: list[Item] = held
         for jid in f.ids:
             now_state = states.get(jid)
             if jid in announced or (
@@ -427,10 +456,21 @@ def follow(
                     poller.soon()  # within min_s, whatever the back-off had reached
             everything_unknown = bool(states) and all(s.state == "UNKNOWN" for s in states.values())
             unknown_since = (unknown_since or time.monotonic()) if everything_unknown else None
-        for it in sorted(items):  # in time order; a state line after the lines before it
+        # In time order, a state line after the lines before it. What was read in the last
+        # REORDER_S waits for the next round (a record written a moment late comes first);
+        # everything goes out once a task is over.
+        everything = bool(states) and announced >= set(states)
+        # reading a backlog (a piece of a file waits), nothing is held: one piece at a time
+        everything = everything or any(f.behind(j) for j in f.ids) or len(items) > 10_000
+        cut = time.time() - REORDER_S
+        ready = [it for it in items if everything or it.last or it.time <= cut]
+        held = [it for it in items if not (everything or it.last or it.time <= cut)]
+        if any(it.last for it in ready):
+            ready, held = items, []
+        for it in sorted(ready):
             stream.write((json.dumps(it.data, default=str) if as_json else it.text) + "\n")
         stream.flush()
-        del items  # one piece of each file at a time, never the whole backlog
+        del items, ready  # one piece of each file at a time, never the whole backlog
         if states and announced >= set(states):
             return outcome(states)
         if unknown_since is not None and time.monotonic() - unknown_since > UNKNOWN_GIVE_UP_S:

@@ -8,8 +8,11 @@ time exactly; an interval nothing recorded is ``unaccounted``, never guessed:
 ========== ================================================================================
 part       from what
 ========== ================================================================================
-queued     Slurm held or queued the job: Submit -> Start of each attempt (pending, the
-           requeue hold until ``BeginTime``), from ``sacct -D``
+queued     the first queue wait: Submit -> Start of the first attempt (``sacct -D``); a
+           task still pending (its state, from ``jobs status``'s one query) up to now
+held       a requeue's hold and queue wait: a later attempt's Submit -> Start (the hold
+           until ``BeginTime`` included); without Slurm's times (a local run), a recorded
+           stop -> the next process start
 startup    Slurm's Start (else the process start: the start/resume event minus its
            ``startup`` phases, :mod:`train.startup`) -> the ``start``/``resume`` event (the
            first step comes right after it)
@@ -19,12 +22,27 @@ eval       ``eval`` metrics lines' ``seconds`` inside the window
 checkpoint ``train`` metrics lines' ``checkpoint_s`` inside the window (interval saves)
 redone     steps trained in this segment beyond the step the next one resumed from, times
            the segment's mean step time (work lost since the last checkpoint)
-hang       a ``hang`` stop: the last metrics line (the last step seen) -> the hang event
+hang       a ``hang`` stop: the last progress -> the hang event. The last progress is what
+           the hang watcher saw (its ``observed`` ranks' ``idle_s``: the built-in trainer's
+           last step, a command's last write to its output or files), else the last
+           ``train`` metrics line carried forward to the hung step at the mean step time
+           (a command's own reports included), never later than the event less its
+           ``timeout_s`` (a hang is declared after that much silence)
 stop       training stopped (or ended) -> the process left (the save at the stop, the
            requeue): Slurm's ``End`` of the attempt, the next in-place restart's process
            start, else the segment's last event; an attempt that recorded no end but whose
            node failure the next attempt recorded (``late``): its last step -> Slurm's End
 ========== ================================================================================
+
+Every part is clamped: the cursor never moves past the end of the run, a part never goes
+negative, and a foreign or damaged value (a negative ``seconds``, a ``checkpoint_s`` that is
+not a number, a time that is not finite or lies after the end) cannot make the parts exceed
+the wall time: for any records, the parts add up to ``end - origin`` (0 when the end is before
+the origin).
+
+A record stamped before the submission (a node whose clock is behind the controller's) counts
+from the cursor on (the interval is never booked twice, never backwards); the ``notes`` name
+the skew.
 
 A *segment* is one process run: it opens with a ``start``/``resume`` event. A
 ``restart_in_place`` (a failure or hang restarted inside the same allocation) ends a segment
@@ -42,6 +60,7 @@ a process killed before it recorded anything) counts from its start event.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -57,6 +76,7 @@ PARTS = (
     "hang",
     "stop",
     "queued",
+    "held",
     "unaccounted",
 )
 LABELS = {
@@ -67,7 +87,8 @@ LABELS = {
     "redone": "steps redone",
     "hang": "undetected hangs",
     "stop": "stop overhead",
-    "queued": "requeue holds",
+    "queued": "first queue wait",
+    "held": "requeue holds",
     "unaccounted": "unaccounted",
 }
 # events that end a segment (the process stops training)
@@ -83,6 +104,11 @@ _ENDS = (
     "restart_in_place",
 )
 _TERMINAL = ("complete", "budget_exhausted", "cancelled")
+# Slurm states of a task that is over (no attempt will follow)
+_OVER = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+         "BOOT_FAIL", "DEADLINE", "REVOKED")  # fmt: skip
+#: a run this short is mostly start-up whatever it does: its line says so
+SHORT_RUN_S = 120.0
 
 
 class Attempt(Protocol):
@@ -104,6 +130,11 @@ class Ledger:
     steps_redone: int = 0
     stops: int = 0
     notes: list[str] = field(default_factory=list)
+    # a sweep's ledger (sum_ledgers): how many tasks, and the sweep's own span (its first
+    # task's origin -> its last task's end); a single run: 1 task, its wall time
+    tasks: int = 1
+    origin: float | None = None
+    end: float | None = None
 
     @property
     def wall_s(self) -> float:
@@ -118,14 +149,31 @@ class Ledger:
         losses = [(k, v) for k, v in self.parts.items() if k != "productive" and v > 0]
         return max(losses, key=lambda kv: kv[1]) if losses else None
 
+    @property
+    def span_s(self) -> float:
+        """The run's own span (a sweep: its first submission -> its last end), not the sum of
+        its tasks' times."""
+        if self.origin is None or self.end is None:
+            return self.wall_s
+        return max(0.0, self.end - self.origin)
+
     def line(self) -> str:
-        """``goodput 0.91 (biggest loss: requeue holds 41 s)``; empty without wall time."""
+        """``goodput 0.91 (biggest loss: requeue holds 41 s)``; a sweep says over how many
+        tasks and its real span; a short run says it is mostly start-up. Empty without wall
+        time."""
         g = self.goodput
         if g is None:
             return ""
         loss = self.biggest_loss()
-        tail = f" (biggest loss: {LABELS[loss[0]]} {loss[1]:.0f} s)" if loss else ""
-        return f"goodput {g:.2f}{tail}"
+        said = [f"biggest loss: {LABELS[loss[0]]} {loss[1]:.0f} s"] if loss else []
+        span, fixed = self.span_s, self.parts["startup"] + self.parts["queued"]
+        if 0 < span < SHORT_RUN_S and fixed >= 0.25 * self.wall_s:
+            said.append(f"a {_secs(span)} run: its start-up and first queue wait weigh more "
+                        "than in a long run")  # fmt: skip
+        head = f"goodput {g:.2f}"
+        if self.tasks > 1:
+            head += f" over {self.tasks} tasks ({_secs(self.wall_s)} of task time in {_secs(span)})"
+        return head + (f" ({'; '.join(said)})" if said else "")
 
     def to_dict(self) -> dict[str, Any]:
         g = self.goodput
@@ -136,25 +184,46 @@ class Ledger:
             "steps_redone": self.steps_redone,
             "stops": self.stops,
             "notes": list(self.notes),
+            "tasks": self.tasks,
+            "span_s": round(self.span_s, 3),
         }
 
 
+def _secs(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 600 else f"{seconds / 60:.0f} min"
+
+
 def sum_ledgers(ledgers: Iterable[Ledger]) -> Ledger:
-    """A sweep's ledger: every task's parts summed."""
-    total = Ledger()
+    """A sweep's ledger: every task's parts summed (task time), its span the sweep's own (its
+    earliest origin -> its latest end)."""
+    total = Ledger(tasks=0)
     for led in ledgers:
         for k, v in led.parts.items():
             total.parts[k] = total.parts.get(k, 0.0) + v
         total.steps_redone += led.steps_redone
         total.stops += led.stops
+        total.tasks += led.tasks
         total.notes.extend(n for n in led.notes if n not in total.notes)
+        if led.origin is not None:
+            total.origin = led.origin if total.origin is None else min(total.origin, led.origin)
+        if led.end is not None:
+            total.end = led.end if total.end is None else max(total.end, led.end)
+    total.tasks = max(total.tasks, 1)
     return total
 
 
 def _num(value: Any) -> float | None:
+    """A finite number, else None (a foreign record's string, NaN, infinity)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _dur(value: Any) -> float:
+    """A duration a record claims: a finite number >= 0, else 0."""
+    number = _num(value)
+    return number if number is not None and number > 0 else 0.0
 
 
 def _int(value: Any) -> int | None:
@@ -215,25 +284,29 @@ class _Segment:
 
 
 class _Cursor:
-    """Walks the wall time forward; every interval goes to exactly one part."""
+    """Walks the wall time forward, never past ``end``; every interval goes to exactly one
+    part, so the parts add up to ``end - origin`` whatever the records say."""
 
-    def __init__(self, ledger: Ledger, at: float) -> None:
-        self.ledger, self.at = ledger, at
+    def __init__(self, ledger: Ledger, at: float, end: float) -> None:
+        self.ledger, self.at, self.end = ledger, at, max(at, end)
 
     def to(self, part: str, until: float | None) -> None:
-        if until is None or until <= self.at:
+        if until is None or not math.isfinite(until):
+            return
+        until = min(until, self.end)
+        if until <= self.at:
             return
         self.ledger.parts[part] += until - self.at
         self.at = until
 
-    def spend(self, part: str, seconds: float) -> None:
+    def spend(self, part: str, seconds: float, limit: float) -> None:
+        """``seconds`` of ``part``, at most up to ``limit`` (and the end)."""
         if seconds > 0:
-            self.ledger.parts[part] += seconds
-            self.at += seconds
+            self.to(part, self.at + min(seconds, max(0.0, limit - self.at)))
 
 
 def _timed(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    out = [r for r in records if _num(r.get("time")) is not None]
+    out = [r for r in records if isinstance(r, Mapping) and _num(r.get("time")) is not None]
     out.sort(key=lambda r: float(r["time"]))
     return out
 
@@ -256,6 +329,19 @@ def _segments(events: Sequence[Mapping[str, Any]]) -> list[_Segment]:
     return segments
 
 
+@dataclass(frozen=True)
+class _Times:
+    """An attempt's times, each finite or None."""
+
+    submit: float | None
+    start: float | None
+    end: float | None
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> _Times:
+        return cls(_num(attempt.submit), _num(attempt.start), _num(attempt.end))
+
+
 def compute(
     events: Sequence[Mapping[str, Any]],
     metrics: Sequence[Mapping[str, Any]],
@@ -263,44 +349,75 @@ def compute(
     *,
     submitted_at: float | None = None,
     now: float,
+    state: str | None = None,
+    slurm: bool = True,
 ) -> Ledger:
     """The ledger of one run (one task of a sweep) from its records (pure).
 
     ``events``/``metrics``: ``events.jsonl``/``metrics.jsonl`` objects; ``attempts``: Slurm's
     attempts of the job, oldest first (attempt k is restart_count k); ``now``: the end of a
-    run still going.
+    run still going. ``state``: the task's Slurm state when the caller knows it (a PENDING
+    task's time is its queue wait; a task that is over ends at its last record, not now).
+    ``slurm``: False for a run without Slurm (the local executor): its launcher's start is
+    start-up, the wait between a recorded stop and the next start a requeue hold.
     """
     ledger = Ledger()
     segments = _segments(events)
     timed_metrics = _timed(metrics)
-    first_submit = attempts[0].submit if attempts else None
-    origin = first_submit if first_submit is not None else submitted_at
+    times = [_Times.of(a) for a in attempts]
+    first_submit = times[0].submit if times else None
+    origin = first_submit if first_submit is not None else _num(submitted_at)
     if origin is None:
         if not segments:
             return ledger
         origin = segments[0].process_start() or segments[0].time
-    cursor = _Cursor(ledger, origin)
-    end = _end_of_run(segments, attempts, now)
+    clock = _num(now)
+    end = _end_of_run(segments, times, origin if clock is None else clock, state, timed_metrics)
+    cursor = _Cursor(ledger, origin, end)
+    ledger.origin, ledger.end = origin, cursor.end
+    end = cursor.end
+    earliest = min([*(s.process_start() or s.time for s in segments)], default=origin)
+    if earliest < origin - 1.0:
+        ledger.notes.append(
+            f"records stamped {origin - earliest:.0f} s before the submission (a node's clock "
+            "behind the controller's): counted from the submission"
+        )
     if not segments:
-        ledger.notes.append("no start recorded yet")
+        over = state in _OVER
+        ledger.notes.append(
+            f"never started ({state} while queued)"
+            if over and not times
+            else "no start recorded yet"
+        )
     seen_restarts: set[int] = set()
+    stopped_at: Mapping[str, Any] | None = None  # the previous segment's recorded stop
     for i, seg in enumerate(segments):
         nxt = segments[i + 1] if i + 1 < len(segments) else None
-        attempt = _attempt(attempts, seg.restart)
+        attempt = _attempt(times, seg.restart)
         first_of_attempt = seg.restart is None or seg.restart not in seen_restarts
         if seg.restart is not None:
             seen_restarts.add(seg.restart)
-        # -- before training: held or queued by Slurm, then the start-up
+        # -- before training: queued (the first wait) or held (a requeue's), then the start-up
         if first_of_attempt and attempt is not None and attempt.start is not None:
-            cursor.to("queued", min(attempt.start, seg.time))
+            waited = "queued" if times and attempt is times[0] else "held"
+            cursor.to(waited, min(attempt.start, seg.time))
         else:
             proc = seg.process_start()
-            cursor.to("stop" if not first_of_attempt else "unaccounted", proc)
+            if not first_of_attempt:
+                gap = "stop"  # an in-place restart: the stop runs to the next process start
+            elif not slurm and i == 0:
+                gap = "startup"  # the local launcher's own start
+            elif not slurm and stopped_at is not None:
+                gap = "held"  # the local launcher restarts a stopped run
+            else:
+                gap = "unaccounted"
+            cursor.to(gap, proc)
             if proc is None and not first_of_attempt:
                 ledger.notes.append("an in-place restart without start-up phases")
         cursor.to("startup", seg.time)
         # -- a command's own start-up (its imports), up to its first output
         stop_at, ending = seg.stop()
+        stopped_at = ending
         cursor.to("startup", min(seg.training_from(), stop_at if stop_at is not None else end))
         # -- training, until the stop
         if ending is None and nxt is None and not _terminal(segments):
@@ -325,30 +442,33 @@ def compute(
             # its end is known (a node failure, from Slurm's account), its time is not: the
             # last step seen -> Slurm's End is what the failure cost (and its detection)
             ledger.stops += 1
-            cursor.to("stop", min(left, end))
+            cursor.to("stop", left)
             ledger.notes.append(
                 f"attempt {seg.restart}: ended by a {seg.explained.get('event')} recorded at "
                 "the next start: its last step -> Slurm's end counts as stop"
             )
         elif ending is None:
-            cursor.to("unaccounted", None if left is None else min(left, end))
+            cursor.to("unaccounted", left)
         elif left is not None:
-            cursor.to("stop", min(left, end))
+            cursor.to("stop", left)
         elif last_of_attempt:
-            cursor.to("stop", min(seg.last_event_time(), end))
+            cursor.to("stop", seg.last_event_time())
         # (an in-place restart: the stop runs to the next process start, above)
     # Slurm attempts after the last segment: held, queued, or starting now
     last_restart = segments[-1].restart if segments else -1
-    for k, attempt in enumerate(attempts):
+    for k, times_k in enumerate(times):
         if last_restart is not None and k <= last_restart:
             continue
-        cursor.to("queued", min(attempt.start if attempt.start is not None else end, end))
-        ended = attempt.end
-        if attempt.start is not None and ended is None:
+        cursor.to(
+            "queued" if k == 0 else "held", times_k.start if times_k.start is not None else end
+        )
+        if times_k.start is not None and times_k.end is None:
             cursor.to("startup", end)  # starting now
-        elif attempt.start is not None and ended is not None:  # it ran, ended, wrote nothing
-            cursor.to("unaccounted", min(ended, end))
+        elif times_k.start is not None and times_k.end is not None:  # ran, wrote nothing
+            cursor.to("unaccounted", times_k.end)
             ledger.notes.append(f"attempt {k}: ran without a start record (unaccounted)")
+    if not segments and state == "PENDING":
+        cursor.to("queued", end)  # not started yet: its first queue wait so far
     cursor.to("unaccounted", end)
     if any(seg.step is None for seg in segments):
         ledger.notes.append(
@@ -363,7 +483,7 @@ def _next_t(seg: _Segment | None) -> float:
     return seg.time if seg is not None else float("inf")
 
 
-def _attempt(attempts: Sequence[Attempt], restart: int | None) -> Attempt | None:
+def _attempt(attempts: Sequence[_Times], restart: int | None) -> _Times | None:
     if restart is None:
         return attempts[-1] if attempts else None
     return attempts[restart] if 0 <= restart < len(attempts) else None
@@ -373,12 +493,56 @@ def _terminal(segments: Sequence[_Segment]) -> bool:
     return bool(segments) and any(e.get("event") in _TERMINAL for e in segments[-1].events)
 
 
-def _end_of_run(segments: Sequence[_Segment], attempts: Sequence[Attempt], now: float) -> float:
+def _end_of_run(
+    segments: Sequence[_Segment],
+    attempts: Sequence[_Times],
+    now: float,
+    state: str | None,
+    metrics: Sequence[Mapping[str, Any]],
+) -> float:
+    """Slurm's End of the last attempt; else a finished run's last event (never after now);
+    else, for a task Slurm says is over, its last record (a task that never started: no time
+    at all); else now."""
     if attempts and attempts[-1].end is not None:
-        return max(float(attempts[-1].end), 0.0)
+        return max(attempts[-1].end, 0.0)
     if _terminal(segments):
-        return segments[-1].last_event_time()
+        return min(segments[-1].last_event_time(), now)
+    if state in _OVER:
+        last = [s.last_event_time() for s in segments[-1:]]
+        last += [float(m["time"]) for m in metrics[-1:]]
+        last += [t for a in attempts for t in (a.submit, a.start) if t is not None]
+        return min(max(last), now) if last else float("-inf")
     return now
+
+
+def _hang_from(
+    ending: Mapping[str, Any], lines: Sequence[Mapping[str, Any]], begin: float
+) -> float:
+    """When the hung run last progressed: what the watcher saw (``observed`` ranks' silence,
+    the longest: the first rank that stopped), else the last ``train`` line carried forward to
+    the hung step at the window's mean step time; never later than the hang event less its
+    ``timeout_s``; without any of these, the window's start."""
+    at = float(ending["time"])
+    timeout = _dur(ending.get("timeout_s"))
+    observed = ending.get("observed")
+    silences = [
+        _dur(o.get("idle_s")) for o in (observed if isinstance(observed, list) else [])
+        if isinstance(o, Mapping)
+    ]  # fmt: skip
+    if any(silences):
+        return at - max(silences)
+    latest = at - timeout if timeout else at
+    train = [(float(m["time"]), _int(m.get("step"))) for m in lines if m.get("kind") == "train"]
+    if train:
+        t_last, s_last = train[-1]
+        hung = _int(ending.get("step"))
+        stepped = [(t, s) for t, s in train if s is not None]
+        if hung is not None and s_last is not None and hung > s_last and len(stepped) > 1:
+            (t0, s0), (t1, s1) = stepped[0], stepped[-1]
+            if s1 > s0 and t1 > t0:
+                t_last += (hung - s_last) * (t1 - t0) / (s1 - s0)
+        return min(t_last, latest)
+    return latest if timeout else begin
 
 
 def _training(
@@ -390,21 +554,22 @@ def _training(
     ending: Mapping[str, Any] | None,
     metrics: Sequence[Mapping[str, Any]],
 ) -> None:
-    """Split the window [cursor, stop_at) into eval, checkpoint, hang, redone, productive."""
+    """Split the window [cursor, stop_at) into eval, checkpoint, hang, redone, productive.
+    Each part is clamped to what the window has left: a foreign ``seconds`` or
+    ``checkpoint_s`` (negative, not a number, larger than the window) cannot overrun it."""
     begin = cursor.at
     window = max(0.0, stop_at - begin)
     inside = [m for m in metrics if begin < float(m["time"]) <= stop_at]
-    evals = sum(_num(m.get("seconds")) or 0.0 for m in inside if m.get("kind") == "eval")
-    saves = sum(_num(m.get("checkpoint_s")) or 0.0 for m in inside if m.get("kind") == "train")
+    evals = sum(_dur(m.get("seconds")) for m in inside if m.get("kind") == "eval")
+    saves = sum(_dur(m.get("checkpoint_s")) for m in inside if m.get("kind") == "train")
     evals = min(evals, window)
     saves = min(saves, window - evals)
     steps = [s for s in (_int(m.get("step")) for m in inside if m.get("kind") == "train") if s]
     hang = 0.0
     if ending is not None and ending.get("event") == "hang":
-        last = [float(m["time"]) for m in inside if m.get("kind") == "train"]
-        since = last[-1] if last else begin
+        since = min(max(_hang_from(ending, inside, begin), begin), float(ending["time"]))
         hang = min(max(0.0, float(ending["time"]) - since), window - evals - saves)
-    train_s = window - evals - saves - hang
+    train_s = max(0.0, window - evals - saves - hang)
     redone_s = 0.0
     last_step = max(steps) if steps else None
     if ending is not None and _int(ending.get("step")) is not None:
@@ -415,8 +580,7 @@ def _training(
             redo = min(redo, done)
             ledger.steps_redone += redo
             redone_s = train_s * redo / done
-    cursor.spend("eval", evals)
-    cursor.spend("checkpoint", saves)
-    cursor.spend("hang", hang)
-    cursor.spend("redone", redone_s)
+    for part, seconds in (("eval", evals), ("checkpoint", saves), ("hang", hang),
+                          ("redone", redone_s)):  # fmt: skip
+        cursor.spend(part, seconds, stop_at)
     cursor.to("productive", stop_at)

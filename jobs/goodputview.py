@@ -9,8 +9,9 @@ arithmetic is :func:`jobs.goodput.compute`.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -41,7 +42,8 @@ def _slurm_attempts(
             return by_job, "no Slurm times (the client has no attempt_times)"
         for array_id in record.slurm_job_ids():
             for a in ask(array_id):
-                by_job.setdefault(a.job_id, []).append(a)
+                for task_id in _task_ids(a.job_id):
+                    by_job.setdefault(task_id, []).append(a)
     except (ClusterError, OSError, ValueError) as exc:
         # status still answers: what only Slurm knows is unaccounted
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -49,11 +51,41 @@ def _slurm_attempts(
     return by_job, ""
 
 
-def _since(records: list[dict[str, Any]], submitted_at: float | None) -> list[dict[str, Any]]:
-    """The records of this run: a directory used again keeps an earlier run's lines."""
+def _since(
+    records: list[dict[str, Any]], submitted_at: float | None, job_ids: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """The records of this run: a directory used again keeps an earlier run's lines. An event
+    of one of this run's jobs (``job_ids``: its Slurm ids, array ids included) is this run's
+    even when stamped before the submission (a node whose clock is behind the controller's):
+    the cut for the other records moves back by that skew."""
     if not submitted_at:
         return records
-    return [r for r in records if float(r.get("time") or 0) >= submitted_at]
+    cut = submitted_at
+    ours = {str(j).split("_")[0] for j in job_ids if j}
+    for r in records:
+        t, job = r.get("time"), r.get("job_id")
+        if ours and _finite(t) and job is not None and str(job).split("_")[0] in ours:
+            cut = min(cut, float(t or 0))
+    return [r for r in records if float(r.get("time") or 0) >= cut]
+
+
+def _task_ids(job_id: str) -> list[str]:
+    """sacct's id of a line: one task (``12_3``, ``12``), or array tasks that never started,
+    as one line (``12_[0-4,7%2]``): each of them."""
+    head, _, rest = job_id.partition("_[")
+    if not rest.endswith("]"):
+        return [job_id]
+    out: list[str] = []
+    for part in rest[:-1].split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) - int(lo) > 100_000:
+            return [job_id]
+        out.extend(f"{head}_{i}" for i in range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _never_started(
@@ -84,8 +116,10 @@ def task_ledgers(
     now = time.time() if now is None else now
     ids = record.job_ids() or [""] * len(record.tasks)
     since = record.submitted_at
+    ours = [*record.slurm_job_ids(), *ids] if record.executor == "slurm" else []
     events = [
-        _since(read_records(Path(t.run_dir) / "events.jsonl", EVENT), since) for t in record.tasks
+        _since(read_records(Path(t.run_dir) / "events.jsonl", EVENT), since, ours)
+        for t in record.tasks
     ]
     if _never_started(record, states, events):
         submitted = record.submitted_at
@@ -95,12 +129,18 @@ def task_ledgers(
         attempts, note = _slurm_attempts(record, client)
     out = []
     for jid, task, task_events in zip(ids, record.tasks, events, strict=False):
+        info = (states or {}).get(jid)
+        # the metrics of this run: from its own first event on (a skewed clock included)
+        first = min((float(e["time"]) for e in task_events if _finite(e.get("time"))), default=None)
+        cut = since if first is None or not since else min(since, first)
         ledger = compute(
             task_events,
-            _since(read_records(Path(task.run_dir) / "metrics.jsonl", METRIC), since),
+            _since(read_records(Path(task.run_dir) / "metrics.jsonl", METRIC), cut),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,
+            state=info.state if info is not None else None,
+            slurm=record.executor == "slurm",
         )
         if note:
             ledger.notes.append(note)

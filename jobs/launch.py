@@ -32,7 +32,7 @@ from typing import Any
 def release_submitit_signals(names: tuple[str, ...] = ("USR2", "TERM")) -> None:
     """Replace submitit's handlers (requeue on USR2, ignore TERM) with train's early-signal
     store until train's guard installs its own handlers."""
-    from train.stop.signals import install_early  # torch-free; loaded inside the allocation only
+    from train.stop import install_early  # torch-free; loaded inside the allocation only
 
     install_early(names)
 
@@ -94,7 +94,7 @@ class TrainLaunch:
             return
         import json
 
-        from train.spec.load import dump_spec  # the one writer the spec loader reads back
+        from train.spec import dump_spec  # the one writer the spec loader reads back
 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -150,8 +150,8 @@ def after_step(argv: list[str] | None = None) -> int:
     code: int | None = ns.exit_code
     try:
         launch = _task_launch(ns.after_step / f"{ns.task or ns.job_id}_submitted.pkl")
-        from train.spec.config import load_run_config
-        from train.stop.step import after_step as decide_after_step
+        from train.spec import load_run_config
+        from train.stop import after_step as decide_after_step
 
         requeue = load_run_config(launch.config).requeue
         code = decide_after_step(

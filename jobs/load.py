@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.errors import SpecError
-from train.spec.load import Override, Source, load_source, read_spec_file, set_path, where
+from train.spec import Override, Source, load_source, read_spec_file, set_path, where
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -83,7 +83,7 @@ def load_text(
     source, parsed, data = load_source(text, filename, overrides)
     # Only now pydantic and the models (~40 ms): a file refused as YAML never pays for them.
     from jobs.spec import JobSpec
-    from train.spec.messages import validate
+    from train.spec import validate
 
     spec = validate(JobSpec, data, source, parsed)
     tasks = _expand(spec, data, source, parsed)
@@ -93,7 +93,7 @@ def load_text(
 def resolve_field(path: Iterable[str]) -> tuple[bool, list[str]]:
     """Whether ``path`` names a field of JobSpec; else the valid names where it went wrong."""
     from jobs.spec import JobSpec
-    from train.spec.messages import resolve_field as _resolve_field
+    from train.spec import resolve_field as _resolve_field
 
     return _resolve_field(JobSpec, path)
 
@@ -107,7 +107,7 @@ def _expand(
     from pydantic import ValidationError
 
     from jobs.spec import JobSpec
-    from train.spec.messages import error_lines
+    from train.spec import error_lines
 
     grid = spec.sweep.grid
     problems: list[str] = []

@@ -48,7 +48,7 @@ from train.safepath import python_module_argv
 from train.schema import Schema, report
 
 if TYPE_CHECKING:
-    from train.spec.config import RequeueConfig
+    from train.spec import RequeueConfig
 
 STATE_FILE = "local_state.json"
 STOP_FILE = ".local-stop"  # "cancel": the ranks' stop is a cancel, not a preemption
@@ -125,7 +125,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _budgets(task_dir: str) -> RequeueConfig:
     """The task's requeue section (defaults when the resolved spec cannot be read)."""
-    from train.spec.config import RequeueConfig, load_run_config
+    from train.spec import RequeueConfig, load_run_config
 
     try:
         return load_run_config(Path(task_dir) / "resolved.yaml").requeue

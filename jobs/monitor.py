@@ -18,9 +18,9 @@ from jobs.pids import ProcHandle, cmdline, signal_if_ours
 from jobs.records import RunRecord
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
 # Reasons of an UNKNOWN state that Slurm's answer is not about this run's job.
 OTHER_CLUSTER = "not this run's job: submitted to cluster"
@@ -280,10 +280,26 @@ def last_failures(record: RunRecord) -> dict[str, dict[str, Any]]:
 
 
 def describe_failure(event: dict[str, Any], tail: int = 3) -> list[str]:
-    """A failure event in a few lines: ``error: ...`` and the last ``tail`` lines of stderr."""
+    """A failure event in a few lines: ``error: ...`` (the exception line of its traceback,
+    whole, also for an event recorded with the last stderr line), ``cause: ...`` (the rule
+    that sorted it, train.stop.causes; the root rank of several), and the last ``tail`` lines
+    of stderr."""
+    from train.stop import exception_line
+
     error = event.get("error")
-    lines = [f"error: {error}"] if isinstance(error, str) and error else []
     stderr = event.get("stderr_tail")
+    if isinstance(error, str) and isinstance(stderr, list):
+        exc = exception_line(stderr)
+        head, sep, said = error.partition(": ")
+        if exc and sep and head.startswith("command ") and said != exc:
+            error = f"{head}: {exc}"
+    lines = [f"error: {error}"] if isinstance(error, str) and error else []
+    cause = event.get("cause")
+    if isinstance(cause, str) and cause:
+        root = event.get("root_rank")
+        cascade = event.get("cascade")
+        more = f", rank {root} failed first" if isinstance(root, int) and cascade else ""
+        lines.append(f"cause: {cause}{more}")
     if isinstance(stderr, list):
         lines += [f"| {line}" for line in stderr[-tail:] if isinstance(line, str)]
     return lines

@@ -27,7 +27,7 @@ from jobs.errors import PreflightError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from cluster.client import SlurmClient
+    from cluster import Slurm
     from cluster.models import ClusterState
     from jobs.spec import JobSpec
 
@@ -36,7 +36,7 @@ LIMITS_FILE = "cluster-limits.json"
 UNSTAMPED_TTL_S = 3600.0
 
 
-def cluster_limits(client: SlurmClient, cache_dir: Path) -> ClusterLimits:
+def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
     """The cluster's array limits, from the cache when slurm.conf has not changed since."""
     stamp = client.conf_stamp()
     path = cache_dir / LIMITS_FILE
@@ -79,7 +79,7 @@ def array_limit(tasks: int, limits: ClusterLimits, where: Where | None = None) -
 
 def preflight(
     spec: JobSpec,
-    client: SlurmClient,
+    client: Slurm,
     where: Where | None = None,
     *,
     state: ClusterState | None = None,
@@ -195,7 +195,7 @@ def save_lead_notes(
     -> saved checkpoint) need more than the spec's ``requeue.signal_delay_s`` or the partition's
     GraceTime gives (nothing measured yet, a fresh run: nothing to say)."""
     from train.history import RunHistory
-    from train.stop.lead import lead_notes, needed_lead_s
+    from train.stop import lead_notes, needed_lead_s
 
     needed = [n for d in run_dirs if (n := needed_lead_s(RunHistory(d).events())) is not None]
     if not needed:

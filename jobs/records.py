@@ -206,6 +206,7 @@ INDEX_ENTRY = Schema(
         "job_id": "str",
         "executor": "str",
         "submitted_at": "time",
+        "submit_dir": "str",
     },
 )
 
@@ -243,6 +244,8 @@ def append_index(record: RunRecord) -> None:
             "job_id": record.job_id,
             "executor": record.executor,
             "submitted_at": record.submitted_at,
+            # where the command of the run runs (jobs.workdir: an earlier run's files there)
+            "submit_dir": os.getcwd(),
         },
         sort_keys=True,
     )

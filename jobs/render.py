@@ -178,7 +178,7 @@ def command_note(spec: JobSpec) -> str:
     entry = spec.entrypoint
     if entry is None or not entry.command:
         return ""
-    from train.command.processes import resolve_argv
+    from train.command import resolve_argv
 
     argv = resolve_argv(entry.command)
     lines = [f"# entrypoint.command runs as: {shlex.join(argv)}"]

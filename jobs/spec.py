@@ -25,9 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from cluster.timefmt import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
-from train.spec.base import StrictModel
-from train.spec.config import EntrypointConfig, RequeueConfig, TrainConfig
-from train.spec.messages import FieldIssue
+from train.spec import EntrypointConfig, FieldIssue, RequeueConfig, StrictModel, TrainConfig
 
 __all__ = [
     "Environment",
@@ -334,6 +332,13 @@ class JobSpec(StrictModel):
                 f"{tasks} tasks per node but {gpus} GPUs per node: DDP runs one task per GPU "
                 f"(set ntasks_per_node: {gpus}, or gpus_per_node: {tasks})",
             )
+        if self.entrypoint is not None and self.entrypoint.torchrun and tasks != 1:
+            raise FieldIssue(
+                "resources.ntasks_per_node",
+                f"{tasks} tasks per node, but entrypoint.command is torchrun, which starts the "
+                "node's processes itself (set ntasks_per_node: 1 and torchrun's "
+                "--nproc-per-node)",
+            )
         if strategy in ("dp", "pipeline", "single") and tasks != 1:
             raise FieldIssue(
                 "resources.ntasks_per_node",
@@ -386,10 +391,13 @@ class JobSpec(StrictModel):
 
     @property
     def ntasks_per_node(self) -> int:
-        """Tasks per node: as given, else one per GPU for ddp, else 1."""
+        """Tasks per node: as given, else one per GPU for ddp, else 1 (also for a torchrun
+        command: it starts the node's processes itself)."""
         res = self.resources
         if res.ntasks_per_node is not None:
             return res.ntasks_per_node
+        if self.entrypoint is not None and self.entrypoint.torchrun:
+            return 1
         strategy = self.train.strategy if self.train is not None else "ddp"
         return max(1, res.gpus) if strategy == "ddp" else 1
 

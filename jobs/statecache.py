@@ -33,9 +33,9 @@ from cluster.models import JobInfo
 from jobs.records import state_dir
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
 
-ClientFactory = Callable[[], "SlurmClient"]
+ClientFactory = Callable[[], "Slurm"]
 CACHE = "slurm-states.json"
 VERSION = 2
 TTL_S = 5.0

@@ -35,10 +35,10 @@ from jobs.render import (
     timeout_min,
 )
 from train.safepath import python_module_argv
-from train.spec.load import dump_spec
+from train.spec import dump_spec
 
 if TYPE_CHECKING:
-    from cluster.client import SlurmClient
+    from cluster import Slurm
     from cluster.models import ClusterState
     from jobs.spec import JobSpec
 
@@ -158,7 +158,7 @@ def new_record(
 def submit(
     loaded: LoadedSpec,
     plan: Plan,
-    client: SlurmClient | None,
+    client: Slurm | None,
     executor: str = "auto",
     *,
     preflight: bool = True,
@@ -206,7 +206,7 @@ def submit(
 
 
 def submit_slurm(
-    loaded: LoadedSpec, plan: Plan, client: SlurmClient, *, array_limit: int | None = None
+    loaded: LoadedSpec, plan: Plan, client: Slurm, *, array_limit: int | None = None
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
@@ -329,13 +329,13 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     return record
 
 
-def _slurm_client() -> SlurmClient:
-    from cluster.client import SlurmClient
+def _slurm_client() -> Slurm:
+    from cluster import slurm_client
 
-    return SlurmClient()
+    return slurm_client()
 
 
-def _claim(plan: Plan, client: Callable[[], SlurmClient]) -> Plan:
+def _claim(plan: Plan, client: Callable[[], Slurm]) -> Plan:
     """The run directory, this submission's from now on (:mod:`jobs.claim`): refused in one line
     when it belongs to a run that is not over."""
     from jobs.claim import claim

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.errors import SpecError, UsageError
 from jobs.render import array_option, env_text, slurm_options
 from train.errors import ConfigError
-from train.spec.config import load_run_config
-from train.spec.load import set_text
+from train.spec import load_run_config, set_text
 
 if TYPE_CHECKING:
     from jobs.load import LoadedSpec, Task

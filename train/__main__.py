@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from train.stop.signals import install_early
+from train.stop import install_early
 
 _STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 

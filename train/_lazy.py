@@ -13,13 +13,15 @@ def lazy_exports(
     package: str, namespace: dict[str, Any], exports: Mapping[str, str]
 ) -> Callable[[str], Any]:
     """The module ``__getattr__`` of ``package`` (its ``globals()`` is ``namespace``):
-    ``exports`` maps each public name to the module of the package that defines it."""
+    ``exports`` maps each public name to the module of the package that defines it
+    (``"module:attr"`` where the face names it otherwise: ``"branches:current"``)."""
 
     def __getattr__(name: str) -> Any:
-        module = exports.get(name)
-        if module is None:
+        where = exports.get(name)
+        if where is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        module, _, attr = where.partition(":")
+        value = getattr(importlib.import_module(f"{package}.{module}"), attr or name)
         namespace[name] = value  # the next access is a plain attribute
         return value
 

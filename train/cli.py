@@ -17,13 +17,17 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cluster.errors import BadInputError
 from train.errors import ConfigError, TrainError
-from train.spec.config import RunConfig, load_run_config
+from train.runfiles import default_run_dir
+from train.spec import load_run_config
 
-__all__ = ["build_parser", "default_run_dir", "main"]
+if TYPE_CHECKING:
+    from train.env import DistEnv
+
+__all__ = ["build_parser", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_run_dir(config: RunConfig, job_id: str | None) -> Path:
-    """``train.run_dir``, else ``runs/job-JOBID`` (stable across requeues), else ``runs/local``."""
-    if config.train.run_dir:
-        return Path(config.train.run_dir)
-    return Path("runs") / (f"job-{job_id}" if job_id else "local")
-
-
 def _fail(exc: BaseException, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exception(exc)
@@ -93,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     mark("main")
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     run_dir: Path | None = None
-    env = None
+    env: DistEnv | None = None
     previous: dict[signal.Signals, Any] = {}
     try:
         args = build_parser().parse_args(argv)
         config = load_run_config(args.config, args.set)
         mark("config")
-        from train.stop.signals import install_early
+        from train.stop import install_early
 
         # Before torch is imported (~1 s): a stop signal in that window is kept, not fatal.
         # The caller's handlers come back when main returns (it also runs in-process).
@@ -111,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
 
         env = DistEnv.from_env(os.environ)
         env.export(os.environ)  # libraries that read RANK/WORLD_SIZE/... see the same answer
-        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config, env.job_id)
+        run_dir = (
+            Path(args.run_dir)
+            if args.run_dir
+            else default_run_dir(config.train.run_dir, env.job_id)
+        )
         from train.logsetup import setup_logging
 
         setup_logging(env.rank, run_dir, debug=args.debug)
@@ -121,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_entrypoint(
                 config, env, run_dir, args.resume, allow_config_change=args.allow_config_change
             )
-        from train.loop.data import describe_data
-        from train.loop.trainer import run_training
+        from train.loop import describe_data, run_training
 
         mark("imports")
 
@@ -160,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def _record_failure(exc: BaseException, env: object, run_dir: Path | None) -> None:
+def _record_failure(exc: BaseException, env: DistEnv | None, run_dir: Path | None) -> None:
     """Rank 0 appends a ``failure`` event (runtime failures only, not bad input)."""
     if run_dir is None or env is None or isinstance(exc, BadInputError):
         return
-    if not getattr(env, "is_main", False) or not run_dir.is_dir():
+    if not env.is_main or not run_dir.is_dir():
         return
     try:
         from train.history import RunHistory
@@ -172,8 +172,8 @@ def _record_failure(exc: BaseException, env: object, run_dir: Path | None) -> No
         RunHistory(run_dir).append(
             "failure",
             step=None,
-            restart_count=getattr(env, "restart_count", 0),
-            job_id=getattr(env, "job_id", None),
+            restart_count=env.restart_count,
+            job_id=env.job_id,
             error=f"{type(exc).__name__}: {exc}"[:300],
         )
     except Exception as err:  # never mask the original error

@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 from train.env import DistEnv
 from train.errors import EntrypointError
 from train.session import RunSession
-from train.spec.config import RunConfig
-from train.stop.signals import PreemptionGuard
+from train.spec import RunConfig
+from train.stop import PreemptionGuard
 
 if TYPE_CHECKING:  # torch is imported by the session when it sets torch up, never for a command
     import torch
 
-    from train.checkpoint.manager import CheckpointManager, LoadedCheckpoint
+    from train.checkpoint import CheckpointManager, LoadedCheckpoint
     from train.device import DeviceInfo
     from train.runtime import Runtime
     from train.tracking import Tracker
@@ -84,7 +84,7 @@ class TrainContext:
 
             step = None
             if self.resume_from is not None:
-                from train.checkpoint.manager import checkpoint_step
+                from train.checkpoint import checkpoint_step
 
                 step = checkpoint_step(self.resume_from)
             self._tracker = Tracker(
@@ -114,7 +114,7 @@ class TrainContext:
             return self.session.checkpoint_world_size
         if self.resume_from is None:
             return None
-        from train.checkpoint.manifest import read_manifest
+        from train.checkpoint import read_manifest
 
         return int(read_manifest(self.resume_from)["world_size"])
 
@@ -154,7 +154,7 @@ class TrainContext:
         """After saving: wait for the save, meet at a barrier, requeue; returns the exit code."""
         if self.session is not None:
             return self.session.stop(step)
-        from train.stop.act import request_requeue
+        from train.stop import request_requeue
 
         self.checkpoints.wait()
         self.runtime.barrier()
@@ -217,7 +217,7 @@ def run_entrypoint(
     with session:
         session.started(None, entrypoint=entry.function or entry.command)
         if entry.command is not None:
-            from train.command.supervisor import run_command as supervise_command
+            from train.command import run_command as supervise_command
 
             return supervise_command(
                 config,

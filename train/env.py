@@ -28,6 +28,7 @@ __all__ = [
     "DUMMY_GPUS_ENV",
     "IN_PLACE_ENV",
     "DistEnv",
+    "attempt_key",
     "master_port_for_job",
     "verify_master_port",
 ]
@@ -68,6 +69,12 @@ def _req(environ: Mapping[str, str], name: str) -> int:
     if value is None:
         raise EnvError(f"{name} is not set")
     return value
+
+
+def attempt_key(restart_count: int, in_place: int) -> str:
+    """An attempt's key within its job: Slurm's restart count, then ``.N`` for the N-th restart
+    in place (``"2"``, ``"2.1"``)."""
+    return f"{restart_count}.{in_place}" if in_place else str(restart_count)
 
 
 def job_hosts(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -142,9 +149,7 @@ class DistEnv:
     def attempt(self) -> str:
         """This attempt's key within the job: Slurm's restart count, then ``.N`` for the N-th
         restart in place (``"2"``, ``"2.1"``): claims and markers of one attempt use it."""
-        if not self.in_place:
-            return str(self.restart_count)
-        return f"{self.restart_count}.{self.in_place}"
+        return attempt_key(self.restart_count, self.in_place)
 
     @property
     def resumed(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,7 +34,6 @@ __all__ = [
     "RunHistory",
     "over_budget",
     "read_jsonl",
-    "read_jsonl_checked",
 ]
 
 EVENTS = (
@@ -271,8 +271,13 @@ class RunHistory:
             named = (
                 ""
                 if cls == "unknown"
-                else f" ({'infrastructure' if cls == 'infra' else 'code or config'})"
+                else ("infrastructure" if cls == "infra" else "code or config")
             )
+            # the rule that sorted it (train.stop.causes: "... (rule NAME: the line)")
+            rule = re.search(r"\(rule ([^:()]+):", str(failure.get("cause") or ""))
+            if rule:
+                named = f"{named}, " * bool(named) + f"rule {rule.group(1)}"
+            named = f" ({named})" if named else ""
             parts.append(f"last failure{named}: {str(failure['error'])[:160]}")
         if not parts:
             return "no events yet" if d["last_event"] is None else "no interruptions"

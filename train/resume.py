@@ -34,13 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train.checkpoint import branches
-from train.checkpoint.branches import Line
-from train.checkpoint.manifest import STEP_RE, read_manifest
+from train.checkpoint import (
+    STEP_RE,
+    Line,
+    branch_entries,
+    current_line,
+    next_line,
+    read_branch_record,
+    read_manifest,
+)
 from train.errors import CheckpointError, ConfigError
 from train.runfiles import write_text
-from train.spec.config import TrainConfig
-from train.spec.confighash import config_hash
+from train.spec import TrainConfig, config_hash
 
 __all__ = [
     "FREE_FIELDS",
@@ -155,11 +160,11 @@ def _line_after(path: Path, ckpt_root: Path, current: Line) -> Line:
     or an invalid one (loading it fails with the reason)."""
     if not _inside(path, ckpt_root):
         return current
-    found = branches.entries(ckpt_root)
+    found = branch_entries(ckpt_root)
     target = next((e for e in found if e.path.name == path.name), None)
     if target is None:
         return current
-    return branches.next_line(found, target, current)
+    return next_line(found, target, current)
 
 
 def _compare(path: Path, config: TrainConfig) -> list[str]:
@@ -194,9 +199,9 @@ def plan_resume(
     ``entrypoint.command``, which may keep checkpoints of its own in the run directory."""
     ckpt_root = run_dir / "checkpoints"
     existing = _existing(ckpt_root)
-    record = branches.read_record(ckpt_root) if existing else None
+    record = read_branch_record(ckpt_root) if existing else None
     recorded = record.line if record is not None else Line()
-    current = branches.current(ckpt_root) if existing else Line()
+    current = current_line(ckpt_root) if existing else Line()
     line, start = current, None
     path: Path | None = None
     if want is None or want is False:
@@ -246,10 +251,11 @@ def _no_checkpoint(ckpt_root: Path, existing: list[str], run_dir: Path, command:
         what = f"holds no valid checkpoint ({', '.join(existing[:3])})" if existing else "is empty"
         log.info(
             "resume: train's checkpoint directory %s %s; the command starts as it would and "
-            "may resume from its own files in %s",
+            "may resume from its own files in %s or in the folder it runs in, %s",
             ckpt_root,
             what,
             run_dir,
+            os.getcwd(),
         )
     elif existing:
         log.warning("resume: no valid checkpoint among %s, starting fresh", existing)
@@ -287,7 +293,7 @@ def load_training_state(
     allowed config change (``changed``) the new settings take effect (:func:`retarget`, the new
     schedule's ``factor`` at the checkpoint's step), and weights that do not fit the new model
     are bad input (one line), not a crash."""
-    from train.checkpoint.manager import load_model_state  # torch: only when a checkpoint is loaded
+    from train.checkpoint import load_model_state  # torch: only when a checkpoint is loaded
 
     try:
         load_model_state(model, loaded.shared["model"])

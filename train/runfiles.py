@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-__all__ = ["LinkRefusedError", "open_fd", "open_text", "touch", "write_text"]
+__all__ = ["LinkRefusedError", "default_run_dir", "open_fd", "open_text", "touch", "write_text"]
 
 
 class LinkRefusedError(OSError):
@@ -49,3 +49,11 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 def touch(path: str | os.PathLike[str]) -> None:
     """Create ``path`` if missing (a marker), refusing a link."""
     os.close(open_fd(Path(path), os.O_WRONLY | os.O_CREAT))
+
+
+def default_run_dir(run_dir: str | os.PathLike[str] | None, job_id: str | None) -> Path:
+    """The run directory: ``train.run_dir`` when the spec gives one, else ``runs/job-JOBID``
+    (stable across requeues), else ``runs/local``."""
+    if run_dir:
+        return Path(run_dir)
+    return Path("runs") / (f"job-{job_id}" if job_id else "local")

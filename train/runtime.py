@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from train.device import DeviceInfo
 from train.env import DistEnv, verify_master_port
-from train.spec.config import TrainConfig
+from train.spec import TrainConfig
 
 __all__ = [
     "Runtime",

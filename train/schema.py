@@ -160,7 +160,7 @@ EVENT = Schema(
         "budget_exhausted": {"reason": "!str"},  # why the run stopped: what status says
     },
 )
-# RUN_DIR/metrics.jsonl (train/metrics.py, rank 0).
+# RUN_DIR/metrics.jsonl (train/loop/metrics.py, rank 0).
 METRIC = Schema(
     "metric",
     required={"kind": "str"},
@@ -176,6 +176,7 @@ METRIC = Schema(
         "images_per_s": "float",
         "seconds": "float",
         "blocking_s": "float",
+        "scalars": "dict",  # a train.report line: the user's own numbers
     },
 )
 

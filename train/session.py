@@ -31,22 +31,26 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from train.checkpoint.manager import SAVE_PHASE_HOOKS, CheckpointManager, Line
-from train.checkpoint.manifest import read_manifest
+from train.checkpoint import SAVE_PHASE_HOOKS, CheckpointManager, Line, read_manifest
 from train.device import DeviceInfo, resolve_device
 from train.env import DistEnv
 from train.errors import CheckpointError, ConfigError
-from train.hang.heartbeat import Watchdog, start_watchdog
+from train.hang import Watchdog, start_watchdog
 from train.history import RunHistory
 from train.resume import ResumePlan, plan_resume, record_config
-from train.spec.config import RequeueConfig, TrainConfig
+from train.spec import RequeueConfig, TrainConfig
 from train.startup import mark, resume_collector, summary
-from train.stop.act import describe_failure, ended_elsewhere, request_requeue
-from train.stop.decision import Decision
-from train.stop.facts import end_time
-from train.stop.lead import EarlyStop, needed_lead_s
-from train.stop.quarantine import explain_previous_attempt
-from train.stop.signals import PreemptionGuard
+from train.stop import (
+    Decision,
+    EarlyStop,
+    PreemptionGuard,
+    describe_failure,
+    end_time,
+    ended_elsewhere,
+    explain_previous_attempt,
+    needed_lead_s,
+    request_requeue,
+)
 
 if TYPE_CHECKING:
     from train.runtime import Runtime

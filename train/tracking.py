@@ -14,7 +14,7 @@ run with no flag. What makes the curves of a preempted run clean:
 Weights & Biases (optional, ``wandb={"project": ..., ...}``): the same scalars; the W&B run id
 is kept in ``RUN_DIR/wandb-id`` so a requeued job continues the same W&B run. Without the
 ``wandb`` package that option is a one-line :class:`TrackingError`. Everything here is a no-op
-on ranks other than 0. Feed it the records ``train.metrics.MetricsWriter`` writes::
+on ranks other than 0. Feed it the records ``train.loop.metrics.MetricsWriter`` writes::
 
     tracker = Tracker(run_dir, is_main=env.is_main, resumed_step=loaded.step or None)
     tracker.record(metrics.write("train", step=..., loss=..., ...))

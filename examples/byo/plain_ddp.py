@@ -99,7 +99,7 @@ def main() -> int:
         if world > 1:
             dist.barrier()
 
-    record(event="start", step=step)
+    record(event="start", step=step, world=world)
     agreed: dist.Work | None = None  # the stop flag's all_reduce in flight
     flag = torch.zeros(1)
     epoch = step // len(loader)

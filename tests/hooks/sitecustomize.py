@@ -6,7 +6,7 @@ folder on ``PYTHONPATH`` (tests/integration/slow_saves.py):
   (train.checkpoint.manager ``SAVE_PHASE_HOOKS``); the delay is the test's. With
   ``TRAIN_CKPT_TEST_DELAY_WHEN`` (a path) only the phases that end while that path exists sleep:
   the one save a test kills, not every save before it.
-- ``TRAIN_EVAL_TEST_DELAY_S``: every evaluation (``train.metrics.evaluate``) sleeps that long
+- ``TRAIN_EVAL_TEST_DELAY_S``: every evaluation (``train.loop.metrics.evaluate``) sleeps that long
   first: an evaluation on a test set far bigger than the example's, without its CPU cost.
 - ``TRAIN_TEST_STEP_S``: every optimizer step of the built-in trainer sleeps that long after it
   is done (the parameters are those of a run without the sleep): a run that lasts long enough
@@ -98,7 +98,7 @@ class _HookWhenImported(importlib.abc.MetaPathFinder):
 if _SAVE_DELAY:
     sys.meta_path.insert(0, _HookWhenImported("train.checkpoint.manager", _slow_saves))
 if _EVAL_DELAY:
-    sys.meta_path.insert(0, _HookWhenImported("train.metrics", _slow_evaluations))
+    sys.meta_path.insert(0, _HookWhenImported("train.loop.metrics", _slow_evaluations))
 if _STEP_S:
     sys.meta_path.insert(0, _HookWhenImported("train.loop.trainer", _slow_steps))
 

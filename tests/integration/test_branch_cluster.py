@@ -26,8 +26,8 @@ from slow_saves import slow_saves
 from test_preemption import REPO, SIGNAL_DELAY_S, Cluster
 
 from cluster.hostlist import expand_hostlist
+from train.checkpoint import latest_valid, verify_checkpoint
 from train.checkpoint.branches import Line, Record, read_record
-from train.checkpoint.manager import latest_valid, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
 from train.spec.config import load_run_config

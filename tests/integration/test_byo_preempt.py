@@ -116,6 +116,33 @@ def test_torchrun_style_ddp_saves_on_usr1_and_resumes(run: ByoRun) -> None:
     assert run.steps_done() == steps
 
 
+def test_torchrun_launch_spans_the_nodes_and_resumes(run: ByoRun) -> None:
+    """``command: [torchrun, --nproc-per-node, 2, SCRIPT]`` on 2 nodes, written as by hand: one
+    torchrun per node, told the nodes (4 processes, one process group), preempted, resumed
+    where it saved on SIGUSR1 (found in torchrun's workers, not torchrun itself)."""
+    steps = 150
+    script = str(REPO / "examples" / "byo" / "plain_ddp.py")
+    job = spec("byo-torchrun-it", "plain_ddp.py", 2, steps, "--save-every", "1000")
+    job["resources"].pop("ntasks_per_node")  # one per node: torchrun starts the processes
+    job["resources"]["cpus_per_task"] = 2
+    job["entrypoint"]["command"] = [
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        script,
+        *job["entrypoint"]["command"][2:],
+    ]
+    run.submit(job)
+    preempt_and_finish(run, at_step=20)
+    check_history(run, via="scontrol")
+    starts = restarts(run)
+    assert [(s["restart"], s["world"]) for s in starts] == [(0, 4), (1, 4)], starts
+    saved = [p for p in run.progress() if p.get("event") == "saved"]
+    assert len(saved) == 1 and starts[1]["step"] == saved[0]["step"], run.progress()[-5:]
+    assert run.steps_done() == steps
+    assert "--node-rank=1" in run.log(tail=0)  # the second node's torchrun, as it ran
+
+
 @pytest.mark.long(60)
 def test_lightning_script_requeues_itself_once_and_resumes(run: ByoRun) -> None:
     pytest.importorskip("pytorch_lightning", reason="make setup installs the dev dependencies")

@@ -48,7 +48,7 @@ from test_cluster_nodefail import _kill_node
 
 from cluster.client import SlurmClient
 from cluster.timefmt import parse_slurm_time
-from train.checkpoint.manager import latest_valid, verify_checkpoint
+from train.checkpoint import latest_valid, verify_checkpoint
 from train.history import RunHistory, read_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from cluster.hostlist import expand_hostlist
-from train.checkpoint.manager import CheckpointManager, verify_checkpoint
+from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
 from train.spec.config import load_run_config

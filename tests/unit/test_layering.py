@@ -7,6 +7,12 @@
 - Only ``cluster/local/`` knows the dev cluster: nothing outside ``cluster/`` (tests aside)
   imports ``cluster.local``, and inside ``cluster/`` only the dev cluster's own command line.
 - ``jobs`` never imports torch; ``train`` never imports ``jobs``.
+- Packages are layers: no loop among packages (every module folded into its package, the
+  ``cycles.py --depth 2`` view), lazy imports included; an import from outside a package of
+  ``train/`` goes through its face (``train/X/__init__.py``), never into its modules; a face is
+  the only one (no other module re-exports, or has a module ``__getattr__``).
+- Only the factory builds a Slurm client (``cluster.slurm_client``, in ``cluster/slurm.py``): no
+  ``SlurmClient(...)`` anywhere else in the packages or the benchmarks.
 """
 
 from __future__ import annotations
@@ -230,3 +236,141 @@ def test_no_import_cycles() -> None:
 
 def test_the_cycle_finder_finds_one() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _fold(graph: dict[str, set[str]], depth: int = 2) -> dict[str, set[str]]:
+    """The graph of packages: each module folded into its first ``depth`` name parts."""
+
+    def fold(m: str) -> str:
+        return ".".join(m.split(".")[:depth])
+
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folded.setdefault(fold(module), set()).update(
+            fold(t) for t in targets if fold(t) != fold(module)
+        )
+    return folded
+
+
+def test_no_package_cycles() -> None:
+    """Issue 41: packages are layers. Folded into packages (train.stop.act -> train.stop),
+    nothing imports itself back through others, lazy imports included."""
+    assert _cycles(_fold(_module_graph("cluster", "jobs", "train"))) == []
+
+
+def test_the_fold_finds_a_package_loop() -> None:
+    graph = {"t.a.x": {"t.b.y"}, "t.b.y": set(), "t.b.z": {"t.a.w"}, "t.a.w": set()}
+    assert _cycles(_fold(graph)) == [["t.a", "t.b"]]
+
+
+def _faces() -> dict[str, set[str]]:
+    """Each package of ``train/`` (a folder with an ``__init__.py``) -> its modules' names."""
+    return {
+        f"train.{init.parent.name}": {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
+        for init in (REPO / "train").glob("*/__init__.py")
+    }
+
+
+def _package_of(module: str, faces: dict[str, set[str]]) -> str | None:
+    return next((p for p in faces if _is(module, p)), None)
+
+
+def _behind_faces(rel: str, tree: ast.Module, faces: dict[str, set[str]]) -> Iterator[str]:
+    """Imports in ``rel`` that reach into another package of ``train/`` past its face."""
+    parts = rel.removesuffix(".py").removesuffix("/__init__").split("/")
+    mine = _package_of(".".join(parts), faces)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [(node.module, a.name) for a in node.names]
+        else:
+            continue
+        for module, name in names:
+            package = _package_of(module, faces)
+            if package is None or package == mine:
+                continue
+            if module != package:
+                yield f"{rel}:{node.lineno}: imports {module} (use the face, {package})"
+            elif name in faces[package]:
+                yield f"{rel}:{node.lineno}: imports the module {package}.{name} (use the face)"
+
+
+def test_cross_package_imports_go_through_faces() -> None:
+    """Issue 41: from outside a package of ``train/`` (in ``train/`` and ``jobs/``) only its
+    face is imported: ``from train.stop import decide``, never ``train.stop.decision``."""
+    faces = _faces()
+    found = [
+        line for rel, tree in _sources("train", "jobs") for line in _behind_faces(rel, tree, faces)
+    ]
+    assert found == []
+
+
+def test_the_face_scan_sees_a_way_around_a_face() -> None:
+    faces = {"train.stop": {"act", "decision"}, "train.hang": {"watcher"}}
+    code = (
+        "from train.stop.act import record\n"
+        "import train.stop.decision\n"
+        "from train.stop import act\n"
+        "from train.stop import decide\n"  # the face: fine
+        "from train.hang.watcher import main\n"  # its own package: fine
+    )
+    found = list(_behind_faces("train/hang/x.py", ast.parse(code), faces))
+    assert [line.split(":")[1] for line in found] == ["1", "2", "3"]
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _all(tree: ast.Module) -> list[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return [str(v) for v in ast.literal_eval(node.value)]
+    return []
+
+
+def test_one_face_per_package() -> None:
+    """Issue 41: only a package's ``__init__`` is its face. No other module of ``train/`` has a
+    module ``__getattr__`` or lists in ``__all__`` a name it does not define (a re-export:
+    ``train/checkpoint/manager.py`` was a second face of ``train.checkpoint``)."""
+    found = []
+    for rel, tree in _sources("train"):
+        if rel.endswith("__init__.py") or rel == "train/_lazy.py":
+            continue
+        defined = _defined(tree)
+        if "__getattr__" in defined:
+            found.append(f"{rel}: a module __getattr__ (a second face)")
+        found += [f"{rel}: re-exports {name}" for name in _all(tree) if name not in defined]
+    assert found == []
+
+
+def _built_clients(tree: ast.Module) -> Iterator[int]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "SlurmClient":
+                yield node.lineno
+
+
+def test_only_the_factory_builds_a_slurm_client() -> None:
+    """Issue 41: one factory builds the Slurm client (``cluster.slurm_client``: where a later
+    transport plugs in); nothing else calls ``SlurmClient(...)``."""
+    found = [
+        f"{rel}:{line}: builds SlurmClient(...) by hand (use cluster.slurm_client)"
+        for rel, tree in _sources("cluster", "jobs", "train", "bench")
+        if rel != "cluster/slurm.py"  # the factory
+        for line in _built_clients(tree)
+    ]
+    assert found == []

@@ -63,29 +63,80 @@ from typing import TYPE_CHECKING
 from train._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from train.checkpoint.branches import Line
+    from train.checkpoint.branches import Line, next_line
+    from train.checkpoint.branches import current as current_line
+    from train.checkpoint.branches import entries as branch_entries
+    from train.checkpoint.branches import read_record as read_branch_record
+    from train.checkpoint.digest import FORMAT_VERSION, state_digest
     from train.checkpoint.dirs import checkpoint_run_id, checkpoint_step, latest_valid
-    from train.checkpoint.manager import CheckpointManager
-    from train.checkpoint.manifest import FORMAT_VERSION, LoadedCheckpoint, verify_checkpoint
+    from train.checkpoint.manager import SAVE_PHASE_HOOKS, CheckpointManager
+    from train.checkpoint.manifest import (
+        STEP_RE,
+        LoadedCheckpoint,
+        read_manifest,
+        verify_checkpoint,
+    )
+    from train.checkpoint.state import (
+        Snapshotter,
+        capture_rng_state,
+        load_model_state,
+        make_weights_only_safe,
+        model_digest,
+        model_state_dict,
+        restore_rng_state,
+        strip_module_prefix,
+    )
 
 _EXPORTS = {
-    "CheckpointManager": "manager",
-    "FORMAT_VERSION": "manifest",
     "Line": "branches",
-    "LoadedCheckpoint": "manifest",
-    "verify_checkpoint": "manifest",
+    "next_line": "branches",
+    "current_line": "branches:current",
+    "branch_entries": "branches:entries",
+    "read_branch_record": "branches:read_record",
+    "FORMAT_VERSION": "digest",
+    "state_digest": "digest",
     "checkpoint_run_id": "dirs",
     "checkpoint_step": "dirs",
     "latest_valid": "dirs",
+    "SAVE_PHASE_HOOKS": "manager",
+    "CheckpointManager": "manager",
+    "STEP_RE": "manifest",
+    "LoadedCheckpoint": "manifest",
+    "read_manifest": "manifest",
+    "verify_checkpoint": "manifest",
+    "Snapshotter": "state",
+    "capture_rng_state": "state",
+    "load_model_state": "state",
+    "make_weights_only_safe": "state",
+    "model_digest": "state",
+    "model_state_dict": "state",
+    "restore_rng_state": "state",
+    "strip_module_prefix": "state",
 }
 __all__ = [
     "FORMAT_VERSION",
+    "SAVE_PHASE_HOOKS",
+    "STEP_RE",
     "CheckpointManager",
     "Line",
     "LoadedCheckpoint",
+    "Snapshotter",
+    "branch_entries",
+    "capture_rng_state",
     "checkpoint_run_id",
     "checkpoint_step",
+    "current_line",
     "latest_valid",
+    "load_model_state",
+    "make_weights_only_safe",
+    "model_digest",
+    "model_state_dict",
+    "next_line",
+    "read_branch_record",
+    "read_manifest",
+    "restore_rng_state",
+    "state_digest",
+    "strip_module_prefix",
     "verify_checkpoint",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -17,13 +17,12 @@ from train.checkpoint import branches as _branches
 from train.checkpoint import dirs as _dirs
 from train.checkpoint import manifest as _io
 from train.checkpoint.branches import Line
-from train.checkpoint.dirs import checkpoint_run_id, checkpoint_step, latest_valid
+from train.checkpoint.digest import FORMAT_VERSION
+from train.checkpoint.dirs import latest_valid
 from train.checkpoint.manifest import (
-    FORMAT_VERSION,
     MANIFEST,
     SHARED_FILE,
     LoadedCheckpoint,
-    verify_checkpoint,
 )
 from train.errors import CheckpointError
 
@@ -32,46 +31,11 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from train.checkpoint.state import Snapshotter
-    from train.spec.config import TrainConfig
+    from train.spec import TrainConfig
 
-__all__ = [
-    "FORMAT_VERSION",
-    "CheckpointManager",
-    "Line",
-    "LoadedCheckpoint",
-    "checkpoint_run_id",
-    "checkpoint_step",
-    "latest_valid",
-    "verify_checkpoint",
-]
+__all__ = ["SAVE_PHASE_HOOKS", "CheckpointManager"]
 
 log = logging.getLogger(__name__)
-
-# torch's half of a checkpoint (train/checkpoint/state.py, write.py) is imported when a save or
-# a load needs it: a command's supervisor decides where to resume without importing torch
-# (the command imports it once, itself). Its helpers are still importable from here (PEP 562).
-_STATE_NAMES = frozenset(
-    {
-        "Snapshotter",
-        "capture_rng_state",
-        "load_model_state",
-        "make_weights_only_safe",
-        "model_digest",
-        "model_state_dict",
-        "restore_rng_state",
-        "state_digest",
-        "strip_module_prefix",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _STATE_NAMES:
-        from train.checkpoint import state
-
-        return getattr(state, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 #: Called with the name of each phase of a save as it completes ("snapshot", "rank file",
 #: "shared file", "manifest"), in the thread that saves: observers (a test's delay, a
@@ -158,7 +122,7 @@ class CheckpointManager:
         run_id: str | None = None,
     ) -> Self:
         """The manager of ``RUN_DIR/checkpoints`` with the spec's checkpoint settings."""
-        from train.spec.confighash import config_hash
+        from train.spec import config_hash
 
         return cls(
             run_dir / "checkpoints",
@@ -285,7 +249,7 @@ class CheckpointManager:
         self, meta: dict[str, Any], shared: dict[str, Any] | None, rank_payload: dict[str, Any]
     ) -> None:
         from train.checkpoint import write as _write
-        from train.checkpoint.state import state_digest
+        from train.checkpoint.digest import state_digest
 
         step = int(meta["step"])
         pool = self._io_pool()

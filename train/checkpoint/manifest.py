@@ -25,7 +25,6 @@ from typing import Any
 
 from train.checkpoint.digest import (
     ALGORITHMS,
-    FORMAT_VERSION,
     HEX_LENGTH,
     hash_file,
     state_digest,
@@ -34,7 +33,6 @@ from train.errors import CheckpointError
 from train.runfiles import open_text
 
 __all__ = [
-    "FORMAT_VERSION",
     "MANIFEST",
     "SHARED_FILE",
     "LoadedCheckpoint",

@@ -38,7 +38,6 @@ __all__ = [
     "model_state_dict",
     "restore_rng_state",
     "snapshot_to_cpu",
-    "state_digest",
     "strip_module_prefix",
 ]
 

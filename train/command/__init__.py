@@ -18,12 +18,12 @@ if TYPE_CHECKING:
     from train.command.supervisor import CommandRun, run_command
 
 _EXPORTS = {
-    "run_command": "supervisor",
-    "CommandRun": "supervisor",
-    "child_environ": "processes",
-    "resolve_argv": "processes",
-    "plan_stop": "processes",
     "StopPlan": "processes",
+    "child_environ": "processes",
+    "plan_stop": "processes",
+    "resolve_argv": "processes",
+    "CommandRun": "supervisor",
+    "run_command": "supervisor",
 }
 __all__ = [
     "CommandRun",

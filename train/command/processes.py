@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from train.env import DistEnv
+from train.procfs import PROC, process_tree, status
 
 __all__ = [
     "StderrTail",
@@ -38,7 +39,6 @@ __all__ = [
     "is_launcher",
     "parse_sigmask",
     "plan_stop",
-    "process_tree",
     "resolve_argv",
     "signal_group",
     "signal_name",
@@ -47,8 +47,6 @@ __all__ = [
     "topmost",
     "wait_exit",
 ]
-
-PROC = Path("/proc")
 
 
 def parse_sigmask(text: str) -> set[int]:
@@ -60,44 +58,9 @@ def parse_sigmask(text: str) -> set[int]:
     return {n + 1 for n in range(64) if mask >> n & 1}
 
 
-def _status(pid: int, proc: Path) -> dict[str, str]:
-    try:
-        text = (proc / str(pid) / "status").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
-
-
 def caught_signals(pid: int, proc: Path = PROC) -> set[int]:
     """Signals process ``pid`` has a handler for (empty when it is gone or /proc is absent)."""
-    return parse_sigmask(_status(pid, proc).get("SigCgt", ""))
-
-
-def process_tree(root: int, proc: Path = PROC) -> dict[int, int]:
-    """``{pid: parent}`` for ``root`` and all its descendants (``{root: 0}`` without /proc)."""
-    parents: dict[int, int] = {}
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return {root: 0}
-    for entry in entries:
-        parent = _status(int(entry), proc).get("PPid", "")
-        if parent.isdigit():
-            parents[int(entry)] = int(parent)
-    tree = {root: 0}
-    grew = True
-    while grew:  # descendants of descendants (a few passes: trees are shallow)
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in tree and pid not in tree:
-                tree[pid] = ppid
-                grew = True
-    return tree
+    return parse_sigmask(status(pid, proc).get("SigCgt", ""))
 
 
 #: Launchers whose own writes are not training (torchrun's agent writes a few KB of rendezvous

@@ -18,27 +18,39 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.command.processes import (
     StderrTail,
     StopPlan,
     caught_signals,
     plan_stop,
-    process_tree,
     signal_group,
     signal_name,
     stop_group,
     wait_exit,
 )
 from train.env import DistEnv
-from train.hang.heartbeat import hang_claimed
 from train.history import RunHistory
+from train.procfs import process_tree
 from train.runfiles import touch
-from train.spec.config import RunConfig
-from train.stop.act import attempt_fields, carry_out, failure_claimed, record
-from train.stop.decision import Decision, decide
-from train.stop.facts import AskedOnce, StopFacts, gather, preemption_grace_s
+from train.spec import RunConfig
+from train.stop import (
+    AskedOnce,
+    Decision,
+    StopFacts,
+    attempt_fields,
+    carry_out,
+    decide,
+    failure_claimed,
+    gather,
+    hang_claimed,
+    preemption_grace_s,
+    record,
+)
+
+if TYPE_CHECKING:
+    from cluster import Slurm
 
 __all__ = ["StopHandling"]
 
@@ -59,7 +71,7 @@ class StopHandling:
     grace_s: float
     job_signal: int
     stop_signal: str
-    client: Any
+    client: Slurm | None
     proc_root: Path
     # when the command's processes first wrote (output, a file, a socket): the end of its
     # start-up as far as we can see it (its imports write nothing); on every later event of
@@ -230,11 +242,11 @@ class StopHandling:
             return None
         return "command" if forwarded else "slurm"
 
-    def _client(self) -> Any:
+    def _client(self) -> Slurm:
         if self.client is None:
-            from cluster.client import SlurmClient  # lazy: train does not need cluster
+            from cluster import slurm_client  # lazy: train does not need cluster
 
-            self.client = SlurmClient(timeout=30, shielded=True)
+            self.client = slurm_client(timeout=30, shielded=True)
         return self.client
 
     # -- ranks ----------------------------------------------------------------------------------

@@ -34,16 +34,15 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from train.command.launchers import TorchrunNode, expand_vars, torchrun_argv
 from train.command.processes import (
-    PROC,
     StderrTail,
-    StopPlan,
     child_environ,
-    plan_stop,
     resolve_argv,
     signal_group,
     signal_name,
@@ -52,21 +51,30 @@ from train.command.processes import (
     wait_exit,
     written_bytes,
 )
+from train.command.rootcause import read_reports, write_report
 from train.command.stop import StopHandling
 from train.env import DistEnv
 from train.errors import EntrypointError
-from train.hang.heartbeat import Watchdog, start_watchdog
+from train.hang import Watchdog, start_watchdog
 from train.history import RunHistory
-from train.spec.config import RunConfig
-from train.stop.act import (
+from train.procfs import PROC
+from train.spec import RunConfig
+from train.stop import (
     BUDGET_EXHAUSTED_EXIT_CODE,
     REQUEUE_EXIT_CODE,
+    exception_line,
     failure_claimed,
+    pop_early_signals,
     request_requeue,
+    root_report,
+    rules_of,
+    signature,
 )
-from train.stop.signals import pop_early_signals
 
-__all__ = ["StopPlan", "child_environ", "plan_stop", "resolve_argv", "run_command"]
+if TYPE_CHECKING:
+    from cluster import Slurm
+
+__all__ = ["run_command"]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +104,7 @@ class CommandRun(StopHandling):
         run_dir: Path,
         resume_from: Path | None,
         *,
-        client: Any = None,
+        client: Slurm | None = None,
         proc_root: Path = PROC,
         early: Any = None,
         checkpoint_world_size: int | None = None,
@@ -173,9 +181,12 @@ class CommandRun(StopHandling):
                 self.stop_signal,
                 checkpoint_world_size=self.checkpoint_world_size,
             )
+            argv = self.command_line(env)
+            if argv != self.argv:
+                log.info("as %s", " ".join(argv))
             try:
                 proc = subprocess.Popen(  # the user's own argv, no shell
-                    self.argv,
+                    argv,
                     env=env,
                     stderr=subprocess.PIPE,
                     start_new_session=True,  # its own group: we can stop all of it at once
@@ -199,6 +210,19 @@ class CommandRun(StopHandling):
                 proc.stderr.close()
         finally:
             self._uninstall()
+
+    def command_line(self, environ: Mapping[str, str]) -> list[str]:
+        """The argv that runs: ``${NAME}`` expanded from the command's environment, and a
+        torchrun launch told the allocation's nodes (:mod:`train.command.launchers`)."""
+        env = self.env
+        node = TorchrunNode(
+            num_nodes=env.num_nodes,
+            node_rank=env.node_rank,
+            master_addr=env.master_addr,
+            master_port=env.master_port,
+            gpus_on_node=env.gpus_on_node,
+        )
+        return torchrun_argv(expand_vars(self.argv, environ), node)
 
     def _supervise(self, proc: subprocess.Popen[bytes], tail: StderrTail) -> int:
         written, beats, next_look = written_bytes(proc.pid), 0, 0.0
@@ -242,6 +266,11 @@ class CommandRun(StopHandling):
                 time.sleep(_POLL_S)
                 continue
             if code != 0:
+                exited_at = time.time()
+                if self._reports_root():
+                    # at once, before the beat below: the peers that fail after it (its
+                    # cascade) find it when they decide (train.command.rootcause)
+                    self._report(exited_at, code, tail.lines())
                 # Slurm's signal reaches the command and us at the same moment: a command killed
                 # by it (or by the TERM after it) was stopped, not failed. Give our handler a beat.
                 deadline = time.monotonic() + 1.0
@@ -306,19 +335,60 @@ class CommandRun(StopHandling):
                 return False
             time.sleep(0.5)
 
-    def _failed(self, code: int, tail: StderrTail) -> int:
-        lines = tail.lines()
+    def _reports_root(self) -> bool:
+        """Several ranks under Slurm: each failing rank reports, the decider picks the root."""
+        return bool(self.env.job_id) and self.env.world_size > 1
+
+    def _report(self, exited_at: float, code: int, lines: list[str]) -> None:
+        env = self.env
+        error = self._error(code, lines)
+        write_report(self.run_dir, env.job_id, env.attempt, env.rank, exited_at, error, lines)
+
+    @staticmethod
+    def _error(code: int, lines: list[str]) -> str:
+        """``command exited 1: <the exception line>``: the last ``...Error:`` line of its
+        traceback, whole (not the last stderr line: a hint after it, cut mid-word), else its
+        last line."""
         how = f"killed by {signal_name(-code)}" if code < 0 else f"exited {code}"
         last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-        error = f"command {how}" + (f": {last}" if last else "")
+        shown = exception_line(lines) or last
+        return f"command {how}" + (f": {shown}" if shown else "")
+
+    def _root(self, error: str, details: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The failure to record: this rank's, or the root's when another rank failed first
+        with more than the symptoms of a peer's death (this one is its cascade)."""
+        if not self._reports_root():
+            return error, details
+        reports = read_reports(self.run_dir, self.env.job_id, self.env.attempt)
+        root = root_report(reports, rules_of(self.config.requeue.failure_rules))
+        if root is None or root.get("rank") == self.env.rank:
+            return error, {**details, "root_rank": self.env.rank}
+        log.warning("rank %d: %s, the cascade of rank %s's failure: %s",
+                    self.env.rank, error, root.get("rank"), root.get("error"))  # fmt: skip
+        tail = root.get("stderr_tail")
+        root_error = str(root.get("error") or error)
+        return root_error, {
+            **details,
+            "stderr_tail": [t for t in tail if isinstance(t, str)]
+            if isinstance(tail, list)
+            else [],
+            "signature": signature([root_error, tail]),
+            "root_rank": root.get("rank"),
+            "cascade": {"rank": self.env.rank, "error": error[:300]},
+        }
+
+    def _failed(self, code: int, tail: StderrTail) -> int:
+        lines = tail.lines()
+        error = self._error(code, lines)
         if self._completed_by_rank0():
             # seen: Lightning's rank 1 aborting at exit ("terminate called without an active
             # exception") after rank 0 finished the run: requeued, the whole run trained again
             log.warning("%s after rank 0 completed the run: not a failure, not requeued", error)
             return 0
         log.error("%s (argv: %s)", error, " ".join(self.argv))
-        details: dict[str, Any] = {"stderr_tail": lines}
+        details: dict[str, Any] = {"stderr_tail": lines, "signature": signature([error, lines])}
         details["signal" if code < 0 else "exit_code"] = signal_name(-code) if code < 0 else code
+        error, details = self._root(error, details)
         result = _request_failure(self.env, self.run_dir, self.config, error, details)
         if result != 1:
             return result  # over budget, or "requeue me" outside Slurm

@@ -10,20 +10,18 @@ from typing import TYPE_CHECKING
 from train._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from train.hang.heartbeat import Heartbeat, Watchdog, auto_timeout, hang_claimed, start_watchdog
+    from train.hang.heartbeat import Heartbeat, Watchdog, auto_timeout, start_watchdog
 
 _EXPORTS = {
-    "Watchdog": "heartbeat",
     "Heartbeat": "heartbeat",
-    "start_watchdog": "heartbeat",
-    "hang_claimed": "heartbeat",
+    "Watchdog": "heartbeat",
     "auto_timeout": "heartbeat",
+    "start_watchdog": "heartbeat",
 }
 __all__ = [
     "Heartbeat",
     "Watchdog",
     "auto_timeout",
-    "hang_claimed",
     "start_watchdog",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -88,16 +88,20 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from train.runfiles import open_fd, open_text, write_text
 from train.safepath import python_module_argv
+from train.stop import attempt_name
+
+if TYPE_CHECKING:
+    from train.env import DistEnv
+    from train.spec import RequeueConfig
 
 __all__ = [
-    "BUDGET_FIELDS",
     "BUSY_FLOOR_S",
     "COMMAND_FLOOR_S",
     "DUMP_SIGNAL",
@@ -108,11 +112,8 @@ __all__ = [
     "Heartbeat",
     "Watchdog",
     "allowance",
-    "attempt_name",
     "auto_timeout",
-    "hang_claimed",
     "node_local_dir",
-    "proc_state",
     "read_beats",
     "start_watchdog",
 ]
@@ -136,21 +137,6 @@ PHASES = ("train", "start", "eval", "save", "compile", "busy", "wait")
 #: Phases in which a rank is not busy with work of its own: silent only for the timeout.
 NOT_BUSY = ("train", "wait")
 _BEAT = struct.Struct("<qdqq")  # step, wall time, phase, pulse counter
-#: The fields of ``requeue:`` the watcher needs (passed to it as JSON).
-BUDGET_FIELDS = ("max_preemptions", "max_timeouts", "max_failures", "max_hangs", "signal_delay_s")
-
-
-def attempt_name(job_id: str | None, attempt: int | str) -> str:
-    """``JOB-ATTEMPT``: ATTEMPT is the restart count, or ``DistEnv.attempt`` (``2.1``: a
-    restart in place)."""
-    return f"{job_id or 'local'}-{attempt}"
-
-
-def hang_claimed(run_dir: Path | str, job_id: str | None, attempt: int | str) -> bool:
-    """True once a watcher took charge of a hang in this attempt: it records and requeues; a
-    rank that comes back to life afterwards (Slurm's SIGCONT at the requeue, a peer's 'connection
-    closed') must not record a failure or a stop of its own."""
-    return (Path(run_dir) / "hangs" / attempt_name(job_id, attempt) / "claimed").exists()
 
 
 def node_local_dir(run_dir: Path, attempt: str, node: str, root: Path | None = None) -> Path:
@@ -242,15 +228,6 @@ def allowance(phase: str, timeout: float, *, command: bool = False) -> float:
     return max(timeout, BUSY_FLOOR_S)
 
 
-def proc_state(pid: int) -> str | None:
-    """The kernel's one-letter state of ``pid`` (``T``: stopped), None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()[0]
-
-
 # ------------------------------------------------------------------------------ rank side
 
 
@@ -267,7 +244,7 @@ class Watchdog:
         job_id: str | None,
         restart_count: int,
         timeout_s: float | None,
-        budgets: dict[str, int],
+        budgets: Mapping[str, Any],
         poll_s: float | None = None,
         node: str | None = None,
         local_rank: int = 0,
@@ -276,6 +253,7 @@ class Watchdog:
         local_root: Path | None = None,
         summary_s: float | None = None,
         in_place: int = 0,
+        in_place_supervised: bool = False,
     ) -> None:
         attempt = attempt_name(job_id, f"{restart_count}.{in_place}" if in_place else restart_count)
         node = node or socket.gethostname().split(".")[0]
@@ -300,11 +278,13 @@ class Watchdog:
             "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
             "--local-dir", str(self.local_dir), "--world-size", str(world_size),
             "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),
-            "--budgets", json.dumps(budgets), "--job-id", job_id or "",
+            "--budgets", json.dumps(dict(budgets)), "--job-id", job_id or "",
             "--restart-count", str(restart_count), "--in-place", str(in_place),
         )  # fmt: skip
         if command_pid is not None:
             cmd += ["--command"]
+        if in_place_supervised:
+            cmd += ["--in-place-supervised"]
         if timeout_s:
             cmd += ["--timeout", str(timeout_s)]
         if poll_s:
@@ -385,7 +365,7 @@ class Watchdog:
 
 
 def start_watchdog(
-    requeue: Any, env: Any, run_dir: Path, *, command_pid: int | None = None
+    requeue: RequeueConfig, env: DistEnv, run_dir: Path, *, command_pid: int | None = None
 ) -> Watchdog | None:
     """The watchdog for this rank, or None when ``requeue.hang_watchdog`` is off.
 
@@ -395,7 +375,7 @@ def start_watchdog(
     :data:`COMMAND_FLOOR_S`), and at a hang the watcher describes the command's processes
     (state, kernel wait channel, kernel stack where readable) instead of Python stacks and
     ends the command's process group with the rank."""
-    if not getattr(requeue, "hang_watchdog", True):
+    if not requeue.hang_watchdog:
         return None
     return Watchdog(
         Path(run_dir),
@@ -403,11 +383,13 @@ def start_watchdog(
         world_size=env.world_size,
         job_id=env.job_id,
         restart_count=env.restart_count,
-        in_place=int(getattr(env, "in_place", 0) or 0),
+        in_place=env.in_place,
+        in_place_supervised=env.in_place_supervised,
         node=env.node_name,
         local_rank=env.local_rank,
         local_world_size=env.local_world_size,
-        timeout_s=getattr(requeue, "hang_timeout_s", None),
-        budgets={k: int(getattr(requeue, k)) for k in BUDGET_FIELDS if hasattr(requeue, k)},
+        timeout_s=requeue.hang_timeout_s,
+        # the whole requeue: section: the watcher decides with the run's budgets, all of them
+        budgets=requeue.model_dump(mode="json"),
         command_pid=command_pid,
     )

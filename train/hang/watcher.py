@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train.env import job_hosts
 from train.hang.evidence import NodeView, RankView, Verdict, judge, node_view
 from train.hang.heartbeat import (
     COMMAND_FLOOR_S,
@@ -32,10 +33,12 @@ from train.hang.heartbeat import (
     Beat,
     allowance,
     auto_timeout,
-    proc_state,
     read_beat,
 )
+from train.procfs import describe_tree, is_child, proc_state, process_tree
 from train.runfiles import open_fd, write_text
+from train.spec import RequeueConfig
+from train.stop import Decider, claim_hang, hang_dir, is_claimed, request_requeue
 
 __all__ = ["main"]
 
@@ -58,11 +61,12 @@ class _Args:
     timeout: float | None
     poll: float | None
     summary: float
-    budgets: dict[str, int]
+    budgets: dict[str, Any]  # the run's requeue: section (RequeueConfig as JSON)
     job_id: str | None
     restart_count: int
     command: bool = False  # the ranks supervise an entrypoint.command
     in_place: int = 0  # restarts in place within the same allocation (DistEnv.in_place)
+    in_place_supervised: bool = False  # a batch script restarts steps in place (DistEnv's)
 
     @property
     def shared(self) -> Path:
@@ -70,7 +74,7 @@ class _Args:
 
     @property
     def hangs(self) -> Path:
-        return self.run_dir / "hangs" / self.attempt
+        return hang_dir(self.run_dir, self.attempt)
 
 
 @dataclass
@@ -219,11 +223,8 @@ def _command_state(pid: int, full: bool) -> str | None:
     """The command's state: ``T`` when any of its processes is stopped (``full``: the whole
     tree, a /proc scan; else only its first process)."""
     state = proc_state(pid)
-    if full:
-        from train.command.processes import process_tree  # torch-free
-
-        if any(proc_state(p) == "T" for p in process_tree(pid)):
-            return "T"
+    if full and any(proc_state(p) == "T" for p in process_tree(pid)):
+        return "T"
     return state
 
 
@@ -284,7 +285,7 @@ def _confirm(a: _Args, node: _Node) -> list[NodeView] | None:
         # as often as the watcher polls (a tenth of the timeout, 0.2-1 s): another node's
         # claim is seen, and this node's record of its ranks written, that much sooner
         time.sleep(a.poll or min(1.0, max(0.2, node.timeout() / 10)))
-        if (a.hangs / "claimed").exists():
+        if is_claimed(a.hangs):
             return None
         current = _read_summaries(a, current)
     views = [node.view(time.monotonic(), full=True)]
@@ -328,7 +329,7 @@ def _watch(a: _Args) -> int:
                 # under a short timeout (a quarter of it, >= 1 s: one stat per node), so that
                 # its record of this node's ranks (stacks) does not hold the decision long
                 next_claim_check = now + min(a.summary, max(1.0, node.timeout() / 4))
-                if (a.hangs / "claimed").exists():
+                if is_claimed(a.hangs):
                     ended = False
                     _handle_hang(a, node, None, [])
                     return 1
@@ -360,11 +361,7 @@ def _handle_hang(a: _Args, node: _Node, verdict: Verdict | None, views: list[Nod
     a.hangs.mkdir(parents=True, exist_ok=True)
     claimed = False
     if verdict is not None:
-        try:
-            os.close(open_fd(a.hangs / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            claimed = True
-        except FileExistsError:
-            pass
+        claimed = claim_hang(a.hangs)
     _record_local(a, node)
     if claimed:
         assert verdict is not None
@@ -376,7 +373,7 @@ def _handle_hang(a: _Args, node: _Node, verdict: Verdict | None, views: list[Nod
     # End the step: the job is requeued (or its budget is spent); nothing of this attempt may
     # go on. A stopped rank dies of SIGKILL too; so does the command it supervises.
     for t in node.tracks.values():
-        if t.command_pid is not None and t.pid is not None and _ours(t.command_pid, t.pid):
+        if t.command_pid is not None and t.pid is not None and is_child(t.command_pid, t.pid):
             with contextlib.suppress(OSError):
                 os.killpg(t.command_pid, signal.SIGKILL)
         if t.pid is not None:
@@ -396,7 +393,7 @@ def _record_local(a: _Args, node: _Node) -> None:
             continue
         stacks = a.hangs / f"rank-{t.rank}.stacks"
         command = t.command_pid
-        if command is not None and not _ours(command, t.pid):
+        if command is not None and not is_child(command, t.pid):
             command = None
         if command is not None:
             # not our Python: what the kernel says of each of the command's processes
@@ -444,43 +441,14 @@ def _nonempty(path: Path) -> bool:
         return False
 
 
-def _ours(pid: int, parent: int) -> bool:
-    """Whether ``pid`` is (still) a child of ``parent``: proof before a signal to its group."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rsplit(")", 1)[-1].split()
-    return len(fields) > 1 and fields[1] == str(parent)
-
-
 def _describe_processes(root: int, out: Path) -> bool:
     """Write state, wait channel, command line and (root only) kernel stack of ``root`` and its
     descendants to ``out``; True when something was written."""
-    from train.command.processes import process_tree  # torch-free
-
-    lines: list[str] = []
-    for pid in sorted(process_tree(root)):
-        proc = Path(f"/proc/{pid}")
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        wchan = _read(proc / "wchan") or "-"
-        lines.append(f"pid {pid} state {proc_state(pid)} wchan {wchan}: {cmdline.strip()}")
-        stack = _read(proc / "stack")
-        lines.extend(f"    {frame}" for frame in stack.splitlines() if frame.strip())
+    lines = describe_tree(root)
     if not lines:
         return False
     write_text(out, "\n".join(lines) + "\n")
     return True
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return ""
 
 
 def _record_and_requeue(a: _Args, node: _Node, verdict: Verdict, views: list[NodeView]) -> None:
@@ -515,53 +483,28 @@ def _record_and_requeue(a: _Args, node: _Node, verdict: Verdict, views: list[Nod
         "hang: suspects rank(s) %s on %s (%s); stacks in %s",
         list(verdict.ranks), list(verdict.nodes), verdict.why, a.hangs,
     )  # fmt: skip
-    from train.stop.act import request_requeue  # torch-free
-
-    # the one stop decision: the hang event, its budget, the requeue and the suspects' nodes
+    # the one stop decision, with the facts a rank would give it: the hang event, its budget,
+    # a restart in place (no suspect, a batch script that restarts steps, budget left) or the
+    # requeue and the suspects' nodes
+    env = Decider(
+        a.job_id,
+        a.restart_count,
+        a.in_place,
+        in_place_supervised=a.in_place_supervised,
+        world_size=a.world_size,
+        hosts=job_hosts(os.environ),
+        node_name=a.node,
+    )
     code = request_requeue(
-        _MainEnv(a.job_id, a.restart_count, a.world_size, a.in_place),
+        env,
         a.run_dir,
-        _Budget(a.budgets),
+        RequeueConfig.model_validate(a.budgets),
         "hang",
         step=step,
         details=details,
         suspects=tuple(verdict.nodes),
     )
     write_text(a.hangs / "decided", json.dumps({"exit_code": code, **details}))
-
-
-@dataclass(frozen=True)
-class _MainEnv:
-    """The watcher acts as rank 0 for the requeue (one claimant per attempt)."""
-
-    job_id: str | None
-    restart_count: int
-    world_size: int
-    in_place: int = 0
-    is_main: bool = True
-
-    @property
-    def attempt(self) -> str:
-        """As :attr:`train.env.DistEnv.attempt`."""
-        return f"{self.restart_count}.{self.in_place}" if self.in_place else str(self.restart_count)
-
-
-_DEFAULT_BUDGETS = {
-    "max_preemptions": 20, "max_timeouts": 10, "max_failures": 3, "max_hangs": 2,
-    "signal_delay_s": 90,
-}  # fmt: skip
-
-
-class _Budget:
-    """The run's ``requeue:`` budgets, as :func:`train.stop.act.request_requeue` reads them."""
-
-    def __init__(self, budgets: dict[str, int]) -> None:
-        values = {**_DEFAULT_BUDGETS, **budgets}
-        self.max_preemptions = values["max_preemptions"]
-        self.max_timeouts = values["max_timeouts"]
-        self.max_failures = values["max_failures"]
-        self.max_hangs = values["max_hangs"]
-        self.signal_delay_s = values["signal_delay_s"]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -588,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-id", default="")
     p.add_argument("--restart-count", type=int, default=0)
     p.add_argument("--in-place", type=int, default=0)
+    p.add_argument("--in-place-supervised", action="store_true")
     p.add_argument("--command", action="store_true")
     ns = p.parse_args(argv)
     logging.basicConfig(
@@ -597,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _Args(
         ns.run_dir, ns.attempt, ns.node, ns.local_dir, ns.world_size, ns.local_world_size,
         ns.pid, ns.timeout, ns.poll, ns.summary, ns.budgets, ns.job_id or None,
-        ns.restart_count, ns.command, ns.in_place,
+        ns.restart_count, ns.command, ns.in_place, ns.in_place_supervised,
     )  # fmt: skip
     return _watch(args)
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from train.errors import DataError
-from train.spec.config import DataConfig
+from train.spec import DataConfig
 
 __all__ = [
     "CIFAR_MEAN",

@@ -21,7 +21,7 @@ from torch import nn
 from train.loop.nocompile import compiler_imported, disable_on_demand
 
 if TYPE_CHECKING:  # the spec models (pydantic) are not imported by a script that uses eager
-    from train.spec.config import OptimizerConfig
+    from train.spec import OptimizerConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "eager", "lr_factor"]
 

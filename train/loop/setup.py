@@ -22,7 +22,7 @@ from train.loop.models import build_model
 from train.loop.order import BatchSplit, plan_split
 from train.loop.strategies import Strategy, build_strategy
 from train.runtime import Runtime
-from train.spec.config import TrainConfig
+from train.spec import TrainConfig
 
 __all__ = ["ShardedData", "build_training_model", "shard_data"]
 

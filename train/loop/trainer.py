@@ -30,22 +30,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.checkpoint.state import capture_rng_state, restore_rng_state
+from train.checkpoint import capture_rng_state, restore_rng_state
 from train.device import DeviceInfo
 from train.env import DistEnv
 from train.errors import TrainingError
 from train.loop.data import Augmenter
+from train.loop.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
 from train.loop.optim import build_optimizer, build_scheduler, lr_factor
 from train.loop.order import epoch_batches
 from train.loop.setup import build_training_model, shard_data
 from train.loop.strategies import Strategy
-from train.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
 from train.resume import load_training_state
 from train.runtime import StopPoll, precision_context
 from train.session import RunSession
-from train.spec.config import RequeueConfig, TrainConfig
+from train.spec import RequeueConfig, TrainConfig
 from train.startup import mark
-from train.stop.signals import PreemptionGuard
+from train.stop import PreemptionGuard
 from train.tracking import Tracker, wandb_options
 
 __all__ = ["BATCH_HOOKS", "WARMUP_STEPS", "TrainResult", "run_training"]

@@ -18,38 +18,74 @@ from train._lazy import lazy_exports
 if TYPE_CHECKING:
     from train.spec.base import StrictModel
     from train.spec.config import (
+        DataConfig,
         EntrypointConfig,
+        OptimizerConfig,
         RequeueConfig,
         RunConfig,
         TrainConfig,
         load_run_config,
     )
     from train.spec.confighash import config_hash
-    from train.spec.load import dump_spec, read_spec_file
-    from train.spec.messages import validate
+    from train.spec.load import (
+        Override,
+        dump_spec,
+        load_source,
+        read_spec_file,
+        set_path,
+        set_text,
+        where,
+    )
+    from train.spec.messages import FieldIssue, error_lines, resolve_field, validate
+    from train.spec.policy import launches_torchrun
+    from train.spec.yamlsafe import Source
 
 _EXPORTS = {
+    "StrictModel": "base",
+    "DataConfig": "config",
+    "EntrypointConfig": "config",
+    "OptimizerConfig": "config",
+    "RequeueConfig": "config",
     "RunConfig": "config",
     "TrainConfig": "config",
-    "RequeueConfig": "config",
-    "EntrypointConfig": "config",
     "load_run_config": "config",
-    "StrictModel": "base",
-    "read_spec_file": "load",
-    "dump_spec": "load",
     "config_hash": "confighash",
+    "Override": "load",
+    "dump_spec": "load",
+    "load_source": "load",
+    "read_spec_file": "load",
+    "set_path": "load",
+    "set_text": "load",
+    "where": "load",
+    "FieldIssue": "messages",
+    "error_lines": "messages",
+    "resolve_field": "messages",
+    "launches_torchrun": "policy",
     "validate": "messages",
+    "Source": "yamlsafe",
 }
 __all__ = [
+    "DataConfig",
     "EntrypointConfig",
+    "FieldIssue",
+    "OptimizerConfig",
+    "Override",
     "RequeueConfig",
     "RunConfig",
+    "Source",
     "StrictModel",
     "TrainConfig",
     "config_hash",
     "dump_spec",
+    "error_lines",
+    "launches_torchrun",
     "load_run_config",
+    "load_source",
     "read_spec_file",
+    "resolve_field",
+    "set_path",
+    "set_text",
     "validate",
+    "where",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

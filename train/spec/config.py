@@ -34,11 +34,8 @@ from train.spec.policy import EntrypointConfig, RequeueConfig
 __all__ = [
     "CheckpointConfig",
     "DataConfig",
-    "EntrypointConfig",
     "OptimizerConfig",
-    "RequeueConfig",
     "RunConfig",
-    "StrictModel",
     "TrainConfig",
     "load_run_config",
 ]

@@ -42,17 +42,12 @@ from train.spec.yamlsafe import (
 )
 
 __all__ = [
-    "CONTROL_RE",
     "MAX_BYTES",
     "Override",
-    "Path_",
-    "Source",
     "apply_overrides",
     "control_characters",
-    "dotted",
     "dump_spec",
     "load_source",
-    "load_yaml",
     "parse_override",
     "read_spec_file",
     "set_path",

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from train.errors import SpecError
-from train.spec.load import Override, Path_, Source, dotted, where
+from train.spec.load import Override, where
+from train.spec.yamlsafe import Path_, Source, dotted
 
 __all__ = ["FieldIssue", "error_lines", "fields_at", "resolve_field", "validate"]
 

@@ -10,13 +10,15 @@ re-exports them); ``SIGNALS`` are the signals a run can be warned with.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from pathlib import PurePath
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from train.spec.base import StrictModel
 
-__all__ = ["SIGNALS", "EntrypointConfig", "FailureRule", "RequeueConfig"]
+__all__ = ["SIGNALS", "EntrypointConfig", "FailureRule", "RequeueConfig", "launches_torchrun"]
 
 
 # The signals a run can be warned with (train.stop.signals handles them; the others kill or stop
@@ -86,8 +88,9 @@ class RequeueConfig(StrictModel):
     ] = 3  # fmt: skip
     failure_rules: Annotated[
         list[FailureRule],
-        Field(description="your own rules sorting failures by cause, checked before the "
-              "built-in ones (train.stop.causes)"),
+        Field(description="your own rules sorting failures by cause, each line on its own: "
+              "after the built-in evidence of the machines (a device, the node's driver, the "
+              "environment missing on the node), before the built-in rest (train.stop.causes)"),
     ] = []  # fmt: skip  # noqa: RUF012
     max_hangs: Annotated[
         int, Field(description="requeues after a hang (the hang watchdog) before giving up", ge=0)
@@ -123,6 +126,34 @@ _FUNCTION_RE = re.compile(
 )
 
 
+_PYTHON = re.compile(r"python(3(\.\d+)?)?")
+_MODULES = ("torch.distributed.run",)
+
+
+def launches_torchrun(argv: Sequence[str]) -> int | None:
+    """Where torchrun's own options start in ``argv`` when the command is torchrun
+    (``torchrun ...``, a path ending in ``/torchrun``, ``python -m torch.distributed.run ...``),
+    else None."""
+    if not argv:
+        return None
+    first = PurePath(argv[0]).name
+    if first == "torchrun":
+        return 1
+    if _PYTHON.fullmatch(first):
+        rest = list(argv[1:])
+        # python [-P] [-u] ... -m torch.distributed.run: interpreter flags before -m
+        for i, arg in enumerate(rest):
+            if arg == "-m":
+                if i + 1 < len(rest) and rest[i + 1] in _MODULES:
+                    return i + 3
+                return None
+            if arg.startswith("-m") and len(arg) > 2:
+                return i + 2 if arg[2:] in _MODULES else None
+            if not arg.startswith("-"):
+                return None
+    return None
+
+
 class EntrypointConfig(StrictModel):
     """Run the user's own code instead of the built-in trainer (exactly one of the two)."""
 
@@ -132,7 +163,13 @@ class EntrypointConfig(StrictModel):
     ] = None
     command: Annotated[
         list[str] | None,
-        Field(description="argv exec'd with RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/PORT exported"),
+        Field(
+            description="argv exec'd (no shell) with RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/PORT "
+            "and RUN_DIR exported; ${NAME} is replaced by that variable's value; a torchrun "
+            "command (torchrun or python -m torch.distributed.run) runs once per node and is "
+            "given --nnodes, --node-rank, --master-addr/--master-port, --nproc-per-node and "
+            "--max-restarts=0 where not set"
+        ),
     ] = None
     stop_signal: Annotated[
         str,
@@ -163,6 +200,12 @@ class EntrypointConfig(StrictModel):
             return RequeueConfig._signal_name(value)
         except ValueError as exc:
             raise ValueError(f"{exc}, or auto (detect it) or none (stop it at once)") from exc
+
+    @property
+    def torchrun(self) -> bool:
+        """Whether the command is torchrun, which starts each node's processes itself
+        (:mod:`train.command.launchers`): one task per node."""
+        return self.command is not None and launches_torchrun(self.command) is not None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> EntrypointConfig:

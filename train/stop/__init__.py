@@ -36,7 +36,10 @@ requeue on it), 3 (:data:`BUDGET_EXHAUSTED_EXIT_CODE`: a budget is spent, never 
 
 Modules: :mod:`train.stop.signals` (the early-signal store and the preemption guard: handlers
 only set a flag), :mod:`train.stop.facts`, :mod:`train.stop.decision`, :mod:`train.stop.act`,
-:mod:`train.stop.quarantine` (which node an interruption is due to; ExcNodeList). Callers: the
+:mod:`train.stop.quarantine` (which node an interruption is due to; ExcNodeList),
+:mod:`train.stop.claims` (the hang claim the watcher makes and every stopper reads),
+:mod:`train.stop.stopenv` (:class:`StopEnv`, what every stopper is; :class:`Decider`, a
+process that decides without being a rank). Callers: the
 run session (:mod:`train.session`, the built-in trainer and ``entrypoint.function``), the command
 supervisor (:mod:`train.command.stop`), the hang watcher (:mod:`train.hang.watcher`) and the
 local executor (:mod:`jobs.localrun`).
@@ -49,7 +52,18 @@ from typing import TYPE_CHECKING
 from train._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from train.stop.act import carry_out, describe_failure, record, request_requeue, stop_attempt
+    from train.stop.act import (
+        attempt_fields,
+        carry_out,
+        describe_failure,
+        ended_elsewhere,
+        failure_claimed,
+        record,
+        request_requeue,
+        stop_attempt,
+    )
+    from train.stop.causes import exception_line, root_report, rules_of, signature
+    from train.stop.claims import attempt_name, claim_hang, hang_claimed, hang_dir, is_claimed
     from train.stop.decision import (
         BUDGET_EXHAUSTED_EXIT_CODE,
         EVENT_OF_KIND,
@@ -57,41 +71,89 @@ if TYPE_CHECKING:
         Decision,
         decide,
     )
-    from train.stop.facts import StopFacts, gather
+    from train.stop.facts import AskedOnce, StopFacts, end_time, gather, preemption_grace_s
+    from train.stop.lead import EarlyStop, lead_notes, needed_lead_s
+    from train.stop.quarantine import explain_previous_attempt
     from train.stop.signals import PreemptionGuard, install_early, pop_early_signals
+    from train.stop.step import after_step
+    from train.stop.stopenv import Decider, StopEnv
 
 _EXPORTS = {
-    "BUDGET_EXHAUSTED_EXIT_CODE": "decision",
-    "EVENT_OF_KIND": "decision",
-    "REQUEUE_EXIT_CODE": "decision",
-    "Decision": "decision",
-    "decide": "decision",
-    "StopFacts": "facts",
-    "gather": "facts",
+    "attempt_fields": "act",
     "carry_out": "act",
     "describe_failure": "act",
+    "ended_elsewhere": "act",
+    "failure_claimed": "act",
     "record": "act",
     "request_requeue": "act",
     "stop_attempt": "act",
+    "exception_line": "causes",
+    "root_report": "causes",
+    "rules_of": "causes",
+    "signature": "causes",
+    "attempt_name": "claims",
+    "claim_hang": "claims",
+    "hang_claimed": "claims",
+    "hang_dir": "claims",
+    "is_claimed": "claims",
+    "BUDGET_EXHAUSTED_EXIT_CODE": "decision",
+    "Decision": "decision",
+    "EVENT_OF_KIND": "decision",
+    "REQUEUE_EXIT_CODE": "decision",
+    "decide": "decision",
+    "AskedOnce": "facts",
+    "StopFacts": "facts",
+    "end_time": "facts",
+    "gather": "facts",
+    "preemption_grace_s": "facts",
+    "EarlyStop": "lead",
+    "lead_notes": "lead",
+    "needed_lead_s": "lead",
+    "explain_previous_attempt": "quarantine",
     "PreemptionGuard": "signals",
     "install_early": "signals",
     "pop_early_signals": "signals",
+    "after_step": "step",
+    "Decider": "stopenv",
+    "StopEnv": "stopenv",
 }
 __all__ = [
     "BUDGET_EXHAUSTED_EXIT_CODE",
     "EVENT_OF_KIND",
     "REQUEUE_EXIT_CODE",
+    "AskedOnce",
+    "Decider",
     "Decision",
+    "EarlyStop",
     "PreemptionGuard",
+    "StopEnv",
     "StopFacts",
+    "after_step",
+    "attempt_fields",
+    "attempt_name",
     "carry_out",
+    "claim_hang",
     "decide",
     "describe_failure",
+    "end_time",
+    "ended_elsewhere",
+    "exception_line",
+    "explain_previous_attempt",
+    "failure_claimed",
     "gather",
+    "hang_claimed",
+    "hang_dir",
     "install_early",
+    "is_claimed",
+    "lead_notes",
+    "needed_lead_s",
     "pop_early_signals",
+    "preemption_grace_s",
     "record",
     "request_requeue",
+    "root_report",
+    "rules_of",
+    "signature",
     "stop_attempt",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

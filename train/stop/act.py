@@ -13,24 +13,25 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cluster.errors import BadInputError
 from train.history import BudgetConfig, RunHistory
 from train.stop.causes import rules_of
+from train.stop.claims import hang_claimed
 from train.stop.decision import (
-    BUDGET_EXHAUSTED_EXIT_CODE,
     REQUEUE_EXIT_CODE,
     Decision,
     Trigger,
     decide,
 )
-from train.stop.facts import LOCAL_SUPERVISOR_ENV, StopFacts, gather
+from train.stop.facts import StopFacts, gather
+from train.stop.stopenv import StopEnv
+
+if TYPE_CHECKING:
+    from cluster import Slurm
 
 __all__ = [
-    "BUDGET_EXHAUSTED_EXIT_CODE",
-    "LOCAL_SUPERVISOR_ENV",
-    "REQUEUE_EXIT_CODE",
     "acts_for_attempt",
     "carry_out",
     "claim_failure",
@@ -45,19 +46,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _KNOWN_KINDS = ("preemption", "timeout", "cancel", "failure", "hang")
-
-
-class StopEnv(Protocol):
-    """The part of :class:`train.env.DistEnv` used here."""
-
-    @property
-    def is_main(self) -> bool: ...
-    @property
-    def job_id(self) -> str | None: ...
-    @property
-    def restart_count(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
 
 
 class RequeueSettings(BudgetConfig, Protocol):
@@ -81,16 +69,16 @@ def describe_failure(exc: BaseException, where: str) -> str:
     return what
 
 
-def _failure_marker(run_dir: Any, job_id: str | None, attempt: int | str) -> Path:
+def _failure_marker(run_dir: Path | str, job_id: str | None, attempt: int | str) -> Path:
     return Path(run_dir) / ".failures" / f"{job_id}-{attempt}"
 
 
-def failure_claimed(run_dir: Any, job_id: str | None, attempt: int | str) -> bool:
+def failure_claimed(run_dir: Path | str, job_id: str | None, attempt: int | str) -> bool:
     """Whether some rank already claimed the failure of attempt (job, ``DistEnv.attempt``)."""
     return _failure_marker(run_dir, job_id, attempt).exists()
 
 
-def claim_failure(run_dir: Any, job_id: str, attempt: int | str, is_main: bool) -> bool:
+def claim_failure(run_dir: Path | str, job_id: str, attempt: int | str, is_main: bool) -> bool:
     """True for the first rank of attempt (job, ``DistEnv.attempt``) to claim its failure (an
     exclusive create of ``RUN_DIR/.failures/JOB-ATTEMPT`` on the shared run directory)."""
     marker = _failure_marker(run_dir, job_id, attempt)
@@ -106,16 +94,16 @@ def claim_failure(run_dir: Any, job_id: str, attempt: int | str, is_main: bool) 
     return True
 
 
-def acts_for_attempt(env: StopEnv, run_dir: Any, trigger: str) -> bool:
+def acts_for_attempt(env: StopEnv, run_dir: Path | str, trigger: str) -> bool:
     """Whether this process decides the stop of its attempt: rank 0, or for a failure of a
     multi-rank Slurm job the first failing rank, whichever it is (srun --kill-on-bad-exit ends
     the others before rank 0 could learn of it)."""
     if trigger == "failure" and env.job_id and env.world_size > 1:
-        return claim_failure(run_dir, env.job_id, _attempt(env), env.is_main)
+        return claim_failure(run_dir, env.job_id, env.attempt, env.is_main)
     return env.is_main
 
 
-def ended_elsewhere(env: StopEnv, run_dir: Any, trigger: str | None = None) -> str | None:
+def ended_elsewhere(env: StopEnv, run_dir: Path | str, trigger: str | None = None) -> str | None:
     """``"hang"`` or ``"failure"`` when another process has already decided and recorded how
     this attempt ends (a node's hang watcher; the first rank that failed), else None.
 
@@ -123,35 +111,26 @@ def ended_elsewhere(env: StopEnv, run_dir: Any, trigger: str | None = None) -> s
     a failed rank, a peer's lost connection) is not a stop of its own: nothing to record, and
     nothing to save (a checkpoint needs every rank, and one of them is frozen or gone).
     ``trigger``: this process's own reason, which never counts against itself."""
-    if trigger != "hang":
-        from train.hang.heartbeat import hang_claimed  # lazy: the stop path needs it only here
-
-        if hang_claimed(run_dir, env.job_id, _attempt(env)):
-            return "hang"
-    if trigger != "failure" and env.job_id and failure_claimed(run_dir, env.job_id, _attempt(env)):
+    if trigger != "hang" and hang_claimed(run_dir, env.job_id, env.attempt):
+        return "hang"
+    if trigger != "failure" and env.job_id and failure_claimed(run_dir, env.job_id, env.attempt):
         return "failure"
     return None
-
-
-def _attempt(env: StopEnv) -> int | str:
-    """The attempt's key (``DistEnv.attempt``; an env without one: its restart count)."""
-    return getattr(env, "attempt", env.restart_count)
 
 
 def attempt_fields(env: StopEnv, step: int | None) -> dict[str, Any]:
     """The fields every event of this attempt carries."""
     base: dict[str, Any] = {"step": step, "restart_count": env.restart_count, "job_id": env.job_id}
-    in_place = int(getattr(env, "in_place", 0) or 0)
-    if in_place:
-        base["in_place"] = in_place
+    if env.in_place:
+        base["in_place"] = env.in_place
     return base
 
 
-def _client(client: Any) -> Any:
+def _client(client: Slurm | None) -> Slurm:
     if client is None:
-        from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+        from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-        client = SlurmClient(timeout=30, shielded=True)
+        client = slurm_client(timeout=30, shielded=True)
     return client
 
 
@@ -185,9 +164,9 @@ def carry_out(
     decision: Decision,
     history: RunHistory,
     base: dict[str, Any],
-    run_dir: Any,
+    run_dir: Path | str,
     *,
-    client: Any = None,
+    client: Slurm | None = None,
 ) -> int:
     """Requeue as decided (after :func:`record`, once the run has saved and its processes are
     done), keep the job off the decided nodes; returns the deciding process's exit code."""
@@ -231,12 +210,12 @@ def carry_out(
 
 def stop_attempt(
     env: StopEnv,
-    run_dir: Any,
+    run_dir: Path | str,
     requeue_config: RequeueSettings,
     kind: str | None,
     *,
     step: int | None = None,
-    client: Any = None,
+    client: Slurm | None = None,
     error: str | None = None,
     details: dict[str, Any] | None = None,
     suspects: tuple[str, ...] = (),
@@ -269,14 +248,14 @@ def stop_attempt(
         restart_count=env.restart_count,
         run_dir=run_dir,
         signal_delay_s=requeue_config.signal_delay_s,
-        hosts=tuple(getattr(env, "hosts", ()) or ()),
-        node=getattr(env, "node_name", None),
+        hosts=env.hosts,
+        node=env.node_name,
         client=client,
         error_texts=(error, (details or {}).get("stderr_tail")),
         suspects=suspects,
         rules=rules_of(getattr(requeue_config, "failure_rules", ())),
         failure_claimed=ended == "failure",
-        in_place=bool(getattr(env, "in_place_supervised", False)),
+        in_place=env.in_place_supervised,
         signal=signal,
     )
     decision = decide(trigger, facts, history.counts(), requeue_config)
@@ -292,7 +271,7 @@ def stop_attempt(
 
 def request_requeue(
     env: StopEnv,
-    run_dir: Any,
+    run_dir: Path | str,
     requeue_config: RequeueSettings,
     kind: str | None,
     **kwargs: Any,

@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from cluster import Slurm
 
 __all__ = [
     "LOCAL_SUPERVISOR_ENV",
@@ -27,6 +30,7 @@ __all__ = [
     "classify_from_job_info",
     "classify_stop",
     "end_time",
+    "failure_cause",
     "gather",
     "node_failure",
     "preemption_grace_s",
@@ -108,16 +112,16 @@ def classify_stop(
     job_id: str,
     signal_delay_s: float,
     *,
-    client: Any = None,
+    client: Slurm | None = None,
     now: float | None = None,
     restart_count: int | None = None,
 ) -> StopKind:
     """Ask Slurm why job ``job_id`` is being stopped; ``"signal"`` if Slurm cannot be asked."""
     try:
         if client is None:
-            from cluster.client import SlurmClient  # lazy: train does not need cluster to import
+            from cluster import slurm_client  # lazy: train does not need cluster to import
 
-            client = SlurmClient(timeout=10)
+            client = slurm_client(timeout=10)
         info = client.show_job(job_id)
     except Exception as exc:  # no scontrol in a container, controller down, ...
         log.warning("cannot ask Slurm about job %s (%s); stop kind unknown", job_id, exc)
@@ -127,21 +131,21 @@ def classify_stop(
     return kind
 
 
-def end_time(job_id: str, client: Any = None) -> float | None:
+def end_time(job_id: str, client: Slurm | None = None) -> float | None:
     """When Slurm ends job ``job_id`` (its EndTime: the time limit), from one ``scontrol show
     job``; None when Slurm cannot say or the job has no limit."""
     try:
         if client is None:
-            from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+            from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-            client = SlurmClient(timeout=10)
+            client = slurm_client(timeout=10)
         return _parse_slurm_timestamp(client.show_job(job_id).get("EndTime"))
     except Exception as exc:  # controller busy or gone: no early stop
         log.debug("cannot read job %s's EndTime (%s)", job_id, exc)
         return None
 
 
-def preemption_grace_s(job_id: str, client: Any) -> int | None:
+def preemption_grace_s(job_id: str, client: Slurm) -> int | None:
     """The GraceTime of job ``job_id``'s partition: how long Slurm waits between the preemption
     signal and the kill; None when Slurm cannot say (or the partition has none)."""
     try:
@@ -154,7 +158,7 @@ def preemption_grace_s(job_id: str, client: Any) -> int | None:
 
 
 def node_failure(
-    job_id: str, restart_count: int, hosts: Sequence[str], client: Any, *, now: bool = False
+    job_id: str, restart_count: int, hosts: Sequence[str], client: Slurm, *, now: bool = False
 ) -> dict[str, str] | None:
     """The nodes of this attempt that Slurm failed under job ``job_id`` (node -> state), when
     this stop is a NODE_FAIL (see :func:`train.stop.quarantine.failed_nodes`; ``now``: a
@@ -175,7 +179,7 @@ class AskedOnce:
     """``client`` whose ``show_job`` answers once per job (the rest passes through): one stop
     is classified, checked for a node failure and fitted to GraceTime from ONE scontrol call."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Slurm) -> None:
         self._client = client
         self._jobs: dict[str, dict[str, str]] = {}
 
@@ -215,7 +219,7 @@ class StopFacts:
     preempt_evidence: bool = False  # Slurm says preempted (PreemptTime) or requeued (Restarts)
 
 
-def _local_cancel(run_dir: Any) -> bool:
+def _local_cancel(run_dir: Path | str) -> bool:
     """The local launcher stops the ranks for good: ``RUN_DIR/.local-stop`` says "cancel", or the
     launcher is gone (killed: its ranks got their parent-death SIGTERM; nobody restarts them)."""
     launcher = os.environ.get(LOCAL_SUPERVISOR_ENV, "")
@@ -228,16 +232,44 @@ def _local_cancel(run_dir: Any) -> bool:
     return text.strip() == "cancel"
 
 
+def failure_cause(
+    error_texts: Sequence[object], rules: Sequence[Any] | None, run_dir: Path | str | None
+) -> tuple[str, str, bool]:
+    """(class, why, whether the evidence names this node) of a failure
+    (:func:`train.stop.causes.decide_cause`). A failure of no known cause that ended the
+    previous attempt the same way (:func:`train.stop.causes.signature`: exception, message,
+    location), both started from the same checkpoint, is deterministic: a retry repeats it
+    (class ``user``, not retried)."""
+    from train.history import RunHistory
+    from train.stop.causes import BUILTIN_RULES, decide_cause, repeated_failure, signature
+
+    cause = decide_cause(error_texts, BUILTIN_RULES if rules is None else rules)
+    if cause.cls != "unknown" or run_dir is None:
+        return cause.cls, cause.why, cause.node
+    sig = signature(error_texts)
+    try:
+        same = repeated_failure(RunHistory(run_dir).events(), sig)
+    except OSError:
+        same = 0
+    if same:
+        return (
+            "user",
+            f"the same failure at {same + 1} starts in a row with no checkpoint progress ({sig})",
+            False,
+        )
+    return cause.cls, cause.why, cause.node
+
+
 def gather(
     trigger: str,
     *,
     job_id: str | None,
     restart_count: int,
-    run_dir: Any,
+    run_dir: Path | str,
     signal_delay_s: float,
     hosts: Sequence[str] = (),
     node: str | None = None,
-    client: Any = None,
+    client: Slurm | None = None,
     hang_claimed: bool = False,
     error_texts: Sequence[object] = (),
     suspects: Sequence[str] = (),
@@ -253,12 +285,11 @@ def gather(
     was a node failure under the job). A caller that already knows the kind (``preemption``,
     ``timeout``) and a hang ask nothing.
     """
-    from train.stop.causes import BUILTIN_RULES, classify
     from train.stop.quarantine import device_fault  # stdlib only
 
-    cls, why = ("unknown", "")
+    cls, why, names_node = ("unknown", "", False)
     if trigger == "failure":
-        cls, why = classify(error_texts, BUILTIN_RULES if rules is None else rules)
+        cls, why, names_node = failure_cause(error_texts, rules, run_dir)
 
     def facts(executor: Executor, **more: Any) -> StopFacts:
         return StopFacts(
@@ -266,7 +297,7 @@ def gather(
             restart_count=restart_count,
             hang_claimed=hang_claimed,
             node=node,
-            device_fault=trigger == "failure" and device_fault(*error_texts),
+            device_fault=trigger == "failure" and (names_node or device_fault(*error_texts)),
             suspects=tuple(sorted(set(suspects))),
             failure_class=cls,
             failure_why=why,
@@ -287,9 +318,9 @@ def gather(
     if hang_claimed or echo or trigger not in ("signal", "cancel", "failure"):
         return facts("slurm")
     if client is None:
-        from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+        from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-        client = SlurmClient(timeout=30, shielded=True)
+        client = slurm_client(timeout=30, shielded=True)
     asked = AskedOnce(client)
     # a failure may be a node's death that Slurm has not acted on yet (a step killed with
     # its node, a rank that lost its peer there): the node's state says so

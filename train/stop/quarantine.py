@@ -25,9 +25,12 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.history import STOP_EVENTS, RunHistory
+
+if TYPE_CHECKING:
+    from cluster import Slurm
 
 __all__ = ["device_fault", "exclude", "explain_previous_attempt", "failed_nodes"]
 
@@ -56,7 +59,7 @@ def failed_nodes(
     info: dict[str, str],
     restart_count: int,
     hosts: Sequence[str],
-    client: Any,
+    client: Slurm,
     *,
     now: bool = False,
 ) -> dict[str, str] | None:
@@ -92,7 +95,7 @@ def exclude(
     *,
     step: int | None = None,
     restart_count: int = 0,
-    client: Any = None,
+    client: Slurm | None = None,
 ) -> list[str]:
     """Keep pending job ``job_id`` off ``nodes`` (see the module docstring); returns the nodes
     excluded (empty when skipped). Best effort: the requeue has happened already."""
@@ -103,9 +106,9 @@ def exclude(
         return []
     try:
         if client is None:
-            from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+            from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-            client = SlurmClient(timeout=30, shielded=True)
+            client = slurm_client(timeout=30, shielded=True)
         job = client.show_job(str(job_id))
         need = int((job.get("NumNodes") or "1").split("-")[0])
         partition = client.partition(job.get("Partition", "").split(",")[0])
@@ -140,7 +143,7 @@ _ENDS = frozenset({*STOP_EVENTS, "requeue", "budget_exhausted", "complete"})
 
 
 def explain_previous_attempt(
-    run_dir: str | Path, job_id: str | None, restart_count: int, client: Any = None
+    run_dir: str | Path, job_id: str | None, restart_count: int, client: Slurm | None = None
 ) -> dict[str, Any] | None:
     """At the start of attempt ``restart_count`` (rank 0): when the previous attempt recorded
     no end (its rank 0 died with its node, and the ranks that survived record nothing), ask
@@ -162,9 +165,9 @@ def explain_previous_attempt(
         return None
     try:
         if client is None:
-            from cluster.client import SlurmClient  # lazy: only cluster/ runs Slurm commands
+            from cluster import slurm_client  # lazy: only cluster/ runs Slurm commands
 
-            client = SlurmClient(timeout=30, shielded=True)
+            client = slurm_client(timeout=30, shielded=True)
         ended = [a for a in client.attempts(str(job_id)) if a.terminal or a.state == "REQUEUED"]
         if not ended:
             return None

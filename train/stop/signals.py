@@ -32,7 +32,6 @@ from train.stop.facts import StopKind
 
 __all__ = [
     "PreemptionGuard",
-    "StopKind",
     "early_handler",
     "install_early",
     "note_early_signal",

@@ -28,14 +28,18 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.env import job_hosts
 from train.history import RunHistory
+from train.runfiles import default_run_dir
 from train.stop.act import RequeueSettings, stop_attempt
 from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
+from train.stop.stopenv import Decider
+
+if TYPE_CHECKING:
+    from cluster import Slurm
 
 __all__ = ["after_step", "main"]
 
@@ -49,28 +53,7 @@ _SETTLED = frozenset(
 _FINAL_CODES = frozenset({0, 2, BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE})
 
 
-@dataclass(frozen=True)
-class _StepEnv:
-    """The batch script decides for a step whose ranks recorded nothing (it acts as rank 0)."""
-
-    job_id: str | None
-    restart_count: int
-    in_place: int
-    world_size: int = 1
-    is_main: bool = True
-    in_place_supervised: bool = True
-    hosts: tuple[str, ...] = ()  # the allocation's nodes: one down makes it a node failure
-
-    @property
-    def attempt(self) -> str:
-        return (
-            str(self.restart_count)
-            if not self.in_place
-            else f"{self.restart_count}.{self.in_place}"
-        )
-
-
-def _mine(history: RunHistory, env: _StepEnv) -> list[dict[str, Any]]:
+def _mine(history: RunHistory, env: Decider) -> list[dict[str, Any]]:
     return [
         e
         for e in history.events()
@@ -89,7 +72,7 @@ def after_step(
     in_place: int,
     exit_code: int,
     hosts: tuple[str, ...] | None = None,
-    client: Any = None,
+    client: Slurm | None = None,
 ) -> int | None:
     """None: restart the step in place; otherwise the batch script's exit code. ``hosts``: the
     allocation's nodes (default: the batch script's ``SLURM_JOB_NODELIST``); a step that died
@@ -97,7 +80,9 @@ def after_step(
     if exit_code in _FINAL_CODES or not job_id:
         return exit_code
     hosts = job_hosts(os.environ) if hosts is None else hosts
-    env = _StepEnv(job_id, restart_count, in_place, hosts=hosts)
+    # the batch script decides for a step whose ranks recorded nothing (it acts as rank 0); it
+    # restarts steps in place by definition, and the allocation's nodes are its hosts
+    env = Decider(job_id, restart_count, in_place, in_place_supervised=True, hosts=hosts)
     history = RunHistory(run_dir)
     mine = _mine(history, env)
     if any(e["event"] in _SETTLED for e in mine):
@@ -147,14 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[after step] %(message)s", stream=sys.stderr)
     try:
-        from train.cli import default_run_dir
-        from train.spec.config import load_run_config
+        from train.spec import load_run_config
 
         if ns.config is None and ns.run_dir is None:
             raise ValueError("give --config or --run-dir")
         spec = ns.config or ns.run_dir / "resolved.yaml"
         config = load_run_config(spec if Path(spec).is_file() else None, ns.set)
-        run_dir = ns.run_dir or default_run_dir(config, ns.job_id or None)
+        run_dir = ns.run_dir or default_run_dir(config.train.run_dir, ns.job_id or None)
         code = after_step(
             run_dir,
             config.requeue,

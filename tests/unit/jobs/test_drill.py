@@ -207,7 +207,9 @@ def test_report_text_and_json() -> None:
         "r-1", "42", "preempt", outcome="back", steps_lost=0, signal_to_checkpoint_s=2.5
     )
     text = "\n".join(r.lines())
-    assert "steps lost              0" in text and "2.5 s" in text and "n/a" in text
+    assert "steps lost              0" in text and "2.5 s" in text
+    # issue 45: a row the drill cannot know is left out, never printed as n/a
+    assert "n/a" not in text and "resumed from step" not in text
     assert json.loads(json.dumps(r.to_dict()))["steps_lost"] == 0
 
 
@@ -267,6 +269,62 @@ def test_a_timeout_drill_that_gives_up_puts_the_limit_back(tmp_path: Path) -> No
     with pytest.raises(DrillError, match="gave up"):
         Drill(_record(tmp_path), fake, "timeout", poll_s=0.01, timeout_s=0.2).run()  # type: ignore[arg-type]
     assert fake.limit == "00:20:00"  # never requeued, yet not left short
+
+
+class FakeCommandRun(FakeCluster):
+    """A run of the user's own command: its steps only in what it reports (train.report)."""
+
+    def __init__(self, run_dir: Path, *, reports: bool, resumes: bool) -> None:
+        self.reports, self.resumes = reports, resumes
+        self.run_dir, self.kind, self.operator = run_dir, "preempt", True
+        self.limit, self.state, self.restarts = "00:20:00", "RUNNING", 0
+        self.calls = []
+        self.events, self.metrics = run_dir / "events.jsonl", run_dir / "metrics.jsonl"
+        _append(self.events, event="start", step=None, restart_count=0, entrypoint=["python"])
+        for step in (10, 20, 30, 40):
+            self._report(step)
+
+    def _report(self, step: int) -> None:
+        if self.reports:
+            _append(self.metrics, kind="report", step=step, scalars={"loss": 1.0})
+
+    def _stop(self, event: str, step: int = 34) -> None:
+        _append(self.events, event=event, step=None, restart_count=0)
+
+    def release(self, job_id: str) -> None:
+        self.calls.append(("release",))
+        self.state = "RUNNING"
+        time.sleep(0.01)
+        _append(self.events, event="start", step=None, restart_count=1, entrypoint=["python"])
+        for step in (50, 60) if self.resumes else (10, 20):
+            self._report(step)
+
+
+@pytest.mark.parametrize("resumes", [True, False])
+def test_a_command_that_reports_its_steps_is_told_where_it_resumed(
+    tmp_path: Path, resumes: bool
+) -> None:
+    """Issue 45: a drill of a command said "back: restarted" and six rows of n/a."""
+    fake = FakeCommandRun(tmp_path, reports=True, resumes=resumes)
+    report = Drill(_record(tmp_path), fake, "preempt", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    text = "\n".join(report.lines())
+    assert "n/a" not in text
+    assert report.last_completed_step == 40 and report.report_interval == 10
+    if resumes:
+        assert report.outcome == "back: resumed (first step reported after the restart: 50)"
+        assert report.first_step_after_restart == 50 and report.steps_lost == 9
+        assert "last completed step     40 (+-10: reported every 10)" in text
+    else:
+        assert report.outcome.startswith("back: started over")
+        assert report.first_step_after_restart == 10 and report.steps_lost == 40
+
+
+def test_a_command_that_reports_nothing_is_not_said_to_have_resumed(tmp_path: Path) -> None:
+    fake = FakeCommandRun(tmp_path, reports=False, resumes=True)
+    report = Drill(_record(tmp_path), fake, "preempt", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    text = "\n".join(report.lines())
+    assert report.outcome == "back: restarted; whether your code resumed is not known"
+    assert "n/a" not in text and "steps lost" not in text and "train.report(step)" in text
 
 
 class OthersJob(FakeCluster):

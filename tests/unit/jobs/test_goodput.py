@@ -55,7 +55,8 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         steps(5, 1, 15),
         [A(0, 2, 30), A(30, 45, 80)],
         {
-            "queued": 17,
+            "queued": 2,
+            "held": 15,
             "startup": 8,
             "redone": 15.1 * 5 / 15,
             "productive": 15.1 * 10 / 15 + 20,
@@ -107,7 +108,7 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         ],
         steps(5, 1, 15),
         [A(0, 2, 20), A(20, 28, 41)],  # End 20: the requeue at 20.9 was cut to the second
-        {"queued": 2 + 7.1, "startup": 3 + 2, "productive": 15.2 + 10, "stop": 0.7 + 1},
+        {"queued": 2, "held": 7.1, "startup": 3 + 2, "productive": 15.2 + 10, "stop": 0.7 + 1},
         0,
     ),
     "stopping now": (
@@ -125,7 +126,7 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         ],
         steps(5, 1, 15),
         [A(0, 2, 22), A(22, None, None)],
-        {"queued": 2 + 18, "startup": 3, "productive": 15, "stop": 2},
+        {"queued": 2, "held": 18, "startup": 3, "productive": 15, "stop": 2},
         0,
     ),
     "died without a record": (
@@ -137,7 +138,8 @@ CASES: dict[str, tuple[list[dict], list[dict], list[A], dict[str, float], int]] 
         steps(5, 1, 12),
         [A(0, 2, 30), A(30, 35, 51)],
         {
-            "queued": 2 + 5,
+            "queued": 2,
+            "held": 5,
             "startup": 3 + 5,
             "productive": 12 - 2 + 10,
             "redone": 2,
@@ -347,3 +349,167 @@ def test_a_run_that_never_started_is_all_queued_without_a_second_query(tmp_path:
     run_ledger(record, Counting, now=160.0, states={ids[0]: pending[ids[0]]})
     run_ledger(record, Counting, now=160.0)
     assert asked == ["7"] * 5
+
+
+# -- a hang is measured from the last progress (issue 44 item 3) ------------------------------
+
+
+def _command_hang(observed: list[dict] | None) -> Any:
+    """A command (no steps, no metrics) that trained 5 h, then hung; the watcher declared it
+    after 300 s of silence (timeout_s), having seen 600 s of it."""
+    hang = ev(5 + 18000, "hang", None, timeout_s=300.0)
+    if observed is not None:
+        hang["observed"] = observed
+    events = [ev(5, "start", None, startup=UP), hang, ev(18006, "requeue", None)]
+    return compute(events, [], [A(0, 2, 18010)], now=0.0)
+
+
+def test_a_commands_hang_counts_from_its_last_write_not_its_start() -> None:
+    """Was: 'goodput 0.00 (biggest loss: undetected hangs 18000 s)'. The watcher's silence of
+    the first rank that stopped writing (the longest) is the hang."""
+    led = _command_hang([{"rank": 0, "idle_s": 410.0}, {"rank": 1, "idle_s": 600.0}])
+    assert led.parts["hang"] == pytest.approx(600.0)
+    assert led.parts["productive"] == pytest.approx(18000 - 600)
+    assert led.wall_s == pytest.approx(18010)
+    # a record without the watcher's view: at least the timeout it waited, not the whole run
+    assert _command_hang(None).parts["hang"] == pytest.approx(300.0)
+
+
+def test_the_built_in_trainers_hang_starts_at_its_last_step_not_its_last_logged_one() -> None:
+    """Metrics every 10 steps (1 s a step); it hung after step 47: the hang starts at step 47's
+    time (carried forward from step 40's line), never later than the event less timeout_s."""
+    metrics = [{"time": 5.0 + s, "kind": "train", "step": s} for s in range(10, 50, 10)]
+    events = [ev(5, "start", 0), ev(5 + 47 + 60, "hang", 47, timeout_s=30.0)]
+    led = compute(events, metrics, [A(0, 2, 113)], now=0.0)
+    assert led.parts["hang"] == pytest.approx(60.0)  # was 67: from step 40's line
+    # the watcher's own view wins where it was recorded
+    events[1] = {**events[1], "observed": [{"rank": 0, "idle_s": 58.0}]}
+    assert compute(events, metrics, [A(0, 2, 113)], now=0.0).parts["hang"] == pytest.approx(58.0)
+
+
+# -- lines that make sense for any run (issue 45) ----------------------------------------------
+
+
+def test_the_first_queue_wait_is_not_a_requeue_hold() -> None:
+    led = compute(*CASES["uninterrupted"][:3], now=0.0)
+    assert led.parts["queued"] == 2 and led.parts["held"] == 0
+    requeued = compute(*CASES["held by Slurm now"][:3], now=40.0)
+    assert requeued.parts["queued"] == 2 and requeued.parts["held"] == 18
+    assert "requeue holds 18 s" in requeued.line()
+    first = compute([], [], [A(0, None, None)], now=30.0)
+    assert first.line().startswith("goodput 0.00 (biggest loss: first queue wait 30 s")
+
+
+def test_a_short_run_says_it_is_mostly_start_up() -> None:
+    """The demo's 7 s run: goodput 0.40 and a word why."""
+    events = [ev(2, "start", 0, startup={"imports": 2.0}), ev(7, "complete", 3)]
+    led = compute(events, [], [A(0, 0.5, 7)], now=0.0)
+    assert led.goodput == pytest.approx(5 / 7)
+    assert "a 7 s run: its start-up and first queue wait weigh more" in led.line()
+    long = compute(*CASES["uninterrupted"][:3], now=0.0)  # 106 s, but start-up 5 %
+    assert "weigh more" not in long.line()
+
+
+def test_a_local_run_explains_its_launch_and_its_restarts() -> None:
+    """No Slurm (the local executor): the launcher's start is start-up, the wait between a
+    recorded stop and the next start a requeue hold; nothing unaccounted."""
+    events, metrics, _, _, _ = CASES["local run: no Slurm times"]
+    led = compute(events, metrics, [], submitted_at=0.0, now=40.0, slurm=False)
+    assert led.parts["unaccounted"] == 0 and led.parts["held"] == pytest.approx(6.0)
+    assert led.parts["startup"] == pytest.approx(5 + 2.5)
+
+
+def _sweep(tmp_path: Any, n: int, submitted_at: float) -> Any:
+    from jobs.records import RunRecord, TaskRecord
+
+    runs = [tmp_path / f"t{i}" for i in range(n)]
+    for r in runs:
+        r.mkdir()
+    return RunRecord(
+        run_id="sweep", name="sweep", run_dir=str(tmp_path), executor="slurm", job_id="7",
+        array_size=n, submitted_at=submitted_at,
+        tasks=[TaskRecord(index=i, run_dir=str(r), values={}) for i, r in enumerate(runs)],
+    )  # fmt: skip
+
+
+def test_a_sweep_cancelled_in_the_queue_is_not_unaccounted_later(tmp_path: Any) -> None:
+    """Six tasks cancelled 10 s after the submission, asked 5 min later (was: 'goodput 0.00
+    (biggest loss: unaccounted 1766 s)'): sacct's one line for the array tasks that never
+    started ('7_[0-5]') gives each its wait; the line says task time and the sweep's span."""
+    from cluster.models import JobAttempt, JobInfo
+    from jobs.goodputview import run_ledger
+
+    record = _sweep(tmp_path, 6, 100.0)
+
+    class Sacct:
+        def attempt_times(self, job_id: str) -> list[Any]:
+            return [JobAttempt("7_[0-5]", "CANCELLED", 100.0, 100.0, None, 110.0)]
+
+    cancelled = {j: JobInfo(j, "CANCELLED") for j in record.job_ids()}
+    led = run_ledger(record, Sacct, now=400.0, states=cancelled)
+    assert led.parts["unaccounted"] == 0 and led.parts["queued"] == pytest.approx(60.0)
+    assert led.line() == (
+        "goodput 0.00 over 6 tasks (60 s of task time in 10 s) "
+        "(biggest loss: first queue wait 60 s; a 10 s run: its start-up and first queue wait "
+        "weigh more than in a long run)"
+    )
+
+    class Nothing:  # sacct kept nothing of them: no time is invented
+        def attempt_times(self, job_id: str) -> list[Any]:
+            return []
+
+    led = run_ledger(record, Nothing, now=400.0, states=cancelled)
+    assert led.wall_s == 0 and "never started (CANCELLED while queued)" in led.notes
+
+
+def test_a_sweep_just_submitted_is_queued_not_unaccounted(tmp_path: Any) -> None:
+    """Task 0 started, the others wait (was: 'unaccounted 32 s')."""
+    from cluster.models import JobAttempt, JobInfo
+    from jobs.goodputview import run_ledger
+
+    record = _sweep(tmp_path, 3, 100.0)
+    ids = record.job_ids()
+    (tmp_path / "t0" / "events.jsonl").write_text(
+        '{"time": 104.0, "event": "start", "step": 0, "restart_count": 0, "job_id": "7_0"}\n'
+    )
+
+    class Sacct:
+        def attempt_times(self, job_id: str) -> list[Any]:
+            return [JobAttempt("7_0", "RUNNING", 100.0, 100.0, 103.0, None)]
+
+    states = {ids[0]: JobInfo(ids[0], "RUNNING"), **{j: JobInfo(j, "PENDING") for j in ids[1:]}}
+    led = run_ledger(record, Sacct, now=116.0, states=states)
+    assert led.parts["unaccounted"] == 0
+    assert led.parts["queued"] == pytest.approx(3 + 16 + 16)
+
+
+def test_records_stamped_before_the_submission_by_a_skewed_clock_count(tmp_path: Any) -> None:
+    """A node's clock 20 s behind the controller's: its events (this job's id) are this run's,
+    not an earlier run's, and the metrics from its first event on with them."""
+    import json
+
+    from jobs.goodputview import run_ledger
+    from jobs.records import RunRecord, TaskRecord
+
+    run = tmp_path / "run"
+    run.mkdir()
+    old = {"time": 10.0, "event": "complete", "job_id": "3", "restart_count": 0}  # a run before
+    events = [
+        old,
+        {**ev(85, "start", 0), "job_id": "4"},
+        {**ev(185, "complete", 100), "job_id": "4"},
+    ]
+    metrics = [{"time": 5.0, "kind": "train", "step": 999, "checkpoint_s": 50.0}]
+    metrics += [{"time": 85.0 + s, "kind": "train", "step": s, "checkpoint_s": 0.5}
+                for s in (50, 100)]  # fmt: skip
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    record = RunRecord(
+        run_id="r", name="r", run_dir=str(run), executor="slurm", job_id="4",
+        submitted_at=100.0, tasks=[TaskRecord(index=0, run_dir=str(run), values={})],
+    )  # fmt: skip
+    led = run_ledger(record, None, now=300.0)
+    assert led.parts["checkpoint"] == pytest.approx(1.0)  # its own saves, not the old run's
+    assert led.parts["productive"] == pytest.approx(84.0)  # 100 -> 185 less the saves
+    assert led.parts["unaccounted"] == 0
+    assert any("clock" in n for n in led.notes)

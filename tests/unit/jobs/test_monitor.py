@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -391,10 +392,10 @@ def test_a_local_cancel_is_recorded_as_cancelled_not_preempted(tmp_path: Path) -
     from jobs.localrun import STOP_FILE
     from train.history import RunHistory
     from train.spec.config import RequeueConfig
-    from train.stop.act import request_requeue
+    from train.stop import Decider, request_requeue
 
-    class Env:
-        is_main, job_id, restart_count, world_size = True, None, 0, 1
+    def Env() -> Decider:
+        return Decider(None, 0)
 
     assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=7) == 75
     (tmp_path / STOP_FILE).write_text("cancel\n")
@@ -501,13 +502,64 @@ def test_ranks_of_a_killed_local_supervisor_record_a_cancel(
 
     from train.history import RunHistory
     from train.spec.config import RequeueConfig
-    from train.stop.act import request_requeue
+    from train.stop import Decider, request_requeue
 
-    class Env:
-        is_main, job_id, restart_count, world_size = True, None, 0, 1
+    def Env() -> Decider:
+        return Decider(None, 0)
 
     monkeypatch.setenv("SLURM_TRAIN_LOCAL_SUPERVISOR", str(os.getppid()))  # alive: a requeue
     assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=3) == 75
     monkeypatch.setenv("SLURM_TRAIN_LOCAL_SUPERVISOR", str(os.getppid() + 100000))  # gone
     assert request_requeue(Env(), tmp_path, RequeueConfig(), "signal", step=5) == 0
     assert [e["event"] for e in RunHistory(tmp_path).events()][-1] == "cancelled"
+
+
+class LateEventClient(ScriptedClient):
+    """A log line read first, then an event stamped a moment BEFORE it written after it."""
+
+    def __init__(self, log: Path, events: Path) -> None:
+        super().__init__([{"7": "RUNNING"}] * 3 + [{"7": "COMPLETED"}], log, [])
+        self.events_path = events
+
+    def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
+        import time as _time
+
+        n = len(self.calls)
+        now = _time.time()
+        if n == 0:
+            with self.log.open("a") as f:
+                f.write("epoch 3 done\n")  # the command's own output: no time of its own
+                f.write(
+                    "slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-27T17:33:24 "
+                    "DUE TO JOB REQUEUE ***\n"
+                )
+                f.write(
+                    "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+                )
+        if n == 1:
+            with self.events_path.open("a") as f:  # written late, stamped before the line
+                f.write(json.dumps({"time": now - 1.0, "event": "preempted", "step": None}) + "\n")
+        return super().poll_states(ids)
+
+
+def test_follow_shows_each_line_with_its_time_in_order_and_a_requeue_as_no_error(
+    tmp_path: Path,
+) -> None:
+    """Issue 45: slurmstepd's requeue note streamed as an error; a line out of time order; two
+    prefix styles (the command's own lines had no time)."""
+    rec = _record(tmp_path)
+    run_dir = Path(rec.tasks[0].run_dir)
+    run_dir.mkdir()
+    (tmp_path / "slurm").mkdir()
+    events = run_dir / "events.jsonl"
+    events.write_text("")
+    client = LateEventClient(rec.log_file("7", 0), events)
+    out = io.StringIO()
+    assert follow(rec, lambda: client, out=out, poll_s=0.3, min_poll_s=0.3) == 0  # type: ignore[arg-type,return-value]
+    lines = out.getvalue().splitlines()
+    assert all(re.match(r"^\d\d:\d\d:\d\d ", ln) for ln in lines), lines  # one prefix style
+    text = "\n".join(lines)
+    assert "error" not in text and "Slurm ended the step: job requeue" in text
+    assert "Job step aborted" not in text
+    shown = [ln for ln in lines if ">> preempted" in ln or "epoch 3 done" in ln]
+    assert ">> preempted" in shown[0], lines  # stamped first, shown first, though read later

@@ -91,3 +91,72 @@ def test_a_restart_in_place_is_named_on_its_interruption(tmp_path: Path) -> None
     s = read_series(tmp_path, "run")
     assert s.stops == [("failure, restart in place", 40)] and s.resumes == [30]
     assert s.redone == [(30, 40)]
+
+
+def _command_run(run: Path, *, reports: bool) -> None:
+    """A command's run: no built-in metrics; its life in events.jsonl, maybe train.report lines."""
+    run.mkdir(parents=True, exist_ok=True)
+    t = 1_790_000_000.0
+    events = [
+        {"time": t, "event": "start", "step": None, "restart_count": 0},
+        {"time": t + 40, "event": "preempted", "step": None, "restart_count": 0},
+        {"time": t + 41, "event": "requeue", "restart_count": 0, "via": "scontrol"},
+        {"time": t + 170, "event": "start", "step": None, "restart_count": 1},
+        {"time": t + 230, "event": "complete", "step": None, "restart_count": 1},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    if reports:
+        lines = [
+            {"kind": "report", "time": t + i, "step": i, "scalars": {"loss": 1 / i, "acc": i / 99}}
+            for i in range(1, 60)
+        ]
+        lines.append({"kind": "report", "time": t, "step": 3, "scalars": "nan"})  # foreign
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+
+
+def test_a_command_run_is_drawn_from_its_life_and_its_reports(tmp_path: Path) -> None:
+    """Issue 45: `jobs plot` of a command run drew nothing ("no metrics yet", exit 2)."""
+    run = tmp_path / "cmd"
+    _command_run(run, reports=True)
+    s = read_series(run, "cmd")
+    assert sorted(s.scalars) == ["acc", "loss"] and len(s.scalars["loss"]) == 59
+    assert [e for _, e, _ in s.life] == ["start", "preempted", "requeue", "start", "complete"]
+    assert main(["plot", str(run), "-o", str(tmp_path / "c.png")], out=io.StringIO()) == 0
+    _check_png(tmp_path / "c.png")
+
+
+def test_a_command_run_without_numbers_still_shows_its_life(tmp_path: Path) -> None:
+    run = tmp_path / "cmd"
+    _command_run(run, reports=False)
+    assert main(["plot", str(run), "-o", str(tmp_path / "c.png")], out=io.StringIO()) == 0
+    _check_png(tmp_path / "c.png")
+
+
+def test_lightning_csv_and_tensorboard_logs_are_the_commands_numbers(tmp_path: Path) -> None:
+    run = tmp_path / "cmd"
+    _command_run(run, reports=False)
+    csv_dir = run / "lightning_logs" / "version_0"
+    csv_dir.mkdir(parents=True)
+    rows = ["epoch,step,train_loss,val_acc"] + [f"0,{i},{1 / i},{'' if i % 2 else i}" for i in
+                                                range(1, 11)]  # fmt: skip
+    (csv_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
+    s = read_series(run, "cmd")
+    assert s.scalars == {}  # read by the plot, for a run that reported nothing itself
+    from jobs.plot import _tasks
+
+    (series,) = _tasks(run)
+    assert len(series.scalars["train_loss"]) == 10 and len(series.scalars["val_acc"]) == 5
+
+    tb = pytest.importorskip("torch.utils.tensorboard")
+    run2 = tmp_path / "cmd2"
+    _command_run(run2, reports=False)
+    writer = tb.SummaryWriter(str(run2 / "tb"))
+    for i in range(5):
+        writer.add_scalar("loss/train", 1.0 / (i + 1), i)
+    writer.close()
+    (series,) = _tasks(run2)
+    assert [v for _, v in series.scalars["loss/train"]] == pytest.approx(
+        [1, 1 / 2, 1 / 3, 1 / 4, 1 / 5]
+    )
+    assert main(["plot", str(run2), "-o", str(tmp_path / "t.png")], out=io.StringIO()) == 0
+    _check_png(tmp_path / "t.png")

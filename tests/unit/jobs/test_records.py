@@ -242,3 +242,55 @@ def test_status_shows_slurm_restarts_only_when_the_run_recorded_none(tmp_path: P
     (tmp_path / "events.jsonl").write_text('{"event": "resume", "step": 3, "restart_count": 2}\n')
     assert _slurm_restarts(info, str(tmp_path)) == ""  # the history says it already
     assert _slurm_restarts(JobInfo("5", "RUNNING"), str(tmp_path)) == ""
+
+
+def test_list_has_a_header_and_names_another_clusters_run_instead_of_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: `jobs list` had no header and mixed in runs of other clusters as UNKNOWN."""
+    from dataclasses import replace
+
+    from cluster.models import JobInfo
+    from jobs.records import save_record
+
+    save_record(replace(_record(tmp_path, "here", "10"), cluster="alpha"))
+    save_record(replace(_record(tmp_path, "there", "11"), cluster="beta"))
+
+    class Here:
+        def cluster_name(self) -> str:
+            return "alpha"
+
+        def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
+            return {i: JobInfo(i, "RUNNING", name="here") for i in ids}
+
+    monkeypatch.setattr("jobs.cli._client", Here)
+    out = io.StringIO()
+    assert main(["list"], out) == 0
+    header, *rows = out.getvalue().splitlines()
+    assert header.split()[:5] == ["RUN", "JOB", "WHERE", "STATE", "SUBMITTED"]
+    (there,) = [r for r in rows if r.startswith("there-11")]
+    (here,) = [r for r in rows if r.startswith("here-10")]
+    assert "on beta" in there and "UNKNOWN" not in there
+    assert "RUNNING" in here
+
+
+@pytest.mark.parametrize("command", ["submit", "status", "logs", "cancel", "list", "drill", "plot"])
+def test_each_subcommands_help_has_examples(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"], io.StringIO())
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    examples = text.split("examples:\n", 1)[1].splitlines()
+    assert examples and all(line.startswith(f"  python -m jobs {command}") for line in examples)
+
+
+def test_submit_help_lists_every_template(capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.cli import TEMPLATES
+    from jobs.templates import TEMPLATE_NAMES
+
+    assert set(TEMPLATES) == set(TEMPLATE_NAMES)
+    with pytest.raises(SystemExit):
+        main(["submit", "--help"], io.StringIO())
+    assert ", ".join(TEMPLATES) in " ".join(capsys.readouterr().out.split())

@@ -187,7 +187,7 @@ def save_then_hold_worker(root: str, async_save: bool, kill_at: str, out: str) -
     import time
 
     import train.checkpoint.manager as manager
-    from train.checkpoint.manager import CheckpointManager, capture_rng_state, model_digest
+    from train.checkpoint import CheckpointManager, capture_rng_state, model_digest
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))

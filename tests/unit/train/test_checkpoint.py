@@ -17,7 +17,7 @@ import xxhash
 from torch import nn
 
 import train.checkpoint.manifest
-from train.checkpoint.manager import (
+from train.checkpoint import (
     CheckpointManager,
     capture_rng_state,
     load_model_state,

@@ -17,9 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from train.checkpoint import branches
+from train.checkpoint import CheckpointManager, branches, capture_rng_state, latest_valid
 from train.checkpoint.branches import Line
-from train.checkpoint.manager import CheckpointManager, capture_rng_state, latest_valid
 from train.checkpoint.manifest import check_manifest, read_manifest, verify_checkpoint
 from train.errors import CheckpointError
 from train.resume import plan_resume

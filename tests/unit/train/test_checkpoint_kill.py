@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from train.checkpoint.manager import (
+from train.checkpoint import (
     CheckpointManager,
     load_model_state,
     model_digest,

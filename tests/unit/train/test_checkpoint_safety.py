@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from train.checkpoint.manager import (
+from train.checkpoint import (
     CheckpointManager,
     capture_rng_state,
     checkpoint_run_id,

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.command.processes import parse_sigmask, topmost
-from train.command.supervisor import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.env import DistEnv
 from train.history import RunHistory
 from train.spec.config import RunConfig
-from train.stop.act import REQUEUE_EXIT_CODE
+from train.stop import REQUEUE_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[3]
 USR1, USR2, TERM = int(signal.SIGUSR1), int(signal.SIGUSR2), int(signal.SIGTERM)
@@ -438,7 +438,8 @@ def test_stop_during_set_up_requeues_without_starting(tmp_path: Path) -> None:
 
 
 def test_history_of_a_command_shows_the_real_cause(tmp_path: Path) -> None:
-    code = "import sys; sys.exit(\"ModuleNotFoundError: No module named 'torch'\")"
+    # a module of the user's own (a missing 'torch' is the node's: train.stop.causes)
+    code = "import sys; sys.exit(\"ModuleNotFoundError: No module named 'mymodel'\")"
     config = RunConfig.model_validate(
         {"entrypoint": {"command": ["python", "-c", code]}, "requeue": {"max_failures": 0}}
     )
@@ -446,7 +447,7 @@ def test_history_of_a_command_shows_the_real_cause(tmp_path: Path) -> None:
     d = RunHistory(tmp_path).to_dict()
     assert d["last_failure"]["exit_code"] == 1 and d["restarts"] == 2
     summary = RunHistory(tmp_path).summary()
-    assert "failed 1x" in summary and "No module named 'torch'" in summary
+    assert "failed 1x" in summary and "No module named 'mymodel'" in summary
     assert "None" not in summary
 
 
@@ -653,7 +654,7 @@ def test_a_rank_whose_command_dies_after_rank_0_completed_the_run_is_no_failure(
     assert CommandRun(config, env, tmp_path, None).run() == 0
     t.join()
     assert _events(tmp_path) == ["complete"]  # no failure, no requeue
-    assert not (tmp_path / ".failures").exists()
+    assert not (tmp_path / ".failures" / "7-1").exists()  # nobody claimed a failure
 
 
 def test_a_rank_whose_command_hangs_at_exit_after_rank_0_completed_is_stopped(

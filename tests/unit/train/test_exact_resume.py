@@ -26,12 +26,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from _train_helpers import free_port, start_ranks, stop_after_worker, torchrun_env
 
-from train.checkpoint.manager import CheckpointManager, verify_checkpoint
+from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.history import RunHistory
 from train.loop.trainer import run_training
 from train.spec.config import TrainConfig
-from train.stop.act import REQUEUE_EXIT_CODE
+from train.stop import REQUEUE_EXIT_CODE
 from train.stop.signals import PreemptionGuard
 
 REPO = Path(__file__).resolve().parents[3]

@@ -31,7 +31,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from _train_helpers import StopAtStep, free_port, run_ranks
 
-from train.checkpoint.manager import CheckpointManager, verify_checkpoint
+from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
 from train.loop.trainer import run_training
 from train.spec.config import TrainConfig

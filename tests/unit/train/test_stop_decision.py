@@ -3,17 +3,22 @@ locally, within and over its budget, and what the facts change (issue 24)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from train.env import DistEnv
+from train.history import RunHistory
 from train.spec.config import RequeueConfig
 from train.stop import (
     BUDGET_EXHAUSTED_EXIT_CODE,
     REQUEUE_EXIT_CODE,
+    Decider,
     Decision,
     StopFacts,
     decide,
+    stop_attempt,
 )
 
 SLURM = StopFacts("slurm")
@@ -103,6 +108,12 @@ CASES = [
      ("hang", "restart_in_place", 0, False, ())),
     ("hang-in-place-with-a-suspect", "hang", _facts(SLURM, in_place=True, suspects=("n2",)), NONE,
      ("hang", "requeue", 0, False, ("n2",))),
+    # issue 44.5: a hang that names no node restarts in place while the budget lasts (the
+    # watcher decides with the same in-place facts as a rank), then goes through the queue
+    ("hang-in-place-budget-spent", "hang", _facts(SLURM, in_place=True),
+     {"restart_in_place": 3}, ("hang", "requeue", 0, False, ())),
+    ("hang-without-an-in-place-batch-script", "hang", SLURM, NONE,
+     ("hang", "requeue", 0, False, ())),
     ("device-fault-in-place", "failure",
      _facts(SLURM, in_place=True, device_fault=True, node="n1"), NONE,
      ("failure", "requeue", 1, False, ("n1",))),
@@ -190,3 +201,25 @@ def test_a_user_error_says_why_it_is_not_retried() -> None:
 def test_the_budget_text_names_the_field_to_raise() -> None:
     d: Decision = decide("hang", SLURM, SPENT, BUDGETS)
     assert d.exhausted is not None and "requeue.max_hangs=1" in d.exhausted
+
+
+def test_a_decider_and_a_rank_reach_the_same_decision(tmp_path: Path) -> None:
+    """Issue 41/44.5: every stopper implements the one complete StopEnv. The hang watcher and
+    the batch script's after-step (a Decider: not a rank) give the stop path the same in-place
+    facts as rank 0 (a DistEnv) of the same attempt, and get the same decision (a hang: the
+    stop path asks Slurm nothing)."""
+    environ = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1", "SLURM_TRAIN_IN_PLACE": "1"}
+    rank = DistEnv.from_env(environ)
+    decider = Decider("4242", 1, 1, in_place_supervised=True)
+    assert decider.attempt == rank.attempt == "1.1"
+    decisions = []
+    for env in (rank, decider):
+        run = tmp_path / type(env).__name__
+        run.mkdir()
+        code, decision = stop_attempt(env, run, RequeueConfig(), "hang")
+        assert decision is not None
+        decisions.append((code, decision.event, decision.action))
+        (event,) = [e for e in RunHistory(run).events() if e["event"] == "hang"]
+        assert (event["restart_count"], event["in_place"]) == (1, 1)
+    assert decisions[0] == decisions[1]
+    assert decisions[0][2] == "restart_in_place"

@@ -163,7 +163,7 @@ def test_entrypoint_function_failure_is_recorded_and_requeued(
     from functools import partial
 
     import train.session
-    from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+    from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
 
     (tmp_path / "failing_user_train.py").write_text(
         "def main(ctx):\n    raise RuntimeError('user code exploded')\n"

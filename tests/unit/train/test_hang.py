@@ -474,3 +474,59 @@ def test_a_command_hang_is_found_soon_after_its_last_rank_falls_silent(tmp_path:
                 pid = int((run / f"command-{rank}").read_text())
                 if "sleep" in Path(f"/proc/{pid}/cmdline").read_text():
                     os.killpg(pid, signal.SIGKILL)
+
+
+# A rank of a submitted job (SLURM_JOB_ID) under a batch script that restarts steps in place
+# (SLURM_TRAIN_IN_PLACE), started the way the session starts it; it stops beating at step 20 and
+# sleeps: every rank at its step, none behind, so the hang names no node.
+SILENT_RANK = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from train.env import DistEnv
+    from train.hang.heartbeat import start_watchdog
+    from train.spec.config import RequeueConfig
+
+    requeue = RequeueConfig(hang_timeout_s=1.5, max_restarts_in_place=1)
+    wd = start_watchdog(requeue, DistEnv.from_env(os.environ), Path(sys.argv[1]))
+    for step in range(1, 21):
+        time.sleep(0.05)
+        wd.beat(step)
+    time.sleep(3600)
+    """
+)
+
+
+def test_a_hang_that_names_no_node_restarts_in_place_while_the_budget_allows(
+    tmp_path: Path,
+) -> None:
+    """Issue 44.5: the watcher decides with the run's whole requeue: section and an environment
+    with the in-place facts (a Decider), so a hang with no suspect node restarts in place (no
+    trip through the queue) like a failure does; before, it was always requeued."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("scontrol", "squeue", "sacct", "sinfo"):  # never ask a real cluster
+        stub = bin_dir / name
+        stub.write_text("#!/bin/sh\necho 'no Slurm here' >&2\nexit 1\n")
+        stub.chmod(0o755)
+    script = tmp_path / "rank.py"
+    script.write_text(SILENT_RANK)
+    run = tmp_path / "run"
+    env = {
+        "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "PYTHONPATH": str(REPO),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_TRAIN_IN_PLACE": "0",
+    }
+    rank = subprocess.Popen([sys.executable, str(script), str(run)], env=env)
+    try:
+        assert _wait(lambda: rank.poll() is not None, 60), "the hang was never handled"
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+        rank.wait()
+    assert rank.returncode == -signal.SIGKILL  # the watcher ended the step
+    hang = _hang(run)
+    assert hang["nodes"] == [] and hang["job_id"] == "4242"
+    assert hang["action"] == "restart_in_place"
+    assert [e["event"] for e in RunHistory(run).events()] == ["hang"]  # no requeue

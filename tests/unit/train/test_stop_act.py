@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -14,17 +13,16 @@ import pytest
 
 from train.history import RunHistory
 from train.spec.config import RequeueConfig
-from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, request_requeue
+from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE, Decider, request_requeue
 from train.stop.facts import classify_from_job_info, classify_stop
 from train.stop.signals import PreemptionGuard
 
 
-@dataclass(frozen=True)
-class FakeEnv:
-    is_main: bool = True
-    job_id: str | None = "42"
-    restart_count: int = 0
-    world_size: int = 1
+def FakeEnv(
+    is_main: bool = True, job_id: str | None = "42", restart_count: int = 0, world_size: int = 1
+) -> Decider:
+    """A rank's stop environment: the one complete StopEnv (issue 41), no fake one."""
+    return Decider(job_id, restart_count, world_size=world_size, is_main=is_main)
 
 
 class FakeClient:

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import nn
 
 from train.env import DistEnv
-from train.logsetup import setup_logging
 from train.loop.data import Augmenter, ImageSet
 from train.runfiles import open_text
 
@@ -34,7 +33,6 @@ __all__ = [
     "evaluate",
     "progress_line",
     "reduce_sums",
-    "setup_logging",
 ]
 
 

@@ -18,12 +18,12 @@ from _train_helpers import StopAtStep
 
 import train.loop.trainer
 import train.session
-from train.checkpoint.manager import CheckpointManager, verify_checkpoint
+from train.checkpoint import CheckpointManager, verify_checkpoint
 from train.env import DistEnv
-from train.hang.heartbeat import attempt_name
 from train.history import RunHistory
 from train.spec.config import RequeueConfig, TrainConfig
-from train.stop.act import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, request_requeue
+from train.stop.claims import attempt_name
 
 CONFIG = TrainConfig.model_validate(
     {

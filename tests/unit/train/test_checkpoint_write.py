@@ -25,14 +25,14 @@ from torch import nn
 
 import train.checkpoint.manifest as ckpt_io
 import train.checkpoint.write as ckpt_write
-from train.checkpoint.digest import hash_file, state_digest
-from train.checkpoint.manager import (
+from train.checkpoint import (
     CheckpointManager,
     capture_rng_state,
     latest_valid,
     model_digest,
     verify_checkpoint,
 )
+from train.checkpoint.digest import hash_file, state_digest
 from train.errors import CheckpointError
 
 
