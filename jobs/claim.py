@@ -24,6 +24,7 @@ its directory to the next submission (resuming in place, as before).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -36,14 +37,15 @@ from typing import TYPE_CHECKING, Any
 from jobs.errors import RunDirBusyError, RunNotFoundError
 from jobs.pids import ProcHandle
 from jobs.records import RECORD, Plan, RunRecord, load_record
+from train import runfiles
 from train.runfiles import open_fd
 
 if TYPE_CHECKING:
     from cluster import Slurm
 
 ClientFactory = Callable[[], "Slurm"]
-OWNER = ".owner"
-LOCK = ".owner.lock"
+OWNER = runfiles.OWNER
+LOCK = runfiles.OWNER_LOCK
 CLAIM_GRACE_S = 600.0  # a submission on another host: its claim counts as live this long
 
 
@@ -163,13 +165,9 @@ def _write_owner(run_dir: Path, run_id: str) -> None:
         "time": round(time.time(), 3),
     }
     path = run_dir / OWNER
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
-    finally:
-        os.close(fd)
+    runfiles.remove(path)  # ours only: another user's claim (or a link) is refused
+    if not runfiles.create_exclusive(path, json.dumps(data, sort_keys=True) + "\n"):
+        raise FileExistsError(errno.EEXIST, f"{path}: claimed by another submission meanwhile")
 
 
 def claim(plan: Plan, client: ClientFactory) -> Plan:
@@ -201,4 +199,4 @@ def release(plan: Plan) -> None:
     owner = _owner_data(plan.run_dir)
     if owner and owner.get("run_id") == plan.run_id:
         with contextlib.suppress(OSError):
-            (plan.run_dir / OWNER).unlink()
+            runfiles.remove(plan.run_dir / OWNER)

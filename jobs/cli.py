@@ -18,11 +18,15 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from cluster.errors import BadInputError
 from jobs.errors import InputError, JobsError, UsageError
+from train.runfiles import EVENT_KINDS
 
 if TYPE_CHECKING:
     from cluster import Slurm
     from jobs.load import LoadedSpec
     from jobs.records import RunRecord
+
+# the kinds of `jobs drill`: the table's events a drill produces (jobs.drill.KINDS, unimported)
+DRILLS = tuple(k.drill for k in EVENT_KINDS if k.drill)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -163,7 +167,7 @@ def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
     dr.add_argument(
         "--kind",
         required=True,
-        choices=("preempt", "timeout", "cancel", "fail"),
+        choices=DRILLS,
         help="preempt: a job in a higher-priority partition; timeout: a lowered time limit, "
         "restored and read back (refused where it cannot be restored); "
         "cancel: scancel; fail: a crash (SIGABRT), then requeue",

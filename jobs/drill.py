@@ -48,13 +48,23 @@ from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory
 from train.report import REPORT_KIND
+from train.runfiles import (
+    DRILL_DIR,
+    EVENT_KINDS,
+    METRICS_FILE,
+    RESOLVED,
+    LinkRefusedError,
+    make_dirs,
+    write_text,
+)
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
     from cluster import Slurm
 
-KINDS = ("preempt", "timeout", "cancel", "fail")
-_STOP_EVENTS = {"preempted", "timeout", "cancelled", "failure"}
+# the drills, in the table's order of the events they produce (train.runfiles.EVENT_KINDS)
+KINDS = tuple(k.drill for k in EVENT_KINDS if k.drill)
+_STOP_EVENTS = frozenset(k.name for k in EVENT_KINDS if k.drill)
 _TERMINAL = TERMINAL_STATES  # the controller's word (scontrol show job): final
 
 
@@ -181,7 +191,7 @@ class Drill:
     def train_steps(self) -> list[tuple[float, int]]:
         """(time, step) of the run's training records (``metrics.jsonl``)."""
         out = []
-        for rec in read_records(self.run_dir / "metrics.jsonl", METRIC):
+        for rec in read_records(self.run_dir / METRICS_FILE, METRIC):
             step, when = _as_int(rec.get("step")), rec.get("time")
             kind = rec.get("kind")
             if (
@@ -273,7 +283,7 @@ class Drill:
         starts = [e for e in self.events() if e["event"] == "start"]
         if any("entrypoint" in e for e in starts):
             return True
-        return not (self.run_dir / "metrics.jsonl").exists()
+        return not (self.run_dir / METRICS_FILE).exists()
 
     def _requeued(self, before: int) -> bool:
         info = self.job()
@@ -306,13 +316,15 @@ class Drill:
 
         node = expand_hostlist(info.get("NodeList", ""))[0]
         name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
-        script = self.run_dir / "drill" / "preempt.sbatch"
+        where = self.run_dir / DRILL_DIR / "preempt.sbatch"
         try:
-            script.parent.mkdir(parents=True, exist_ok=True)
-            script.write_text("#!/bin/bash\nsleep 1\n")
-        except OSError as exc:
+            script = make_dirs(self.run_dir, DRILL_DIR) / "preempt.sbatch"  # never through a link
+            write_text(script, "#!/bin/bash\nsleep 1\n")
+        except LinkRefusedError:
+            raise  # the owner's own word (a planted link: bad input)
+        except OSError as exc:  # not writable by this user (a colleague's run directory)
             raise DrillError(
-                f"drill: cannot write {script} ({exc.strerror}); nothing was done to job "
+                f"drill: cannot write {where} ({exc.strerror}); nothing was done to job "
                 f"{self.job_id}"
             ) from None
         args = [f"--partition={name}", f"--nodelist={node}", "--exclusive", "--time=1"]
@@ -350,7 +362,7 @@ class Drill:
         """The spec's requeue.signal_delay_s (from the run's resolved.yaml), 90 s if unreadable."""
         import yaml
 
-        resolved = self.run_dir / "resolved.yaml"
+        resolved = self.run_dir / RESOLVED
         try:
             data = yaml.safe_load(resolved.read_text(encoding="utf-8")) or {}
             return float(data.get("requeue", {}).get("signal_delay_s", 90))

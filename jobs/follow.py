@@ -45,6 +45,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from cluster.models import JobInfo
 from jobs.records import RunRecord
+from train.runfiles import CHECKPOINTS, EVENTS_FILE, events_where
 from train.schema import EVENT, check_lines, report
 
 if TYPE_CHECKING:
@@ -56,20 +57,8 @@ CHUNK = 1 << 20  # the most of a file one read holds (a GiB of new log: 1024 pie
 MIN_POLL_S = 3.0
 MAX_POLL_S = 60.0
 # Events after which Slurm's view of the job changes (or the run is over): ask at once.
-_HURRY = {
-    "start",
-    "resume",
-    "preempted",
-    "timeout",
-    "failure",
-    "hang",
-    "node_fail",
-    "requeue",
-    "complete",
-    "budget_exhausted",
-    "cancelled",
-}
-_FINAL_EVENTS = {"complete", "budget_exhausted", "cancelled"}
+_HURRY = events_where(asks_slurm=True)
+_FINAL_EVENTS = events_where(final=True)
 _OURS = re.compile(r"^(\d\d:\d\d:\d\d) \[rank (\d+)\] ([A-Z]+) ([\w.]+): (.*)$")
 # slurmstepd's note on a step or job it ended, and srun's chatter while a step is torn down
 _STEPD = re.compile(
@@ -203,7 +192,7 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
     ckpt = ""
     if step is not None:
         # step-N on the first line of the history, step-N.bB on branch B (train.checkpoint)
-        root = Path(run_dir) / "checkpoints"
+        root = Path(run_dir) / CHECKPOINTS
         found = [p.name for p in (root / f"step-{step}", *root.glob(f"step-{step}.b*"))]
         saved = [n for n in found if (root / n).is_dir()]
         ckpt = f", checkpoint {saved[-1]}" if saved else ""
@@ -302,7 +291,7 @@ class Following:
             self.filters[jid] = LineFilter()
             task = dirs.get(jid)
             if task is not None:
-                self.events[jid] = LogTail(Path(task.run_dir) / "events.jsonl")
+                self.events[jid] = LogTail(Path(task.run_dir) / EVENTS_FILE)
 
     def behind(self, jid: str) -> bool:
         """A piece of the task's log or events is waiting to be read."""

@@ -65,6 +65,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from train.runfiles import events_where
+
 __all__ = ["LABELS", "PARTS", "Attempt", "Ledger", "compute", "sum_ledgers"]
 
 PARTS = (
@@ -91,19 +93,9 @@ LABELS = {
     "held": "requeue holds",
     "unaccounted": "unaccounted",
 }
-# events that end a segment (the process stops training)
-_ENDS = (
-    "preempted",
-    "timeout",
-    "failure",
-    "hang",
-    "node_fail",
-    "cancelled",
-    "complete",
-    "budget_exhausted",
-    "restart_in_place",
-)
-_TERMINAL = ("complete", "budget_exhausted", "cancelled")
+# events that end a segment (the process stops training), and those that end the run
+_ENDS = events_where(ends_segment=True)
+_TERMINAL = events_where(final=True)
 # Slurm states of a task that is over (no attempt will follow)
 _OVER = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
          "BOOT_FAIL", "DEADLINE", "REVOKED")  # fmt: skip

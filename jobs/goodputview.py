@@ -19,6 +19,7 @@ from cluster.errors import ClusterError
 from cluster.models import JobAttempt, JobInfo
 from jobs.goodput import Ledger, compute, sum_ledgers
 from jobs.records import RunRecord
+from train.runfiles import EVENTS_FILE, METRICS_FILE
 from train.schema import EVENT, METRIC, read_records
 
 __all__ = ["dir_ledger", "run_ledger", "task_ledgers", "write_goodput"]
@@ -118,7 +119,7 @@ def task_ledgers(
     since = record.submitted_at
     ours = [*record.slurm_job_ids(), *ids] if record.executor == "slurm" else []
     events = [
-        _since(read_records(Path(t.run_dir) / "events.jsonl", EVENT), since, ours)
+        _since(read_records(Path(t.run_dir) / EVENTS_FILE, EVENT), since, ours)
         for t in record.tasks
     ]
     if _never_started(record, states, events):
@@ -135,7 +136,7 @@ def task_ledgers(
         cut = since if first is None or not since else min(since, first)
         ledger = compute(
             task_events,
-            _since(read_records(Path(task.run_dir) / "metrics.jsonl", METRIC), cut),
+            _since(read_records(Path(task.run_dir) / METRICS_FILE, METRIC), cut),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,
@@ -171,8 +172,8 @@ def dir_ledger(
     except RunNotFoundError:
         now = time.time() if now is None else now
         return compute(
-            read_records(run_dir / "events.jsonl", EVENT),
-            read_records(run_dir / "metrics.jsonl", METRIC),
+            read_records(run_dir / EVENTS_FILE, EVENT),
+            read_records(run_dir / METRICS_FILE, METRIC),
             now=now,
         )
 

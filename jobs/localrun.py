@@ -42,6 +42,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from jobs.pids import ProcHandle
 from jobs.records import RunRecord, load_record
+from train import runfiles
 from train.env import DistEnv
 from train.history import RunHistory
 from train.safepath import python_module_argv
@@ -50,8 +51,8 @@ from train.schema import Schema, report
 if TYPE_CHECKING:
     from train.spec import RequeueConfig
 
-STATE_FILE = "local_state.json"
-STOP_FILE = ".local-stop"  # "cancel": the ranks' stop is a cancel, not a preemption
+STATE_FILE = runfiles.LOCAL_STATE
+STOP_FILE = runfiles.LOCAL_STOP  # "cancel": the ranks' stop is a cancel, not a preemption
 REQUEUE_EXIT = 75  # train.stop.act.REQUEUE_EXIT_CODE
 NO_RETRY_EXITS = {2, 3}  # bad input; a requeue budget is spent (train said so)
 PEER_GRACE_S = 60.0  # after one rank exits 75, the others' time to exit on their own
@@ -128,7 +129,7 @@ def _budgets(task_dir: str) -> RequeueConfig:
     from train.spec import RequeueConfig, load_run_config
 
     try:
-        return load_run_config(Path(task_dir) / "resolved.yaml").requeue
+        return load_run_config(Path(task_dir) / runfiles.RESOLVED).requeue
     except Exception:
         return RequeueConfig()
 
@@ -172,10 +173,10 @@ class Supervisor:
         return entry
 
     def save(self) -> None:
-        path = Path(self.record.run_dir) / STATE_FILE
-        tmp = path.with_name(f".{STATE_FILE}.tmp")
-        tmp.write_text(json.dumps(self.state, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
+        # read by other shells at any time: atomic, never through a link
+        runfiles.atomic_write(
+            Path(self.record.run_dir) / STATE_FILE, json.dumps(self.state, sort_keys=True)
+        )
 
     # -- signals ---------------------------------------------------------------------------
     def _send(self, sig: int) -> None:
@@ -189,7 +190,7 @@ class Supervisor:
         self.cancelled_at = self.cancelled_at or time.monotonic()
         for t in self.record.tasks:
             with contextlib.suppress(OSError):
-                (Path(t.run_dir) / STOP_FILE).write_text("cancel\n", encoding="utf-8")
+                runfiles.atomic_write(Path(t.run_dir) / STOP_FILE, "cancel\n", durable=False)
         self._send(signal.SIGTERM)
 
     def request_requeue(self, signum: int, frame: FrameType | None) -> None:
@@ -209,8 +210,8 @@ class Supervisor:
         port = free_port()
         procs = []
         parent = os.getpid()
-        with contextlib.suppress(OSError):
-            (Path(task_dir) / STOP_FILE).unlink()
+        with contextlib.suppress(OSError):  # only a stop file of ours, never another's
+            runfiles.remove(Path(task_dir) / STOP_FILE)
         for rank in range(world):
             env = rank_environ(os.environ)
             # The torchrun variables, written the one way train writes them (torch-free).
@@ -222,10 +223,12 @@ class Supervisor:
             env["SLURM_TRAIN_LOCAL_SUPERVISOR"] = str(parent)  # train.stop.act: gone = no restart
             # train reads the attempt as torchrun's restart count: > 0 implies --resume.
             env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
-            log = self.record.log_file(self.task_id(index), rank).open("ab")
+            path = self.record.log_file(self.task_id(index), rank)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            log = os.fdopen(runfiles.open_fd(path, flags), "ab")  # never through a link
             self.logs.append(log)
             cmd = python_module_argv("train", "--config", unbuffered=True)
-            cmd += [str(Path(task_dir) / "resolved.yaml"), "--run-dir", task_dir]
+            cmd += [str(Path(task_dir) / runfiles.RESOLVED), "--run-dir", task_dir]
             if entry["restarts"]:
                 cmd.append("--resume")  # a restart continues this run's own checkpoints
             procs.append(

@@ -30,19 +30,13 @@ from jobs.errors import UsageError
 from jobs.goodput import LABELS, Ledger
 from train.history import STOP_EVENTS
 from train.report import REPORT_KIND
+from train.runfiles import EVENT_KINDS, EVENTS_FILE, METRICS_FILE, TASKS_DIR
 from train.schema import EVENT, METRIC, read_records
 
 __all__ = ["TaskSeries", "plot_run", "read_series"]
 
 STOPS = STOP_EVENTS
-_COLORS = {
-    "preempted": "tab:orange",
-    "timeout": "tab:purple",
-    "failure": "tab:red",
-    "hang": "tab:brown",
-    "node_fail": "tab:pink",
-    "cancelled": "tab:gray",
-}
+_COLORS = {k.name: k.colour for k in EVENT_KINDS if k.colour}
 
 
 @dataclass
@@ -74,7 +68,7 @@ def _num(v: Any) -> float | None:
 def read_series(task_dir: Path, label: str) -> TaskSeries:
     """The curves and events of one task directory (missing files: empty)."""
     s = TaskSeries(label)
-    for rec in read_records(task_dir / "metrics.jsonl", METRIC):
+    for rec in read_records(task_dir / METRICS_FILE, METRIC):
         step, t = _num(rec.get("step")), _num(rec.get("time"))
         if step is None or t is None:
             continue
@@ -87,7 +81,7 @@ def read_series(task_dir: Path, label: str) -> TaskSeries:
                 if (v := _num(value)) is not None:
                     s.scalars.setdefault(str(name), []).append((int(step), v))
     reached: int | None = None  # the step of the last interruption not yet resumed
-    for ev in read_records(task_dir / "events.jsonl", EVENT):
+    for ev in read_records(task_dir / EVENTS_FILE, EVENT):
         if (t := _num(ev.get("time"))) is not None:
             attempt = f"{ev.get('restart_count') or 0}"
             s.life.append((t, str(ev["event"]), attempt))
@@ -183,7 +177,7 @@ def _tb_value(value: Any) -> float | None:
 
 
 def _tasks(run_dir: Path) -> list[TaskSeries]:
-    tasks = run_dir / "tasks"
+    tasks = run_dir / TASKS_DIR
     if tasks.is_dir():
         dirs = sorted(
             (p for p in tasks.iterdir() if p.is_dir() and p.name.isdigit()),

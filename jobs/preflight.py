@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 from cluster.models import ClusterLimits
 from cluster.timefmt import format_slurm_time
 from jobs.errors import PreflightError
+from train.runfiles import atomic_write, private_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -50,10 +50,9 @@ def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
     limits = client.limits()
     entry = {"stamp": stamp, "at": time.time(), **limits.__dict__}
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{LIMITS_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entry), encoding="utf-8")
-        os.replace(tmp, path)
+        # the state folder: proven ours (a foreign one or a link: no cache), never a link
+        folder = private_dir(cache_dir.parent, cache_dir.name, mode=0o755)
+        atomic_write(folder / LIMITS_FILE, json.dumps(entry), durable=False)
     except OSError:
         pass  # a cache that cannot be written only costs one query next time
     return limits

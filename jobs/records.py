@@ -7,6 +7,9 @@
     RUN_DIR/slurm/           submitit pickles and per-rank logs  JOB_RANK_log.out
     RUN_DIR/events.jsonl     requeue history, written by train (read here, never written)
 
+The names, who writes and who reads each one: :data:`train.runfiles.LAYOUT`; every write goes
+through :mod:`train.runfiles` (``run.json`` atomically, never through a link).
+
 The index is one JSON line per submission in ``$SLURM_TRAIN_STATE_DIR/runs.jsonl`` (default
 ``${XDG_STATE_HOME:-~/.local/state}/slurm-train/runs.jsonl``).
 """
@@ -23,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import RunNotFoundError
+from train import runfiles
 from train.schema import METRIC, Schema, check_lines, report
 
 STATE_ENV = "SLURM_TRAIN_STATE_DIR"
 RUNS_ENV = "SLURM_TRAIN_RUNS_DIR"
-RECORD = "run.json"
+RECORD = runfiles.RUN_RECORD
 
 
 def state_dir() -> Path:
@@ -39,7 +43,15 @@ def state_dir() -> Path:
 
 
 def index_path() -> Path:
-    return state_dir() / "runs.jsonl"
+    return state_dir() / runfiles.RUN_INDEX
+
+
+def ensure_state_dir() -> Path:
+    """The state folder, for a write: made (no writes of others: ``0755`` at most) or proven
+    this user's (a directory, not a link, ours: :func:`train.runfiles.private_dir`); another
+    user's folder or a planted link raises :class:`train.runfiles.NotOursError` (one line)."""
+    d = state_dir()
+    return runfiles.private_dir(d.parent, d.name, mode=0o755)
 
 
 def runs_root(explicit: str | None = None) -> Path:
@@ -90,7 +102,7 @@ class Plan:
 
     def task_dir(self, index: int | None) -> Path:
         """train's run directory for array task ``index`` (None: the job is not an array)."""
-        return self.run_dir if index is None else self.run_dir / "tasks" / str(index)
+        return self.run_dir if index is None else self.run_dir / runfiles.TASKS_DIR / str(index)
 
 
 @dataclass
@@ -146,7 +158,7 @@ class RunRecord:
 
     def log_file(self, task_job_id: str, rank: int) -> Path:
         """Per-rank log of one task (submitit's ``%j_%t_log.out`` naming, local runs alike)."""
-        return Path(self.run_dir) / "slurm" / f"{task_job_id}_{rank}_log.out"
+        return Path(self.run_dir) / runfiles.SLURM_DIR / f"{task_job_id}_{rank}_log.out"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -212,11 +224,9 @@ INDEX_ENTRY = Schema(
 
 
 def save_record(record: RunRecord) -> None:
-    """Write RUN_DIR/run.json atomically (another shell may read it at any time)."""
-    path = Path(record.run_dir) / RECORD
-    tmp = path.with_name(f".{RECORD}.{os.getpid()}.tmp")
-    tmp.write_text(record.to_json() + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write RUN_DIR/run.json atomically (another shell may read it at any time), never
+    through a link (:func:`train.runfiles.atomic_write`)."""
+    runfiles.atomic_write(Path(record.run_dir) / RECORD, record.to_json() + "\n")
 
 
 def load_record(run_dir: str | Path) -> RunRecord:
@@ -233,9 +243,9 @@ def _read_record(path: Path) -> RunRecord:
 
 
 def append_index(record: RunRecord) -> None:
-    """Add one line to the index (O_APPEND: concurrent submissions do not interleave lines)."""
-    path = index_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Add one line to the index (O_APPEND: concurrent submissions do not interleave lines),
+    in the state folder proven ours, never through a link."""
+    path = ensure_state_dir() / runfiles.RUN_INDEX
     line = json.dumps(
         {
             "run_id": record.run_id,
@@ -249,15 +259,7 @@ def append_index(record: RunRecord) -> None:
         },
         sort_keys=True,
     )
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        # A torn last line (a crash mid-write): start a fresh line instead of gluing onto it.
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = "\n" + line
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    runfiles.append_line(path, line, durable=False)  # a torn last line is not glued onto
 
 
 def read_index(report: bool = True) -> list[dict[str, Any]]:
@@ -340,7 +342,7 @@ def find_run(query: str | None) -> RunRecord:
 
 def latest_progress(run_dir: str | Path, tail_bytes: int = 16384) -> dict[str, Any]:
     """Newest step, loss and test accuracy from train's RUN_DIR/metrics.jsonl (its tail only)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / runfiles.METRICS_FILE
     try:
         with path.open("rb") as f:
             f.seek(max(0, path.stat().st_size - tail_bytes))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, fields
@@ -30,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.models import JobInfo
-from jobs.records import state_dir
+from jobs.records import ensure_state_dir, state_dir
+from train.runfiles import atomic_write
 
 if TYPE_CHECKING:
     from cluster import Slurm
@@ -100,12 +100,9 @@ def _pick(states: dict[str, Any], job_id: str) -> dict[str, Any]:
 
 
 def _save(data: dict[str, Any]) -> None:
-    path = cache_path()
     with contextlib.suppress(OSError):  # a cache that cannot be written only costs queries
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{CACHE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, path)
+        path = ensure_state_dir() / CACHE  # proven ours; never through a link
+        atomic_write(path, json.dumps(data, separators=(",", ":")), durable=False)
 
 
 def slurm_states(

@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         _record_failure(exc, env, run_dir)
-        return _fail(exc, 1, debug)
+        # bad input outside train's tree too (train.runfiles.NotOursError: a folder not ours)
+        return _fail(exc, 2 if isinstance(exc, BadInputError) else 1, debug)
     finally:
         for sig, handler in previous.items():
             if threading.current_thread() is threading.main_thread():

@@ -23,12 +23,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from train.runfiles import open_fd
+from train import runfiles
+from train.runfiles import (
+    BUDGET_LABELS,
+    EVENT_KINDS,
+    EVENTS_FILE,
+    FAILURE_CLASSES,
+    FAILURE_KINDS,
+    append_line,
+)
 from train.schema import EVENT, read_jsonl_checked, read_records
 
 __all__ = [
     "BUDGETS",
     "EVENTS",
+    "FINAL_EVENTS",
     "STOP_EVENTS",
     "BudgetConfig",
     "RunHistory",
@@ -36,26 +45,15 @@ __all__ = [
     "read_jsonl",
 ]
 
-EVENTS = (
-    "start",
-    "resume",
-    "signal",
-    "checkpoint",
-    "requeue",
-    "preempted",
-    "timeout",
-    "failure",
-    "target",
-    "complete",
-    "budget_exhausted",
-    "cancelled",
-    "hang",
-    "quarantine",
-    "node_fail",
-    "restart_in_place",
-)
+# every list of event names derives from the one table of event kinds (train.runfiles)
+EVENTS = runfiles.EVENTS
+# what consumes a requeue budget (an event, or a failure of one class: train.stop.causes), with
+# the RequeueConfig field that limits it
+BUDGETS = runfiles.BUDGETS
 # the events that interrupt an attempt (what `jobs plot` marks, what explains an attempt's end)
-STOP_EVENTS = ("preempted", "timeout", "failure", "hang", "node_fail", "cancelled")
+STOP_EVENTS = tuple(k.name for k in EVENT_KINDS if k.interrupts)
+# the events that end a run for good
+FINAL_EVENTS = tuple(k.name for k in EVENT_KINDS if k.final)
 
 
 def _whole(value: object) -> int | None:
@@ -82,28 +80,15 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl_checked(path)[0]
 
 
-# what consumes a requeue budget (an event, or a failure of one class: train.stop.causes), with
-# the RequeueConfig field that limits it and how a message names it
-BUDGETS = {
-    "preempted": "max_preemptions",
-    "timeout": "max_timeouts",
-    "failure_unknown": "max_failures",
-    "failure_infra": "max_infra_failures",
-    "failure_user": "max_user_failures",
-    "hang": "max_hangs",
-}
-_LABELS = {
-    "failure_unknown": "failure",
-    "failure_infra": "infrastructure failure",
-    "failure_user": "error of the code or config",
-}
-FAILURE_CLASSES = ("user", "infra", "unknown")
-
-
 def failure_class(event: Mapping[str, Any]) -> str:
     """The class of a ``failure`` event (train.stop.causes); older events have none: unknown."""
     cls = event.get("failure_class")
     return cls if cls in FAILURE_CLASSES else "unknown"
+
+
+# the counts the summary line names, with its word for each (the table's order)
+_SUMMARY = tuple((k.count_key, k.summary) for k in EVENT_KINDS if k.count_key and k.summary)
+_NAMED = {f.name: f.named for f in FAILURE_KINDS}
 
 
 class BudgetConfig(Protocol):
@@ -127,8 +112,9 @@ def over_budget(counts: Mapping[str, int], requeue_config: BudgetConfig) -> str 
         limit = getattr(requeue_config, attr, None)
         count = int(counts.get(event, 0))
         if limit is not None and count > int(limit):
+            label = BUDGET_LABELS.get(event, event)
             return (
-                f"{_LABELS.get(event, event)} {count}x, over the budget requeue.{attr}={limit}; "
+                f"{label} {count}x, over the budget requeue.{attr}={limit}; "
                 f"not requeuing (raise requeue.{attr} to allow more)"
             )
     return None
@@ -143,26 +129,16 @@ class RunHistory:
     """Reads and appends ``RUN_DIR/events.jsonl``."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / "events.jsonl"
+        self.path = Path(run_dir) / EVENTS_FILE
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event (one ``write`` of one line, fsynced) and return it."""
         if event not in EVENTS:
             raise ValueError(f"unknown event {event!r}; expected one of {', '.join(EVENTS)}")
         record = {"time": round(time.time(), 3), "event": event, **fields}
-        line = json.dumps(record, sort_keys=False, default=str) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_APPEND + a single write keeps lines whole even if another writer appends too
-        fd = open_fd(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)  # never through a link
-        try:
-            # a crash mid-write leaves a torn last line: start on a fresh line, not glued to it
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = "\n" + line
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        # one O_APPEND write, fsynced, never through a link, never glued onto a torn line
+        append_line(self.path, json.dumps(record, sort_keys=False, default=str))
         return record
 
     def events(self) -> list[dict[str, Any]]:
@@ -190,8 +166,7 @@ class RunHistory:
         counts = self.counts()
         resumes = [e for e in events if e["event"] == "resume"]
         last = events[-1] if events else None
-        terminal = ("complete", "budget_exhausted", "cancelled")
-        final = next((e for e in reversed(events) if e["event"] in terminal), None)
+        final = next((e for e in reversed(events) if e["event"] in FINAL_EVENTS), None)
         return {
             "preemptions": counts["preempted"],
             "timeouts": counts["timeout"],
@@ -240,14 +215,7 @@ class RunHistory:
         """One line for humans, e.g. ``preempted 2x, timeout 1x, resumed at step 120``."""
         d = self.to_dict()
         parts = []
-        for key, label in (
-            ("preemptions", "preempted"),
-            ("timeouts", "timeout"),
-            ("failures", "failed"),
-            ("hangs", "hung"),
-            ("node_failures", "node failure"),
-            ("restarts_in_place", "restarted in place"),
-        ):
+        for key, label in _SUMMARY:
             if d[key]:
                 parts.append(f"{label} {d[key]}x")
                 if key == "node_failures" and d["failed_nodes"]:
@@ -267,17 +235,12 @@ class RunHistory:
         failure = d["last_failure"]
         if failure and not d["complete"] and failure.get("error"):
             # the real cause (a command's exit code and last stderr line), not the step's code
-            cls = failure_class(failure)
-            named = (
-                ""
-                if cls == "unknown"
-                else ("infrastructure" if cls == "infra" else "code or config")
-            )
+            word = _NAMED[failure_class(failure)] or ""
             # the rule that sorted it (train.stop.causes: "... (rule NAME: the line)")
             rule = re.search(r"\(rule ([^:()]+):", str(failure.get("cause") or ""))
             if rule:
-                named = f"{named}, " * bool(named) + f"rule {rule.group(1)}"
-            named = f" ({named})" if named else ""
+                word = f"{word}, " * bool(word) + f"rule {rule.group(1)}"
+            named = f" ({word})" if word else ""
             parts.append(f"last failure{named}: {str(failure['error'])[:160]}")
         if not parts:
             return "no events yet" if d["last_event"] is None else "no interruptions"

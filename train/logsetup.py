@@ -9,7 +9,26 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from train.runfiles import LOGS, make_dirs, open_text
+
 __all__ = ["setup_logging"]
+
+
+class _RunLog(logging.StreamHandler):
+    """``logging.FileHandler`` that never opens through a link planted in the run directory
+    (:func:`train.runfiles.open_text`, appending) and closes its file with itself."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(open_text(path, "a"))
+
+    def close(self) -> None:
+        self.acquire()
+        try:
+            self.flush()
+            self.stream.close()
+        finally:
+            self.release()
+            super().close()
 
 
 def setup_logging(
@@ -29,9 +48,8 @@ def setup_logging(
     )
     handlers: list[logging.Handler] = [logging.StreamHandler(stream or sys.stderr)]
     if run_dir is not None:
-        logs = Path(run_dir) / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(logs / f"rank-{rank}.log"))
+        logs = make_dirs(run_dir, LOGS)  # never through a planted link
+        handlers.append(_RunLog(logs / f"rank-{rank}.log"))
     for h in handlers:
         h.setFormatter(fmt)
         h._train_handler = True  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import SupportsFloat
 
-from train.runfiles import open_fd
+from train.runfiles import METRICS_FILE, open_fd
 
 __all__ = ["REPORT_KIND", "report"]
 
@@ -60,7 +60,7 @@ def report(step: int, **scalars: object) -> None:
         separators=(",", ":"),
     )
     try:
-        fd = open_fd(os.path.join(run_dir, "metrics.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        fd = open_fd(os.path.join(run_dir, METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, (line + "\n").encode())
         finally:

@@ -44,7 +44,7 @@ from train.checkpoint import (
     read_manifest,
 )
 from train.errors import CheckpointError, ConfigError
-from train.runfiles import write_text
+from train.runfiles import CHECKPOINTS, CONFIGS, atomic_write, make_dirs
 from train.spec import TrainConfig, config_hash
 
 __all__ = [
@@ -114,7 +114,7 @@ def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 def _config_file(run_dir: Path, digest: str) -> Path:
-    return run_dir / "configs" / f"{digest}.json"
+    return run_dir / CONFIGS / f"{digest}.json"
 
 
 def record_config(run_dir: Path, config: TrainConfig) -> None:
@@ -122,10 +122,8 @@ def record_config(run_dir: Path, config: TrainConfig) -> None:
     path = _config_file(run_dir, config_hash(config))
     if path.exists():
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_text(tmp, json.dumps(config.model_dump(mode="json"), sort_keys=True))
-    os.replace(tmp, path)
+    make_dirs(run_dir, CONFIGS)  # never through a planted link
+    atomic_write(path, json.dumps(config.model_dump(mode="json"), sort_keys=True))
 
 
 def recorded_config(run_dir: Path, digest: str) -> dict[str, Any] | None:
@@ -197,7 +195,7 @@ def plan_resume(
     line. ``restarted``: a restart of the same command line (an explicit path recorded as
     the start of the current line then means "continue": see the module docstring). ``command``: an
     ``entrypoint.command``, which may keep checkpoints of its own in the run directory."""
-    ckpt_root = run_dir / "checkpoints"
+    ckpt_root = run_dir / CHECKPOINTS
     existing = _existing(ckpt_root)
     record = read_branch_record(ckpt_root) if existing else None
     recorded = record.line if record is not None else Line()

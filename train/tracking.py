@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from train.errors import ConfigError
-from train.runfiles import write_text
+from train.runfiles import TENSORBOARD, WANDB_ID, write_text
 
 __all__ = ["SCALARS", "Tracker", "TrackingError"]
 
@@ -49,7 +49,7 @@ SCALARS: dict[str, dict[str, str]] = {
     },
     "eval": {"test_loss": "test/loss", "test_accuracy": "test/accuracy"},
 }
-WANDB_ID_FILE = "wandb-id"
+WANDB_ID_FILE = WANDB_ID
 
 
 class TrackingError(ConfigError):
@@ -117,7 +117,7 @@ class Tracker:
             log.warning("tensorboard is not installed: no TensorBoard scalars for this run")
         else:
             purge = self.resumed_step + 1 if self.resumed_step is not None else None
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge)
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD), purge_step=purge)
         pending, self._pending = self._pending, []
         for name, step, fields in pending:
             self.event(name, step, **fields)

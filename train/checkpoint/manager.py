@@ -25,6 +25,7 @@ from train.checkpoint.manifest import (
     LoadedCheckpoint,
 )
 from train.errors import CheckpointError
+from train.runfiles import CHECKPOINTS
 
 if TYPE_CHECKING:
     from torch import nn
@@ -125,7 +126,7 @@ class CheckpointManager:
         from train.spec import config_hash
 
         return cls(
-            run_dir / "checkpoints",
+            run_dir / CHECKPOINTS,
             rank=rank,
             world_size=world_size,
             keep_last=config.checkpoint.keep_last,

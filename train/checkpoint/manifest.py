@@ -30,7 +30,7 @@ from train.checkpoint.digest import (
     state_digest,
 )
 from train.errors import CheckpointError
-from train.runfiles import open_text
+from train.runfiles import atomic_write
 
 __all__ = [
     "MANIFEST",
@@ -96,15 +96,10 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(obj: Any, path: Path, *, durable: bool = True) -> None:
     """Write JSON to ``path`` through a rename. ``durable``: fsync the file and its directory
     (False for rank markers: they only coordinate ranks, a crash discards the save anyway)."""
-    tmp = path.with_name(path.name + ".partial")
-    with open_text(tmp) as f:  # a link planted there is refused, never written through
-        json.dump(obj, f, indent=1, sort_keys=True)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
+    # the owner's atomic write (through NAME.partial, the format's temporary name): a link
+    # planted there is refused, never written through
+    text = json.dumps(obj, indent=1, sort_keys=True)
+    atomic_write(path, text, durable=durable, temp=path.name + ".partial")
 
 
 def torch_load(path: Path) -> Any:

@@ -30,6 +30,7 @@ from typing import IO
 
 from train.env import DistEnv
 from train.procfs import PROC, process_tree, status
+from train.runfiles import CHECKPOINTS
 
 __all__ = [
     "StderrTail",
@@ -210,7 +211,7 @@ def child_environ(
     env.export(child)
     child["RUN_DIR"] = str(run_dir)
     child["TRAIN_RESTART_COUNT"] = str(env.restart_count)
-    child["TRAIN_CHECKPOINT_DIR"] = str(run_dir / "checkpoints")
+    child["TRAIN_CHECKPOINT_DIR"] = str(run_dir / CHECKPOINTS)
     child["TRAIN_STOP_SIGNAL"] = stop_signal
     child.pop("TRAIN_RESUME_FROM", None)
     child.pop("TRAIN_CHECKPOINT_WORLD_SIZE", None)

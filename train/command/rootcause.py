@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from train.runfiles import write_text
+from train.runfiles import FAILURES, atomic_write, make_dirs
 
 __all__ = ["READ_LIMIT", "read_reports", "report_dir", "write_report"]
 
@@ -32,7 +32,7 @@ READ_LIMIT = 16
 
 
 def report_dir(run_dir: Path, job_id: str | None, attempt: int | str) -> Path:
-    return Path(run_dir) / ".failures" / f"{job_id}-{attempt}.ranks"
+    return Path(run_dir) / FAILURES / f"{job_id}-{attempt}.ranks"
 
 
 def write_report(
@@ -50,10 +50,8 @@ def write_report(
     name = f"{round(exited_at * 1000):015d}-{rank}.json"
     data = {"rank": rank, "time": exited_at, "error": error, "stderr_tail": lines[-40:]}
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{name}.tmp"
-        write_text(tmp, json.dumps(data))
-        os.replace(tmp, folder / name)
+        make_dirs(run_dir, FAILURES, folder.name)  # never through a planted link
+        atomic_write(folder / name, json.dumps(data), durable=False)
     except OSError as exc:
         log.warning("cannot write rank %d's failure report in %s (%s)", rank, folder, exc)
 

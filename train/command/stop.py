@@ -33,7 +33,7 @@ from train.command.processes import (
 from train.env import DistEnv
 from train.history import RunHistory
 from train.procfs import process_tree
-from train.runfiles import touch
+from train.runfiles import STOPS, make_dirs, touch
 from train.spec import RunConfig
 from train.stop import (
     AskedOnce,
@@ -251,12 +251,12 @@ class StopHandling:
 
     # -- ranks ----------------------------------------------------------------------------------
     def _marker_dir(self) -> Path:
-        return self.run_dir / ".stops" / f"{self.env.job_id}-{self.env.attempt}"
+        return self.run_dir / STOPS / f"{self.env.job_id}-{self.env.attempt}"
 
     def _mark_stopped(self) -> None:
         if self.env.world_size > 1:
             try:
-                self._marker_dir().mkdir(parents=True, exist_ok=True)
+                make_dirs(self.run_dir, STOPS, self._marker_dir().name)  # no planted link
                 touch(self._marker_dir() / str(self.env.rank))
             except OSError as exc:
                 log.warning("cannot mark rank %d stopped (%s)", self.env.rank, exc)

@@ -58,6 +58,7 @@ from train.errors import EntrypointError
 from train.hang import Watchdog, start_watchdog
 from train.history import RunHistory
 from train.procfs import PROC
+from train.runfiles import EVENTS_FILE
 from train.spec import RunConfig
 from train.stop import (
     BUDGET_EXHAUSTED_EXIT_CODE,
@@ -286,7 +287,7 @@ class CommandRun(StopHandling):
     def _rank0_completed_at(self) -> float | None:
         """When rank 0 recorded this attempt's run complete (None: not yet). Reads
         ``events.jsonl`` only when its size or time changed since the last look."""
-        path = self.run_dir / "events.jsonl"
+        path = self.run_dir / EVENTS_FILE
         try:
             st = path.stat()
         except OSError:

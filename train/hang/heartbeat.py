@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from train.runfiles import open_fd, open_text, write_text
+from train.runfiles import PROGRESS, make_dirs, open_fd, open_text, private_dir, write_text
 from train.safepath import python_module_argv
 from train.stop import attempt_name
 
@@ -113,6 +113,7 @@ __all__ = [
     "Watchdog",
     "allowance",
     "auto_timeout",
+    "make_node_local_dir",
     "node_local_dir",
     "read_beats",
     "start_watchdog",
@@ -139,14 +140,31 @@ NOT_BUSY = ("train", "wait")
 _BEAT = struct.Struct("<qdqq")  # step, wall time, phase, pulse counter
 
 
-def node_local_dir(run_dir: Path, attempt: str, node: str, root: Path | None = None) -> Path:
-    """This node's heartbeat folder for one attempt of one run: in ``/dev/shm`` (memory) when
-    there is one, else the node's temporary folder; never in the shared run directory."""
+def _node_local_parts(
+    run_dir: Path, attempt: str, node: str, root: Path | None
+) -> tuple[Path, tuple[str, str, str]]:
     if root is None:
         shm = Path("/dev/shm")
         root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
     run = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
-    return root / f"slurm-train-{os.getuid()}" / f"{run}-{attempt}" / node
+    return root, (f"slurm-train-{os.getuid()}", f"{run}-{attempt}", node)
+
+
+def node_local_dir(run_dir: Path, attempt: str, node: str, root: Path | None = None) -> Path:
+    """This node's heartbeat folder for one attempt of one run: in ``/dev/shm`` (memory) when
+    there is one, else the node's temporary folder; never in the shared run directory."""
+    top, parts = _node_local_parts(run_dir, attempt, node, root)
+    return top.joinpath(*parts)
+
+
+def make_node_local_dir(run_dir: Path, attempt: str, node: str, root: Path | None = None) -> Path:
+    """:func:`node_local_dir`, made private: every folder below the (world-writable) root is
+    created ``0700`` or proven this user's, walked without following a link
+    (:func:`train.runfiles.private_dir`). A folder another user planted there (to forge or hide
+    heartbeats, or to have a clean-up delete theirs) is refused in one line
+    (:class:`train.runfiles.NotOursError`)."""
+    top, parts = _node_local_parts(run_dir, attempt, node, root)
+    return private_dir(top, *parts)
 
 
 @dataclass(frozen=True)
@@ -257,11 +275,10 @@ class Watchdog:
     ) -> None:
         attempt = attempt_name(job_id, f"{restart_count}.{in_place}" if in_place else restart_count)
         node = node or socket.gethostname().split(".")[0]
-        self.local_dir = node_local_dir(run_dir, attempt, node, local_root)
+        self.local_dir = make_node_local_dir(run_dir, attempt, node, local_root)
         meta = {"rank": rank, "pid": os.getpid(), "node": node, "command_pid": command_pid}
         # once per rank and attempt in the shared run directory: who ran where
-        shared = run_dir / ".progress" / attempt
-        shared.mkdir(parents=True, exist_ok=True)
+        shared = make_dirs(run_dir, PROGRESS, attempt)  # never through a planted link
         write_text(shared / f"rank-{rank}.json", json.dumps(meta))
         self.heartbeat = Heartbeat(self.local_dir, rank, meta)
         self._lock = threading.Lock()

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -36,7 +35,15 @@ from train.hang.heartbeat import (
     read_beat,
 )
 from train.procfs import describe_tree, is_child, proc_state, process_tree
-from train.runfiles import open_fd, write_text
+from train.runfiles import (
+    HANGS,
+    PROGRESS,
+    atomic_write,
+    make_dirs,
+    open_fd,
+    remove_own_tree,
+    write_text,
+)
 from train.spec import RequeueConfig
 from train.stop import Decider, claim_hang, hang_dir, is_claimed, request_requeue
 
@@ -70,7 +77,7 @@ class _Args:
 
     @property
     def shared(self) -> Path:
-        return self.run_dir / ".progress" / self.attempt
+        return self.run_dir / PROGRESS / self.attempt
 
     @property
     def hangs(self) -> Path:
@@ -306,7 +313,7 @@ def _quick(a: _Args, node: _Node) -> float:
 def _watch(a: _Args) -> int:
     """Watch the node until its first rank ends (0) or a hang is handled (1)."""
     node = _Node(a)
-    (a.shared / "nodes").mkdir(parents=True, exist_ok=True)
+    make_dirs(a.run_dir, PROGRESS, a.attempt, "nodes")  # never through a planted link
     next_publish = next_judge = next_claim_check = 0.0
     ended = True  # the node's ranks end on their own (or are stopped by Slurm): say so
     try:
@@ -349,7 +356,8 @@ def _watch(a: _Args) -> int:
         if ended:
             with contextlib.suppress(Exception):
                 node.publish(time.monotonic(), ended=True)
-        shutil.rmtree(a.local_dir, ignore_errors=True)
+        # only what is ours, never through a link (not shutil.rmtree: a planted parent)
+        remove_own_tree(a.local_dir)
         with contextlib.suppress(OSError):
             a.local_dir.parent.rmdir()  # the attempt's folder, once no node of it is left
 
@@ -358,7 +366,7 @@ def _handle_hang(a: _Args, node: _Node, verdict: Verdict | None, views: list[Nod
     # `scontrol requeue` makes Slurm SIGTERM every process of the step, this one included, at
     # once (SIGKILL only after KillWait): finish the record and the quarantine first.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    a.hangs.mkdir(parents=True, exist_ok=True)
+    make_dirs(a.run_dir, HANGS, a.attempt)  # never through a planted link
     claimed = False
     if verdict is not None:
         claimed = claim_hang(a.hangs)
@@ -418,7 +426,9 @@ def _record_local(a: _Args, node: _Node) -> None:
         dumped[t.rank] = False
         if _nonempty(written[t.rank]):
             try:
-                shutil.copyfile(written[t.rank], a.hangs / f"rank-{t.rank}.stacks")
+                # not shutil.copyfile: it opens the copy through a link planted there
+                dump = written[t.rank].read_bytes()
+                atomic_write(a.hangs / f"rank-{t.rank}.stacks", dump, durable=False)
                 dumped[t.rank] = True
             except OSError as exc:
                 log.warning("could not copy the stacks of rank %s: %s", t.rank, exc)
@@ -429,9 +439,7 @@ def _record_local(a: _Args, node: _Node) -> None:
             "pid": t.pid,
             "stacks": str(a.hangs / f"rank-{t.rank}.stacks") if dumped.get(t.rank) else None,
         }
-        tmp = a.hangs / f".rank-{t.rank}.json.tmp"
-        write_text(tmp, json.dumps(seen))
-        tmp.replace(a.hangs / f"rank-{t.rank}.json")
+        atomic_write(a.hangs / f"rank-{t.rank}.json", json.dumps(seen), durable=False)
 
 
 def _nonempty(path: Path) -> bool:

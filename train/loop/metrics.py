@@ -24,7 +24,7 @@ from torch import nn
 
 from train.env import DistEnv
 from train.loop.data import Augmenter, ImageSet
-from train.runfiles import open_text
+from train.runfiles import METRICS_FILE, open_text
 
 __all__ = [
     "MetricsWriter",
@@ -78,7 +78,7 @@ class MetricsWriter:
     """Appends one JSON object per line to ``RUN_DIR/metrics.jsonl`` (rank 0 only)."""
 
     def __init__(self, run_dir: Path, is_main: bool) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS_FILE
         self.is_main = is_main
         self.records: list[dict[str, Any]] = []
         self._file: IO[str] | None = None

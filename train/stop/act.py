@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from cluster.errors import BadInputError
 from train.history import BudgetConfig, RunHistory
+from train.runfiles import FAILURES, make_dirs
 from train.stop.causes import rules_of
 from train.stop.claims import hang_claimed
 from train.stop.decision import (
@@ -70,7 +71,7 @@ def describe_failure(exc: BaseException, where: str) -> str:
 
 
 def _failure_marker(run_dir: Path | str, job_id: str | None, attempt: int | str) -> Path:
-    return Path(run_dir) / ".failures" / f"{job_id}-{attempt}"
+    return Path(run_dir) / FAILURES / f"{job_id}-{attempt}"
 
 
 def failure_claimed(run_dir: Path | str, job_id: str | None, attempt: int | str) -> bool:
@@ -83,7 +84,7 @@ def claim_failure(run_dir: Path | str, job_id: str, attempt: int | str, is_main:
     exclusive create of ``RUN_DIR/.failures/JOB-ATTEMPT`` on the shared run directory)."""
     marker = _failure_marker(run_dir, job_id, attempt)
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(run_dir, FAILURES)  # never through a planted link
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from train.runfiles import open_fd
+from train.runfiles import HANGS, open_fd
 
 __all__ = ["attempt_name", "claim_hang", "hang_claimed", "hang_dir", "is_claimed"]
 
@@ -28,7 +28,7 @@ def attempt_name(job_id: str | None, attempt: int | str) -> str:
 
 def hang_dir(run_dir: Path | str, name: str) -> Path:
     """``RUN_DIR/hangs/NAME``: one attempt's hang record (NAME from :func:`attempt_name`)."""
-    return Path(run_dir) / "hangs" / name
+    return Path(run_dir) / HANGS / name
 
 
 def is_claimed(hangs: Path) -> bool:

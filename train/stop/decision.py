@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from train import runfiles
 from train.history import BudgetConfig, over_budget
 from train.stop.facts import StopFacts
 
@@ -42,16 +43,9 @@ Trigger = Literal["signal", "preemption", "timeout", "cancel", "failure", "hang"
 #: the launcher restarts a failed process itself).
 Action = Literal["requeue", "exit_requeue", "restart_in_place", "none"]
 
-#: The one table from a stop's kind to the event recorded in ``events.jsonl``.
-EVENT_OF_KIND: Mapping[str, str] = {
-    "preemption": "preempted",
-    "requeued": "preempted",  # requeued from outside (scontrol requeue): budgeted as one
-    "timeout": "timeout",
-    "cancel": "cancelled",
-    "failure": "failure",
-    "hang": "hang",
-    "node_fail": "node_fail",
-}
+#: A stop's kind -> the event recorded in ``events.jsonl``, from the one table of event kinds
+#: (:data:`train.runfiles.EVENT_KINDS`; "requeued" from outside is budgeted as a preemption).
+EVENT_OF_KIND: Mapping[str, str] = runfiles.EVENT_OF_KIND
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from cluster import Slurm
 
+from train.runfiles import LOCAL_STOP
+
 __all__ = [
     "LOCAL_SUPERVISOR_ENV",
     "AskedOnce",
@@ -226,7 +228,7 @@ def _local_cancel(run_dir: Path | str) -> bool:
     if launcher.isdigit() and os.getppid() != int(launcher):
         return True
     try:
-        text = (Path(run_dir) / ".local-stop").read_text(encoding="utf-8", errors="replace")
+        text = (Path(run_dir) / LOCAL_STOP).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
     return text.strip() == "cancel"

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from train.history import STOP_EVENTS, RunHistory
+from train.history import FINAL_EVENTS, STOP_EVENTS, RunHistory
 
 if TYPE_CHECKING:
     from cluster import Slurm
@@ -139,7 +139,7 @@ def exclude(
 
 
 # what a rank records when an attempt ends (any of them: the attempt is explained)
-_ENDS = frozenset({*STOP_EVENTS, "requeue", "budget_exhausted", "complete"})
+_ENDS = frozenset({*STOP_EVENTS, *FINAL_EVENTS, "requeue"})
 
 
 def explain_previous_attempt(

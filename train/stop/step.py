@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from train.env import job_hosts
 from train.history import RunHistory
-from train.runfiles import default_run_dir
+from train.runfiles import default_run_dir, events_where
 from train.stop.act import RequeueSettings, stop_attempt
 from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 from train.stop.stopenv import Decider
@@ -46,9 +46,7 @@ __all__ = ["after_step", "main"]
 log = logging.getLogger(__name__)
 
 #: Ends of an attempt after which nothing is left to do here.
-_SETTLED = frozenset(
-    {"requeue", "cancelled", "budget_exhausted", "complete", "node_fail", "restart_in_place"}
-)
+_SETTLED = events_where(settles=True)
 #: Exit codes that say what to do by themselves: done, bad input, budget spent, requeue me.
 _FINAL_CODES = frozenset({0, 2, BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE})
 

@@ -364,10 +364,10 @@ def test_a_preempt_drill_that_cannot_write_its_script_does_nothing(
 ) -> None:
     fake = FakeCluster(tmp_path, "preempt")
 
-    def refuse(self: Path, *args: object, **kw: object) -> None:
+    def refuse(*args: object, **kw: object) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Path, "mkdir", refuse)
+    monkeypatch.setattr("jobs.drill.make_dirs", refuse)
     with pytest.raises(
         DrillError, match=r"cannot write .*preempt.sbatch \(Permission denied\); nothing"
     ):
