@@ -207,6 +207,12 @@ class SlurmClient:
         """
         return parse.parse_config_limits(self.run(["scontrol", "show", "config"]).stdout)
 
+    def sbatch_options(self) -> frozenset[str]:
+        """The long options the ``sbatch`` this client runs lists in ``sbatch --help`` (its
+        release's; see :func:`cluster.parse.parse_sbatch_help`). Callers may cache it per
+        cluster (:meth:`conf_stamp`)."""
+        return parse.parse_sbatch_help(self.run(["sbatch", "--help"]).stdout)
+
     def conf_stamp(self) -> str:
         """Identifies the slurm.conf in use as it is now (path, size, mtime)."""
         return conf_stamp(self.conf)

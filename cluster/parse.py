@@ -218,6 +218,19 @@ def parse_admin_level(text: str) -> str:
     return lines[0] if lines else ""
 
 
+_HELP_OPTION_RE = re.compile(r"^\s*(?:-[A-Za-z],?\s+)?--([a-z][a-z0-9-]*)", re.ASCII | re.MULTILINE)
+
+
+def parse_sbatch_help(text: str) -> frozenset[str]:
+    """``sbatch --help``: the long options it lists (each at the start of its line, after an
+    optional short one: ``  -A, --account=name``, ``  -B  --extra-node-info=...``). The help
+    leaves some out (``--open-mode``, ``--hint``, ...): absence here is no proof of absence."""
+    options = frozenset(_HELP_OPTION_RE.findall(text))
+    if "help" not in options:
+        raise SlurmParseError(f"sbatch --help printed no option list ({text.strip()[:80]!r})")
+    return options
+
+
 def parse_sbatch_job_id(text: str) -> str:
     """``sbatch --parsable`` prints ``<jobid>`` or ``<jobid>;<cluster>``."""
     line = text.strip().splitlines()[-1] if text.strip() else ""

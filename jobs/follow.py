@@ -221,8 +221,12 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
             return f"{','.join(map(str, kept_off))} excluded after {event.get('reason', 'a fault')}"
         return f"no node excluded: {event.get('skipped', 'not needed')}"
     if name == "requeue":
-        by_launcher = event.get("via") == "exit_code"
-        return "requeued" + (" (exit code 75: the launcher restarts it)" if by_launcher else "")
+        by = {"exit_code": " (exit code 75: the launcher restarts it)",
+              "batch_script": " (by the batch script, after the step)",
+              "local": " (by the local executor)"}.get(str(event.get("via")), "")  # fmt: skip
+        return "requeued" + by
+    if name == "requeue_failed":
+        return f"requeue refused by Slurm: {event.get('error', '?')}"
     if name == "budget_exhausted":
         return f"not requeued: {event.get('reason', 'budget spent')}"
     if name == "cancelled":

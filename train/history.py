@@ -19,7 +19,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,11 +36,14 @@ from train.schema import EVENT, read_jsonl_checked, read_records
 
 __all__ = [
     "BUDGETS",
+    "BUDGET_SCOPES",
     "EVENTS",
     "FINAL_EVENTS",
     "STOP_EVENTS",
     "BudgetConfig",
     "RunHistory",
+    "attempt_completed_at",
+    "budget_counts",
     "over_budget",
     "read_jsonl",
 ]
@@ -120,6 +123,107 @@ def over_budget(counts: Mapping[str, int], requeue_config: BudgetConfig) -> str 
     return None
 
 
+#: The scope of each budget (the spec's field descriptions say the same, train/spec/policy.py):
+#: what the count a budget is checked against covers (:func:`budget_counts`). A submission is a
+#: ``jobs submit`` (one Slurm job id, kept across requeues; a local run: its restarts); a new
+#: submission that resumes a run directory starts with fresh budgets.
+BUDGET_SCOPES = {
+    "max_preemptions": "submission",
+    "max_timeouts": "submission",
+    "max_failures": "submission",
+    "max_infra_failures": "submission",
+    "max_user_failures": "submission",
+    "max_hangs": "submission",
+    "max_restarts_without_progress": "submission",
+    "max_restarts_in_place": "allocation",
+}
+
+
+def _same_job(a: object, b: object) -> bool:
+    return (None if a is None else str(a)) == (None if b is None else str(b))
+
+
+def _whole_or_zero(value: object) -> int | None:
+    """A count field as written (0 included); None for a damaged or foreign value."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def attempt_completed_at(
+    events: Iterable[Mapping[str, Any]],
+    *,
+    job_id: object,
+    restart_count: int,
+    in_place: int = 0,
+) -> float | None:
+    """When rank 0 recorded this attempt (job, restart count, restart in place) ``complete``;
+    None: not (yet). THE definition of a completed run, shared by the batch script
+    (:mod:`train.stop.step`), the command supervisor and the local executor: once rank 0
+    recorded ``complete``, a later non-zero exit of any rank (gloo's abort at exit, an OOM kill
+    in teardown, a rank stopped while it lingers) is not a failure and the run ends COMPLETED."""
+    for e in events:
+        restart, place = e.get("restart_count"), e.get("in_place", 0)
+        if (
+            e.get("event") == "complete"
+            and _same_job(e.get("job_id"), job_id)
+            and _whole_or_zero(restart) == restart_count
+            and _whole_or_zero(place) == in_place
+        ):
+            at = e.get("time")
+            return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
+    return None
+
+
+def _submission(events: list[dict[str, Any]], job_id: object) -> list[dict[str, Any]]:
+    """The events of the current submission (``job_id``'s): the newest ones back to another job
+    id, or back to where the restart count fell (a new submission starts at 0 again: the local
+    executor's runs have no job id)."""
+    start = len(events)
+    later = None
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        if not _same_job(e.get("job_id"), job_id):
+            break
+        count = _count(e.get("restart_count"))
+        if later is not None and count > later:
+            break
+        later, start = count, i
+    return events[start:]
+
+
+def budget_counts(
+    events: Iterable[Mapping[str, Any]], *, job_id: object, restart_count: int
+) -> dict[str, int]:
+    """The counts the stop decision checks the budgets against, each over its scope
+    (:data:`BUDGET_SCOPES`): the stops of the current submission (``preempted``, ``timeout``,
+    ``failure``, ``failure_CLASS``, ``hang``), the restarts in place of this allocation
+    (``restart_in_place``: job id and restart count), and ``stalled_restarts``: how many
+    consecutive restarts of this submission resumed from the same checkpoint step
+    (``stalled_step``, -1 when no restart resumed from a known step)."""
+    listed = [dict(e) for e in events]
+    mine = _submission(listed, job_id)
+    counts = dict.fromkeys((*EVENTS, *(f"failure_{c}" for c in FAILURE_CLASSES)), 0)
+    for e in mine:
+        name = str(e.get("event"))
+        counts[name] = counts.get(name, 0) + 1
+        if name == "failure":
+            counts[f"failure_{failure_class(e)}"] += 1
+    counts["restart_in_place"] = sum(
+        1
+        for e in mine
+        if e.get("event") == "restart_in_place" and _count(e.get("restart_count")) == restart_count
+    )
+    steps = [e.get("step") for e in mine if e.get("event") == "resume"]
+    stalled, at = 0, -1
+    if steps and isinstance(steps[-1], int) and not isinstance(steps[-1], bool):
+        at = steps[-1]
+        for step in reversed(steps):
+            if step != at:
+                break
+            stalled += 1
+    counts["stalled_restarts"], counts["stalled_step"] = stalled, at
+    return counts
+
+
 def _count(value: Any) -> int:
     """A non-negative int from an event field (a damaged or foreign value counts as 0)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
@@ -154,6 +258,10 @@ class RunHistory:
                 key = f"failure_{failure_class(e)}"
                 counts[key] += 1
         return counts
+
+    def budget_counts(self, job_id: object, restart_count: int) -> dict[str, int]:
+        """:func:`budget_counts` of the recorded events (what the stop decision reads)."""
+        return budget_counts(self.events(), job_id=job_id, restart_count=restart_count)
 
     def check_budget(self, requeue_config: BudgetConfig) -> str | None:
         """Why the run must stop instead of being requeued, or None when within budget

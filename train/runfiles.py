@@ -239,6 +239,8 @@ EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind("signal"),
     EventKind("checkpoint"),
     EventKind("requeue", settles=True, asks_slurm=True),
+    # a requeue Slurm refused (train.stop.act); the batch script retries it (train.stop.step)
+    EventKind("requeue_failed", asks_slurm=True),
     EventKind(
         "preempted",
         **_STOP,

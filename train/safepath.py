@@ -28,6 +28,12 @@ PACKAGES = ("jobs", "train", "cluster")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: ``-P`` (Python 3.11+) for a ``python`` line in a script (``jobs.executor``: the batch
+#: script's). A script line has no room for :func:`python_module_argv`'s prologue, and the only
+#: other way before 3.11, ``-I``, would drop the ``PYTHONPATH`` the script exports.
+SAFE_PATH: tuple[str, ...] = ("-P",) if sys.version_info >= (3, 11) else ()
+
+
 def python_module_argv(module: str, *args: str, unbuffered: bool = False) -> list[str]:
     """``[python, -P, -m, module, *args]``: this project's module, never one from the cwd.
 
@@ -36,8 +42,8 @@ def python_module_argv(module: str, *args: str, unbuffered: bool = False) -> lis
     recognises a local run's processes by it).
     """
     flags = ["-u"] if unbuffered else []
-    if sys.version_info >= (3, 11):
-        return [sys.executable, *flags, "-P", "-m", module, *args]
+    if SAFE_PATH:
+        return [sys.executable, *flags, *SAFE_PATH, "-m", module, *args]
     prologue = (
         "import runpy, sys; del sys.path[0]; "
         "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"

@@ -280,8 +280,11 @@ def test_requeue_template_survives_preemption(
     job, batch_log, run_dir = _preempt_and_resume(jobs, tmp_path, "requeue", env, slurm_client)
     assert "got SIGUSR2: forwarding it to the training step" in batch_log, batch_log
     assert f"exited 75: scontrol requeue {job}" in batch_log, batch_log
+    # what happened (issue 44): the rank's requeue failed, the batch script's was taken
+    refused = next(e for e in _events(run_dir) if e["event"] == "requeue_failed")
+    assert refused.get("by") == "rank", refused
     requeue = next(e for e in _events(run_dir) if e["event"] == "requeue")
-    assert requeue.get("via") == "exit_code", requeue
+    assert requeue.get("via") == "batch_script", requeue
 
 
 @pytest.mark.timeout(300)

@@ -44,6 +44,12 @@ if [[ "$1" == show ]]; then
   exit 0
 fi
 printf '%s\0' "$@" >> "${STUB_DIR}/scontrol.args"
+if [[ -n "${STUB_SCONTROL_FAILS:-}" ]]; then  # the first N calls refused, then taken
+  n=$(( $(cat "${STUB_DIR}/scontrol.fails" 2>/dev/null || echo 0) + 1 ))
+  echo "$n" > "${STUB_DIR}/scontrol.fails"
+  if (( n <= STUB_SCONTROL_FAILS )); then exit 1; fi
+  exit 0
+fi
 exit "${STUB_SCONTROL_RC:-0}"
 """
 
@@ -63,7 +69,9 @@ class Harness:
         self.project = tmp / "project"
         for d in (self.stubs, self.bin, self.project):
             d.mkdir()
-        for name, text in (("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL)):
+        self.python = str(self.bin / "python")
+        for name, text in (("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL),
+                           ("python", f'#!/bin/bash\nexec {sys.executable} "$@"\n')):  # fmt: skip
             exe = self.bin / name
             exe.write_text(text)
             exe.chmod(0o755)
@@ -82,7 +90,9 @@ class Harness:
             "SLURM_GPUS_ON_NODE": "2",
             "SLURM_ARRAY_JOB_ID": "120",
             "SLURM_ARRAY_TASK_ID": "0",
-            "PYTHON": "/opt/py/bin/python",
+            # the interpreter the templates run (srun's, and the batch shell's own
+            # `python -m train.stop.step` after the step): this one, by another path
+            "PYTHON": self.python,
         }
 
     def script(self, name: str) -> Path:
@@ -188,8 +198,8 @@ def test_ddp_command_line(h: Harness) -> None:
         "--open-mode=append",
         f"--output={log_dir}/%x-%j-rank%t.out",
     ]
-    assert _after(args, "/opt/py/bin/python") == [
-        "/opt/py/bin/python",
+    assert _after(args, h.python) == [
+        h.python,
         "-m",
         "train",
         "--config",
@@ -258,7 +268,7 @@ def test_dataparallel_classic_srun_line(h: Harness) -> None:
     proc = h.run("dataparallel", "spec.yaml", "--set", "train.max_steps=2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     args = h.srun_args()
-    pre = args[: args.index("/opt/py/bin/python")]
+    pre = args[: args.index(h.python)]
     for opt in (
         "--partition=debug",
         "-n1",
@@ -269,7 +279,7 @@ def test_dataparallel_classic_srun_line(h: Harness) -> None:
     ):
         assert opt in pre
     assert not any(a.startswith("--mpi") for a in pre)
-    assert _after(args, "/opt/py/bin/python")[3:] == [
+    assert _after(args, h.python)[3:] == [
         "--config",
         str(h.spec),
         "--set",
@@ -367,10 +377,17 @@ def test_requeue_exit_75_without_signal(h: Harness) -> None:
     assert h.srun_args()[-2:] == ["--set", "a=b"]
 
 
-def test_requeue_scontrol_failure_is_reported_not_fatal(h: Harness) -> None:
-    proc = h.run("requeue", "spec.yaml", env={"STUB_RC": "75", "STUB_SCONTROL_RC": "1"})
-    assert proc.returncode == 0
-    assert "scontrol requeue failed" in proc.stderr
+@pytest.mark.parametrize("name", NAMES)
+def test_a_refused_requeue_is_retried_and_recorded(h: Harness, name: str) -> None:
+    """Issue 44 item 10: the step exits 75 (Slurm refused the ranks' requeue): the script asks
+    train.stop.step, which tries again (refused once more, then taken) and records it."""
+    proc = h.run(name, "spec.yaml", env={"STUB_RC": "75", "STUB_SCONTROL_FAILS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert h.scontrol_calls() == ["requeue", "123", "requeue", "123"]
+    assert "failed (try 1)" in proc.stderr
+    (events,) = h.project.rglob("events.jsonl")
+    last = json.loads(events.read_text().splitlines()[-1])
+    assert (last["event"], last["via"], last["tries"]) == ("requeue", "batch_script", 2), last
 
 
 def test_requeue_container_prefix(h: Harness) -> None:
@@ -378,7 +395,7 @@ def test_requeue_container_prefix(h: Harness) -> None:
     assert h.run("requeue", "spec.yaml", env=env).returncode == 0
     args = h.srun_args()
     i = args.index("apptainer")
-    assert args[i : i + 5] == ["apptainer", "exec", "--nv", "img.sif", "/opt/py/bin/python"]
+    assert args[i : i + 5] == ["apptainer", "exec", "--nv", "img.sif", h.python]
 
 
 # -- array --------------------------------------------------------------------------------------
@@ -390,7 +407,7 @@ def test_array_directory_of_specs(h: Harness) -> None:
     proc = h.run("array", "sweep", env={"SLURM_ARRAY_TASK_ID": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = h.project / "runs" / "train-test-120" / "task-1"
-    assert _after(h.srun_args(), "/opt/py/bin/python")[3:] == [
+    assert _after(h.srun_args(), h.python)[3:] == [
         "--config",
         str(sweep / "b.yaml"),
         "--run-dir",
@@ -413,7 +430,7 @@ def test_array_sweep_file(h: Harness) -> None:
     env = {"SWEEP_FILE": "lr.txt", "SLURM_ARRAY_TASK_ID": "1", "RUN_ROOT": str(h.tmp / "r")}
     proc = h.run("array", "spec.yaml", "--set", "train.max_steps=5", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _after(h.srun_args(), "/opt/py/bin/python")[3:] == [
+    assert _after(h.srun_args(), h.python)[3:] == [
         "--config",
         str(h.spec),
         "--run-dir",
@@ -556,7 +573,7 @@ def test_render_fills_options_from_spec(h: Harness, name: str) -> None:
     assert f"then PROJECT_DIR={REPO}; fi" in text
     proc = h.run_file(out, "--set", "train.seed=7")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _after(h.srun_args(), "/opt/py/bin/python")[3:] == [
+    assert _after(h.srun_args(), h.python)[3:] == [
         "--config",
         str((h.project / "s.yaml").resolve()),
         "--set",
@@ -601,7 +618,7 @@ def test_render_array_sweep(h: Harness) -> None:
         assert proc.returncode == 0, proc.stdout
     # Task 4 = (lr 0.05, seed 2): the first key varies slowest, as in jobs.load.
     assert h.run_file(out, env={"SLURM_ARRAY_TASK_ID": "4"}).returncode == 0
-    tail = _after(h.srun_args(), "/opt/py/bin/python")
+    tail = _after(h.srun_args(), h.python)
     assert tail[-4:] == ["--set", "train.optimizer.lr=0.05", "--set", "train.seed=2"]
     proc = h.run_file(out, env={"SLURM_ARRAY_TASK_ID": "6"})
     assert proc.returncode == 2

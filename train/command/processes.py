@@ -210,7 +210,9 @@ def child_environ(
     child = dict(base)
     env.export(child)
     child["RUN_DIR"] = str(run_dir)
-    child["TRAIN_RESTART_COUNT"] = str(env.restart_count)
+    # every restart of the job so far: Slurm's requeues and this allocation's restarts in place
+    # (a command that resumes when it is > 0 must resume after a restart in place too)
+    child["TRAIN_RESTART_COUNT"] = str(env.restart_count + env.in_place)
     child["TRAIN_CHECKPOINT_DIR"] = str(run_dir / CHECKPOINTS)
     child["TRAIN_STOP_SIGNAL"] = stop_signal
     child.pop("TRAIN_RESUME_FROM", None)

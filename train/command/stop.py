@@ -108,7 +108,8 @@ class StopHandling:
             and failure_claimed(self.run_dir, self.env.job_id, self.env.attempt),
         )
         assert self.history is not None
-        decision = decide("signal", facts, self.history.counts(), self.config.requeue)
+        counts = self.history.budget_counts(self.env.job_id, self.env.restart_count)
+        decision = decide("signal", facts, counts, self.config.requeue)
         record(decision, self.history, self._base(), facts, signal=signal_name(trigger))
         if decision.kind == "preemption" and asked is not None:
             self._fit_grace(preemption_grace_s(str(self.env.job_id), asked))

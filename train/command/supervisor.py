@@ -56,7 +56,7 @@ from train.command.stop import StopHandling
 from train.env import DistEnv
 from train.errors import EntrypointError
 from train.hang import Watchdog, start_watchdog
-from train.history import RunHistory
+from train.history import RunHistory, attempt_completed_at
 from train.procfs import PROC
 from train.runfiles import EVENTS_FILE
 from train.spec import RunConfig
@@ -295,15 +295,11 @@ class CommandRun(StopHandling):
         key = (st.st_size, st.st_mtime_ns)
         if key == self._seen[0]:
             return self._seen[1]
-        at = next(
-            (
-                float(e["time"])
-                for e in RunHistory(self.run_dir).events()
-                if e.get("event") == "complete"
-                and e.get("restart_count") == self.env.restart_count
-                and isinstance(e.get("time"), int | float)
-            ),
-            None,
+        at = attempt_completed_at(
+            RunHistory(self.run_dir).events(),
+            job_id=self.env.job_id,
+            restart_count=self.env.restart_count,
+            in_place=self.env.in_place,
         )
         self._seen = (key, at)
         return at

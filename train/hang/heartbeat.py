@@ -101,6 +101,7 @@ if TYPE_CHECKING:
     from train.env import DistEnv
     from train.spec import RequeueConfig
 
+
 __all__ = [
     "BUSY_FLOOR_S",
     "COMMAND_FLOOR_S",

@@ -61,30 +61,42 @@ class RequeueConfig(StrictModel):
         int, Field(description="seconds before the end the signal is sent", ge=10, le=65535)
     ] = 90
     max_preemptions: Annotated[
-        int, Field(description="requeues after preemption before giving up", ge=0)
-    ] = 20
+        int,
+        Field(description="requeues after preemption before giving up, per submission (a new "
+              "jobs submit of the run directory starts afresh)", ge=0),
+    ] = 20  # fmt: skip
     max_timeouts: Annotated[
-        int, Field(description="requeues after hitting the time limit before giving up", ge=0)
-    ] = 10
+        int,
+        Field(description="requeues after hitting the time limit before giving up, per "
+              "submission", ge=0),
+    ] = 10  # fmt: skip
     max_failures: Annotated[
         int,
         Field(description="restarts after a failure of unknown cause (non-zero exit) before "
-              "giving up", ge=0),
+              "giving up, per submission", ge=0),
     ] = 3  # fmt: skip
     max_infra_failures: Annotated[
         int,
         Field(description="restarts after a failure of the infrastructure (collective time-out, "
-              "connection reset between ranks, device fault, a rank killed from outside)", ge=0),
+              "connection reset between ranks, device fault, a rank killed from outside), per "
+              "submission", ge=0),
     ] = 10  # fmt: skip
     max_user_failures: Annotated[
         int,
         Field(description="restarts after an error of the code or config (ImportError, "
-              "SyntaxError, a bad config): 0, a retry fails the same way", ge=0),
+              "SyntaxError, a bad config): 0, a retry fails the same way; per submission", ge=0),
     ] = 0  # fmt: skip
     max_restarts_in_place: Annotated[
         int,
         Field(description="restarts inside the allocation (a new step on the same nodes, no "
-              "trip through the queue) after a failure or a hang, before requeueing", ge=0),
+              "trip through the queue) after a failure or a hang, before requeueing; per "
+              "allocation (each start of the job from the queue has its own)", ge=0),
+    ] = 3  # fmt: skip
+    max_restarts_without_progress: Annotated[
+        int,
+        Field(description="consecutive restarts after a failure or a hang that resumed from the "
+              "same checkpoint step with no newer checkpoint since: then the run stops "
+              "(budget_exhausted); per submission", ge=1),
     ] = 3  # fmt: skip
     failure_rules: Annotated[
         list[FailureRule],
@@ -93,8 +105,10 @@ class RequeueConfig(StrictModel):
               "environment missing on the node), before the built-in rest (train.stop.causes)"),
     ] = []  # fmt: skip  # noqa: RUF012
     max_hangs: Annotated[
-        int, Field(description="requeues after a hang (the hang watchdog) before giving up", ge=0)
-    ] = 2
+        int,
+        Field(description="requeues after a hang (the hang watchdog) before giving up, per "
+              "submission", ge=0),
+    ] = 2  # fmt: skip
     hang_watchdog: Annotated[
         bool,
         Field(description="watch every rank's progress; a rank without a step for "

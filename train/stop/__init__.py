@@ -72,7 +72,7 @@ if TYPE_CHECKING:
         decide,
     )
     from train.stop.facts import AskedOnce, StopFacts, end_time, gather, preemption_grace_s
-    from train.stop.lead import EarlyStop, lead_notes, needed_lead_s
+    from train.stop.lead import EarlyStop, early_stop_lead_s, lead_notes, needed_lead_s
     from train.stop.quarantine import explain_previous_attempt
     from train.stop.signals import PreemptionGuard, install_early, pop_early_signals
     from train.stop.step import after_step
@@ -107,6 +107,7 @@ _EXPORTS = {
     "gather": "facts",
     "preemption_grace_s": "facts",
     "EarlyStop": "lead",
+    "early_stop_lead_s": "lead",
     "lead_notes": "lead",
     "needed_lead_s": "lead",
     "explain_previous_attempt": "quarantine",
@@ -135,6 +136,7 @@ __all__ = [
     "claim_hang",
     "decide",
     "describe_failure",
+    "early_stop_lead_s",
     "end_time",
     "ended_elsewhere",
     "exception_line",

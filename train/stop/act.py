@@ -183,9 +183,12 @@ def carry_out(
             client = _client(client)
             client.requeue(str(job_id))
         except Exception as exc:
+            # what happened, not what is hoped: the batch script retries after the step
+            # (train.stop.step: the requeue, or requeue_failed again) on this exit code
             log.warning("scontrol requeue %s failed (%s); exiting %d for the batch script to "
                         "requeue", job_id, exc, REQUEUE_EXIT_CODE)  # fmt: skip
-            history.append("requeue", **base, via="exit_code", error=str(exc)[:200])
+            history.append("requeue_failed", **base, by="rank", error=str(exc)[:200],
+                           then=f"exit {REQUEUE_EXIT_CODE}")  # fmt: skip
             return REQUEUE_EXIT_CODE
         history.append("requeue", **base, via="scontrol")
         step = base.get("step")
@@ -195,6 +198,8 @@ def carry_out(
         log.warning("%s: the batch script restarts the step in this allocation (no requeue)",
                     decision.event)  # fmt: skip
     elif decision.action == "exit_requeue":
+        # what happens here: exit 75 hands the restart to the launcher (no Slurm job: the
+        # local executor restarts on it; jobs follow says so)
         history.append("requeue", **base, via="exit_code")
         log.warning("not under Slurm: exiting %d so the launcher can restart the run",
                     REQUEUE_EXIT_CODE)  # fmt: skip
@@ -258,8 +263,12 @@ def stop_attempt(
         failure_claimed=ended == "failure",
         in_place=env.in_place_supervised,
         signal=signal,
+        # a stop signal is decided here after every rank saved and met at a barrier
+        peers_met=trigger not in ("failure", "hang"),
     )
-    decision = decide(trigger, facts, history.counts(), requeue_config)
+    decision = decide(
+        trigger, facts, history.budget_counts(env.job_id, env.restart_count), requeue_config
+    )
     if on_decision is not None:
         on_decision(decision)
     base = attempt_fields(env, step)

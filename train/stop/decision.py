@@ -85,15 +85,37 @@ def _kind(trigger: Trigger, facts: StopFacts) -> str:
 
 def _step_ending(trigger: Trigger, facts: StopFacts) -> bool:
     """A TERM while Slurm runs the job on, neither preempted nor near its time limit, under a
-    batch script that restarts failed steps: srun is ending the step because a rank died
-    (--kill-on-bad-exit), not a preemption."""
+    batch script that restarts failed steps, decided before the ranks could meet (a command's
+    supervisor): srun is ending the step because a rank died (--kill-on-bad-exit), not a
+    preemption. Where every rank met at a barrier after the signal (the run session decides
+    after its save) no rank died: such a TERM (an operator's ``scancel --signal=TERM``) is a
+    stop like the requeue signal, saved and requeued (README)."""
     return (
         trigger == "signal"
+        and not facts.peers_met
         and facts.executor == "slurm"
         and facts.in_place
         and facts.signal == "SIGTERM"
         and facts.slurm_kind in ("preemption", "unknown")
         and not facts.preempt_evidence
+    )
+
+
+def _no_progress(
+    kind: str, facts: StopFacts, counts: Mapping[str, int], budgets: BudgetConfig
+) -> str | None:
+    """Why a failure or a hang must not restart the run again: the last N restarts all resumed
+    from the checkpoint a restart would resume from now (none of them saved a newer one)."""
+    if kind not in ("failure", "hang") or facts.checkpoint_step is None:
+        return None
+    stalled, at = int(counts.get("stalled_restarts", 0)), int(counts.get("stalled_step", -1))
+    limit = int(getattr(budgets, "max_restarts_without_progress", 3))
+    if at < 0 or stalled < limit or facts.checkpoint_step > at:
+        return None
+    return (
+        f"no checkpoint progress: {stalled} consecutive restarts resumed from step {at} and "
+        f"none saved a newer checkpoint; not restarting (requeue.max_restarts_without_progress="
+        f"{limit})"
     )
 
 
@@ -108,7 +130,9 @@ def decide(
     hang already claimed, other trigger     (none)        none (0; 1 for a failure)
     failure already claimed, a stop signal  (none)        none (1)
     TERM, job running, not preempted,       (none)        none (1): a rank died, srun ends the
-      under an in-place batch script                      step; the batch script decides
+      under an in-place batch script,                     step; the batch script decides
+      the ranks have not met since
+    ... the ranks met after it (saved)      preempted     requeue (0): an operator's TERM
     Slurm failed our nodes (NODE_FAIL)      node_fail     none: Slurm requeued (0); exclude them
     a failure, a node of ours down already  node_fail     requeue (0), excluding it
     cancel (scancel, local cancel)          cancelled     none (0); a command is stopped, no save
@@ -117,11 +141,16 @@ def decide(
                                                           for a failure a launcher restarts (1)
     ... over its budget                     + budget_     none (3); a command still saves first
                                               exhausted
+    failure / hang, the newest checkpoint   + budget_     none (3): requeue.max_restarts_without_
+      is the one the last N restarts          exhausted     progress consecutive restarts made
+      resumed from                                          no checkpoint progress
     ... already requeued (command, Slurm)   + requeue     none (0; 1 for a failure)
     failure / hang under an in-place        its event     restart_in_place while
       batch script, no node to exclude                    requeue.max_restarts_in_place lasts
     ======================================  ============  ======================================
 
+    ``counts`` are scoped (:func:`train.history.budget_counts`): stops of this submission,
+    ``restart_in_place`` of this allocation, ``stalled_restarts`` (at ``stalled_step``).
     A failure spends the budget of its class (train.stop.causes): an error of the code or config
     is not retried (max_user_failures=0). A hang excludes its suspect nodes, a failure with a
     device fault its own node: both go through the queue then, to other nodes.
@@ -196,6 +225,9 @@ def decide(
                 f"retry would hit again (requeue.max_user_failures={limit})"
             )
         return Decision(kind, event, "none", BUDGET_EXHAUSTED_EXIT_CODE, exhausted=exhausted)
+    stalled = _no_progress(kind, facts, counts, budgets)
+    if stalled is not None:
+        return Decision(kind, event, "none", BUDGET_EXHAUSTED_EXIT_CODE, exhausted=stalled)
     exclude: tuple[str, ...] = ()
     why = ""
     if kind == "hang":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ __all__ = [
     "end_time",
     "failure_cause",
     "gather",
+    "newest_checkpoint_step",
     "node_failure",
     "preemption_grace_s",
 ]
@@ -219,6 +221,12 @@ class StopFacts:
     in_place: bool = False  # a batch script restarts a failed step in place (SLURM_TRAIN_IN_PLACE)
     signal: str | None = None  # the stop signal this process got ("SIGTERM"), if known
     preempt_evidence: bool = False  # Slurm says preempted (PreemptTime) or requeued (Restarts)
+    # every rank met at a barrier after the stop signal (the session decides after its save):
+    # no rank died, so a TERM is not srun ending the step of a dead rank
+    peers_met: bool = False
+    # the newest committed checkpoint's step (RUN_DIR/checkpoints/step-N with its manifest):
+    # where a restart would resume; None when none is seen
+    checkpoint_step: int | None = None
 
 
 def _local_cancel(run_dir: Path | str) -> bool:
@@ -232,6 +240,29 @@ def _local_cancel(run_dir: Path | str) -> bool:
     except OSError:
         return False
     return text.strip() == "cancel"
+
+
+_STEP_DIR = re.compile(r"^step-(\d+)(?:\.b[1-9]\d{0,8})?$")
+
+
+def newest_checkpoint_step(run_dir: Any) -> int | None:
+    """The step of the newest committed checkpoint under ``RUN_DIR/checkpoints`` (a
+    ``step-N`` directory whose manifest, written last, is there; links are not followed):
+    where a restart resumes at the latest. One directory listing; None when there is none."""
+    root = Path(run_dir) / "checkpoints"
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None
+    steps = []
+    for name in names:
+        m = _STEP_DIR.match(name)
+        if m is None:
+            continue
+        d = root / name
+        if not d.is_symlink() and (d / "manifest.json").is_file():
+            steps.append(int(m.group(1)))
+    return max(steps, default=None)
 
 
 def failure_cause(
@@ -279,6 +310,7 @@ def gather(
     failure_claimed: bool = False,
     in_place: bool = False,
     signal: str | None = None,
+    peers_met: bool = False,
 ) -> StopFacts:
     """The facts of one stop, by the one process that decides it (rank 0, the first failing
     rank, the watcher, the supervisor's rank 0): at most one ``scontrol show job``.
@@ -290,6 +322,7 @@ def gather(
     from train.stop.quarantine import device_fault  # stdlib only
 
     cls, why, names_node = ("unknown", "", False)
+    restarting = trigger in ("failure", "hang")
     if trigger == "failure":
         cls, why, names_node = failure_cause(error_texts, rules, run_dir)
 
@@ -306,6 +339,8 @@ def gather(
             failure_claimed=failure_claimed,
             in_place=in_place,
             signal=signal,
+            peers_met=peers_met,
+            checkpoint_step=newest_checkpoint_step(run_dir) if restarting else None,
             **more,
         )
 

@@ -107,6 +107,15 @@ def test_resolve_argv_python_means_the_running_interpreter(tmp_path: Path) -> No
     assert resolve_argv(["bash", "run.sh"], str(exe)) == ["bash", "run.sh"]
 
 
+def test_train_restart_count_counts_restarts_in_place_too(tmp_path: Path) -> None:
+    """Issue 44: a command that resumes when TRAIN_RESTART_COUNT > 0 resumes after a restart
+    in place (a new step of the same allocation: SLURM_RESTART_COUNT stays as it was)."""
+    for restart, in_place, expected in ((0, 0, "0"), (0, 1, "1"), (0, 2, "2"), (2, 1, "3")):
+        env = DistEnv(job_id="42", restart_count=restart, in_place=in_place)
+        child = child_environ({}, env, tmp_path, None, "auto", str(tmp_path / "python"))
+        assert child["TRAIN_RESTART_COUNT"] == expected, (restart, in_place)
+
+
 def test_child_environ_documents_where_the_run_is(tmp_path: Path) -> None:
     env = DistEnv(rank=1, world_size=2, job_id="42", restart_count=3)
     exe = str(tmp_path / "bin" / "python")

@@ -239,9 +239,23 @@ def test_requeue_falls_back_to_exit_code(tmp_path: Path) -> None:
     client = FakeClient(fail=FileNotFoundError("scontrol"))
     code = request_requeue(FakeEnv(), tmp_path, RequeueConfig(), "timeout", step=5, client=client)
     assert code == REQUEUE_EXIT_CODE
-    assert _events(tmp_path) == ["timeout", "requeue"]
+    # what happened, not what was hoped: the batch script retries (train.stop.step)
+    assert _events(tmp_path) == ["timeout", "requeue_failed"]
     code = request_requeue(FakeEnv(job_id=None), tmp_path, RequeueConfig(), "preemption", step=6)
     assert code == REQUEUE_EXIT_CODE
+
+
+def test_an_operators_term_saves_and_requeues_where_the_ranks_met(tmp_path: Path) -> None:
+    """Issue 44 item 7: `scancel --signal=TERM` while the job runs on (not preempted, far from
+    its time limit) under the rendered script: the session saved, every rank met at the
+    barrier, so no rank died: a stop like the requeue signal (README), not "the step is
+    ending" (no record, exit 1, then a failure and a restart from the last periodic save)."""
+    client = FakeClient({"JobState": "RUNNING", "EndTime": _ts(3600), "Restarts": "0"})
+    in_place = Decider("42", 0, in_place_supervised=True)  # a batch script restarts failed steps
+    code = request_requeue(in_place, tmp_path, RequeueConfig(), None, step=12, client=client,
+                           signal="SIGTERM")  # fmt: skip
+    assert code == 0 and client.requeued == ["42"]
+    assert _events(tmp_path) == ["preempted", "requeue"]  # no failure spent
 
 
 def test_budget_exhausted_stops_without_requeue(tmp_path: Path) -> None:

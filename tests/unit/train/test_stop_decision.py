@@ -203,6 +203,190 @@ def test_the_budget_text_names_the_field_to_raise() -> None:
     assert d.exhausted is not None and "requeue.max_hangs=1" in d.exhausted
 
 
+# -- issue 44: budgets kept over their scope (train.history.budget_counts), no progress, TERM ----
+def _ev(event: str, job: str | None = "7", restart: int = 0, **fields: Any) -> dict[str, Any]:
+    if event == "failure":  # infrastructure failures (budget 10) unless a row says otherwise
+        fields.setdefault("failure_class", "infra")
+    return {"event": event, "job_id": job, "restart_count": restart, **fields}
+
+
+_THREE_IN_PLACE = [_ev("failure"), _ev("restart_in_place"), _ev("failure", in_place=1),
+                   _ev("restart_in_place", in_place=1), _ev("failure", in_place=2),
+                   _ev("restart_in_place", in_place=2)]  # fmt: skip
+_SPENT_FAILURES = [_ev("failure", failure_class="unknown"), _ev("requeue"),
+                   _ev("failure", restart=1, failure_class="unknown"),
+                   _ev("requeue", restart=1)]  # fmt: skip
+_STALLED = [_ev("start", step=0), _ev("failure", step=47)] + [
+    e for r in (1, 2, 3)
+    for e in (_ev("resume", restart=r, step=40), _ev("failure", restart=r, step=45))
+]  # fmt: skip
+IN_PLACE = _facts(SLURM, in_place=True, failure_class="infra")
+
+# (id, trigger, facts, events so far, this attempt's job and restart count) -> as CASES
+SCOPED = [
+    # item 6: max_restarts_in_place is per allocation: a later start from the queue has its own
+    ("in-place-budget-spent-in-this-allocation", "failure", IN_PLACE, _THREE_IN_PLACE, ("7", 0),
+     ("failure", "requeue", 1, False, ())),
+    ("in-place-budget-of-an-earlier-allocation", "failure", IN_PLACE,
+     [*_THREE_IN_PLACE, _ev("requeue")], ("7", 1),
+     ("failure", "restart_in_place", 1, False, ())),
+    # item 6: the stop budgets are per submission: a new one resuming the directory starts afresh
+    ("failures-spent-in-this-submission", "failure", SLURM, _SPENT_FAILURES, ("7", 2),
+     ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("failures-spent-by-an-earlier-submission", "failure", SLURM, _SPENT_FAILURES, ("8", 0),
+     ("failure", "requeue", 1, False, ())),
+    ("local-new-submission-starts-afresh", "failure", LOCAL,
+     [_ev("failure", None, r, failure_class="unknown") for r in (0, 1, 2)]
+     + [_ev("start", None, 0)], (None, 0),
+     ("failure", "none", 1, False, ())),
+    ("local-failures-spent-in-this-submission", "failure", LOCAL,
+     [_ev("failure", None, r, failure_class="unknown") for r in (0, 1)], (None, 2),
+     ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    # item 6: three restarts resumed from step 40 and none saved a newer checkpoint: stop
+    ("no-checkpoint-progress", "failure", _facts(IN_PLACE, checkpoint_step=40), _STALLED, ("7", 3),
+     ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("no-checkpoint-progress-hang", "hang", _facts(SLURM, checkpoint_step=40), _STALLED, ("7", 3),
+     ("hang", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("a-newer-checkpoint-is-progress", "failure", _facts(IN_PLACE, checkpoint_step=50), _STALLED,
+     ("7", 3), ("failure", "restart_in_place", 1, False, ())),
+    ("two-stalled-restarts-are-within-budget", "failure", _facts(IN_PLACE, checkpoint_step=40),
+     _STALLED[:-2], ("7", 2), ("failure", "restart_in_place", 1, False, ())),
+    ("a-preemption-saves-its-own-progress", "signal",
+     _facts(SLURM, slurm_kind="preemption", checkpoint_step=40), _STALLED, ("7", 3),
+     ("preempted", "requeue", 0, False, ())),
+    # item 7: a TERM decided after every rank saved and met (an operator's scancel
+    # --signal=TERM): a stop like the requeue signal, never "the step is ending"
+    ("term-after-the-ranks-met", "signal",
+     _facts(SLURM, in_place=True, signal="SIGTERM", slurm_kind="preemption", peers_met=True), [],
+     ("7", 0), ("preempted", "requeue", 0, False, ())),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("trigger", "facts", "events", "attempt", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in SCOPED],
+)
+def test_the_decision_table_with_budgets_over_their_scope(
+    trigger: Any,
+    facts: StopFacts,
+    events: list[dict[str, Any]],
+    attempt: tuple[str | None, int],
+    expected: tuple[Any, ...],
+) -> None:
+    from train.history import budget_counts
+
+    counts = budget_counts(events, job_id=attempt[0], restart_count=attempt[1])
+    d = decide(trigger, facts, counts, BUDGETS)
+    event, action, code, spent, exclude = expected
+    assert (d.event, d.action, d.exit_code, d.exhausted is not None, d.exclude) == (
+        event, action, code, spent, exclude,
+    )  # fmt: skip
+
+
+def test_no_progress_says_so() -> None:
+    from train.history import budget_counts
+
+    counts = budget_counts(_STALLED, job_id="7", restart_count=3)
+    d = decide("failure", _facts(IN_PLACE, checkpoint_step=40), counts, BUDGETS)
+    assert d.exhausted is not None and d.exhausted.startswith("no checkpoint progress: 3 ")
+    assert "from step 40" in d.exhausted and "max_restarts_without_progress=3" in d.exhausted
+
+
+def test_every_budget_has_a_stated_scope_in_the_spec() -> None:
+    """Item 6: each budget's scope is written in its field's description, the same as the
+    table the counts are kept by (train.history.BUDGET_SCOPES)."""
+    from train.history import BUDGET_SCOPES, BUDGETS
+
+    fields = RequeueConfig.model_fields
+    assert set(BUDGETS.values()) <= set(BUDGET_SCOPES)
+    for name, scope in BUDGET_SCOPES.items():
+        assert f"per {scope}" in str(fields[name].description), name
+
+
+# -- issue 44: the rest of a stop's path, one row each (the batch script after the step, the
+# carrying out, the warning time); each row returns what the path did ---------------------------
+def _completed_then_a_rank_fails(tmp: Any) -> Any:
+    """Item 2: rank 0 recorded complete, rank 1 aborts at exit (134): the script ends 0."""
+    from train.history import RunHistory
+    from train.stop.step import after_step
+
+    RunHistory(tmp).append("complete", step=9, restart_count=0, job_id="7")
+    return after_step(tmp, BUDGETS, job_id="7", restart_count=0, in_place=0, exit_code=134)
+
+
+class _Refusing:
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.asked = refusals, 0
+
+    def requeue(self, job_id: str) -> None:
+        self.asked += 1
+        if self.asked <= self.refusals:
+            raise RuntimeError("Unable to contact slurm controller")
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        return {"JobState": "RUNNING", "Restarts": "0"}
+
+
+def _refused_then_retried(tmp: Any) -> Any:
+    """Item 10: the ranks' requeue refused (exit 75, requeue_failed), the batch script's retry
+    taken: recorded as done by the batch script, the script ends 0."""
+    from train.history import RunHistory
+    from train.stop.act import carry_out
+    from train.stop.step import after_step
+
+    history = RunHistory(tmp)
+    base = {"step": 3, "restart_count": 0, "job_id": "7"}
+    d = decide("preemption", SLURM, NONE, BUDGETS)
+    code = carry_out(d, history, base, tmp, client=_Refusing(1))
+    client = _Refusing(0)
+    after = after_step(tmp, BUDGETS, job_id="7", restart_count=0, in_place=0, exit_code=code,
+                       client=client)  # fmt: skip
+    return code, after, [(e["event"], e.get("via") or e.get("by")) for e in history.events()]
+
+
+def _one_slow_stop(tmp: Any) -> Any:
+    """Item 9: one stop whose signal landed at the start of an evaluation (100 s), then fast
+    ones, in 120 s attempts warned 30 s ahead: no attempt stops itself more than a quarter of its
+    time early, and the fast stops bring the lead back."""
+    from train.stop.lead import early_stop_lead_s, needed_lead_s
+
+    events: list[dict[str, Any]] = []
+    leads = []
+    for since in (100.0, 3.0, 3.0, 3.0):
+        events.append({"event": "checkpoint", "since_signal_s": since})
+        leads.append(early_stop_lead_s(needed_lead_s(events), 30, 120))
+    return leads, needed_lead_s(events)
+
+
+def _restart_in_place_tells_the_command(tmp: Any) -> Any:
+    """Suspected in issue 44: after a restart in place (SLURM_RESTART_COUNT unchanged) a command
+    that resumes when TRAIN_RESTART_COUNT > 0 must see it > 0."""
+    from train.command.processes import child_environ
+    from train.env import DistEnv
+
+    return [
+        child_environ({}, DistEnv(job_id="7", restart_count=r, in_place=n), tmp, None, "auto")[
+            "TRAIN_RESTART_COUNT"
+        ]
+        for r, n in ((0, 0), (0, 1), (1, 0), (1, 2))
+    ]
+
+
+PATH_CASES = [
+    ("restart-in-place-tells-the-command", _restart_in_place_tells_the_command,
+     ["0", "1", "1", "3"]),
+    ("completed-then-a-rank-fails", _completed_then_a_rank_fails, 0),
+    ("requeue-refused-then-retried", _refused_then_retried,
+     (REQUEUE_EXIT_CODE, 0, [("requeue_failed", "rank"), ("requeue", "batch_script")])),
+    ("one-slow-stop-does-not-lock-the-run", _one_slow_stop, ([None, None, None, None], 13.0)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "expected"), [pytest.param(*c[1:], id=c[0]) for c in PATH_CASES])
+def test_the_stop_path_table(tmp_path: Any, path: Any, expected: Any) -> None:
+    assert path(tmp_path) == expected
+
+
 def test_a_decider_and_a_rank_reach_the_same_decision(tmp_path: Path) -> None:
     """Issue 41/44.5: every stopper implements the one complete StopEnv. The hang watcher and
     the batch script's after-step (a Decider: not a rank) give the stop path the same in-place
