@@ -1,7 +1,8 @@
 """Installed as users install: a wheel of the project, ``pip install``-ed by ``trainee`` into a
 plain venv of its own (no make, no apt, no root, no system site-packages), runs the CIFAR example
 from a folder outside the checkout, is preempted for real (``slurm-train drill --kind preempt``:
-a job in a higher partition takes the node) and resumes to COMPLETED.
+a job in a higher partition takes the node) and resumes to COMPLETED, all from a folder that
+holds the user's own ``train.py``.
 
 torch is the lock's CPU build from ``/opt/wheels`` (offline, about 200 MB; PyPI's default torch
 brings GBs of CUDA libraries); the other dependencies come from the package index, as a user's
@@ -95,19 +96,18 @@ def test_a_wheel_installed_by_a_user_runs_the_cifar_example_through_a_preemption
     assert proc.returncode == 0 and str(REPO) not in proc.stdout, proc.stderr[-3000:]
 
     # Beside a data folder named train/ (no __init__.py) the installed package still wins:
-    # python -m jobs goes ahead; beside a train.py it refuses, and slurm-train goes ahead.
-    # (In a folder of its own: the batch script's python lines take -P elsewhere.)
-    work = user_dir(home / "beside")
-    shutil.copy(spec, work / "cifar.yaml")
+    # python -m jobs goes ahead; beside the user's own train.py it refuses in one line, and
+    # slurm-train goes ahead. The run below is submitted from this folder, train.py and all
+    # (the issue's reproduction): every python the job runs takes -P.
     (work / "train").mkdir()
     dry = ("submit", "cifar.yaml", "--dry-run")
     proc = user("python", "-m", "jobs", *dry)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (work / "train.py").write_text("raise SystemExit('the user train.py ran')\n")
+    (work / "train.py").write_text("print('the user train.py ran')\nraise SystemExit(7)\n")
     proc = user("python", "-m", "jobs", *dry)
     assert proc.returncode == 2 and proc.stderr.startswith("your ./train.py shadows"), proc.stderr
+    assert "the user train.py ran" not in proc.stdout + proc.stderr
     assert user("slurm-train", *dry).returncode == 0
-    work = home / "project"
 
     # Every step sleeps 0.2 s while the pace file exists (tests/hooks; only the hooks folder on
     # PYTHONPATH, not the checkout): the run lasts until the drill is done.
@@ -147,6 +147,8 @@ def test_a_wheel_installed_by_a_user_runs_the_cifar_example_through_a_preemption
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
         kinds = [e.get("event") for e in events]
         assert {"preempted", "resume", "complete"} <= set(kinds), kinds
+        logs = user("slurm-train", "logs", job_id)
+        assert logs.returncode == 0 and "the user train.py ran" not in logs.stdout
     finally:
         subprocess.run(
             ["scontrol", "update", f"JobId={job_id}", "Requeue=0"],
