@@ -27,6 +27,7 @@ from train.errors import EnvError
 __all__ = [
     "DUMMY_GPUS_ENV",
     "IN_PLACE_ENV",
+    "LINK_ENV",
     "SLURM_RELEASE_ENV",
     "DistEnv",
     "attempt_key",
@@ -48,6 +49,9 @@ IN_PLACE_ENV = "SLURM_TRAIN_IN_PLACE"
 #: The cluster's Slurm release (``24.11.5``), exported by the batch script from what the
 #: submission's preflight read (``scontrol show config``, cached): no rank asks Slurm for it.
 SLURM_RELEASE_ENV = "SLURM_TRAIN_SLURM_RELEASE"
+#: Set (to the link's place, 1, 2, ...) by the batch script of a chain's link that continues
+#: the run of the links before it (jobs.chain): a resume, like a requeued job's.
+LINK_ENV = "SLURM_TRAIN_LINK"
 
 
 def master_port_for_job(job_id: str | None) -> int:
@@ -140,6 +144,9 @@ class DistEnv:
     #: This run's SLUID where the release gives one (``SLURM_JOB_SLUID``, 24.11+): recorded in
     #: the start and resume events, the goodput ledger keys Slurm's attempts by it.
     sluid: str = ""
+    #: A link of a chain that continues the run of the links before it (``SLURM_TRAIN_LINK``,
+    #: jobs.chain): each link is a new Slurm job, its restart count 0.
+    link: int = 0
     launcher: Launcher = "single"
     #: GPUs Slurm allocated on this node (SLURM_GPUS_ON_NODE / _PER_NODE), None if none asked.
     gpus_on_node: int | None = None
@@ -160,8 +167,9 @@ class DistEnv:
 
     @property
     def resumed(self) -> bool:
-        """Whether this process continues an earlier attempt (requeued or restarted in place)."""
-        return self.restart_count > 0 or self.in_place > 0
+        """Whether this process continues an earlier attempt (requeued, restarted in place, or
+        a later link of a chain)."""
+        return self.restart_count > 0 or self.in_place > 0 or self.link > 0
 
     @property
     def is_main(self) -> bool:
@@ -199,6 +207,7 @@ class DistEnv:
             in_place=_int(environ, IN_PLACE_ENV, 0) or 0,
             in_place_supervised=IN_PLACE_ENV in environ,
             sluid=(environ.get("SLURM_JOB_SLUID") or "").strip(),
+            link=_int(environ, LINK_ENV, 0) or 0,
         )
         in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
         torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ

@@ -19,6 +19,7 @@ from train.stop.facts import StopFacts
 
 __all__ = [
     "BUDGET_EXHAUSTED_EXIT_CODE",
+    "CHAIN_NOTE",
     "EVENT_OF_KIND",
     "REQUEUE_EXIT_CODE",
     "Action",
@@ -29,6 +30,8 @@ __all__ = [
 
 # EX_TEMPFAIL: "stopped on purpose, run me again". Batch scripts and launchers requeue on it.
 REQUEUE_EXIT_CODE = 75
+#: The note of an exit_requeue in a link of a chain (jobs.chain): the next link resumes the run.
+CHAIN_NOTE = "chain: the next link resumes the run"
 # A requeue budget is spent: stop for good (never requeue on this code).
 BUDGET_EXHAUSTED_EXIT_CODE = 3
 
@@ -156,6 +159,8 @@ def decide(
     ... already requeued (command, Slurm)   + requeue     none (0; 1 for a failure)
     preemption (PreemptTime) on a release   preempted     none (0): Slurm requeues it (24.11+)
       that requeues preempted jobs itself   + requeue
+    ... a link of a chain (requeue.mode     its event     exit_requeue (75): the next link of
+      chain), Slurm                                       the chain resumes (no scontrol)
     failure / hang under an in-place        its event     restart_in_place while
       batch script, no node to exclude                    requeue.max_restarts_in_place lasts
     ======================================  ============  ======================================
@@ -258,7 +263,9 @@ def decide(
     ):
         # the allocation is still ours: a new step on the same nodes, from the last checkpoint
         return Decision(kind, event, "restart_in_place", 1 if failed else 0)
-    if kind == "preemption" and _slurm_requeues(facts):
+    chain = getattr(budgets, "mode", "requeue") == "chain"
+    if kind == "preemption" and not chain and _slurm_requeues(facts):
+        # (a chain's link is not requeueable: Slurm ends it, the next link resumes the run)
         return Decision(
             kind, event, "none", 0, requeued_by="slurm",
             note="preempted on a release that requeues preempted jobs itself: left to Slurm",
@@ -268,6 +275,10 @@ def decide(
             kind, event, "none", 1 if failed else 0, requeued_by=facts.requeued_by,
             exclude=exclude, exclude_reason=why,
         )  # fmt: skip
+    if facts.executor == "slurm" and chain:
+        # a link of a chain (jobs.chain): no scontrol requeue; the link exits 75 and the next
+        # link, queued behind it (afternotok), resumes the run from its last checkpoint
+        return Decision(kind, event, "exit_requeue", REQUEUE_EXIT_CODE, note=CHAIN_NOTE)
     if facts.executor == "slurm":
         return Decision(
             kind, event, "requeue", 1 if failed else 0, exclude=exclude, exclude_reason=why
