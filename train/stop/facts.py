@@ -224,6 +224,10 @@ class StopFacts:
     # every rank met at a barrier after the stop signal (the session decides after its save):
     # no rank died, so a TERM is not srun ending the step of a dead rank
     peers_met: bool = False
+    # a command's supervisor: no rank's command reported a failed exit this attempt (nor claimed
+    # the failure), so a TERM is not srun ending the step of a dead rank (train.command.rootcause:
+    # a failing rank reports before its task ends, so before srun's TERM to the others)
+    no_rank_failed: bool = False
     # the newest committed checkpoint's step (RUN_DIR/checkpoints/step-N with its manifest):
     # where a restart would resume; None when none is seen
     checkpoint_step: int | None = None
@@ -311,6 +315,7 @@ def gather(
     in_place: bool = False,
     signal: str | None = None,
     peers_met: bool = False,
+    no_rank_failed: bool = False,
 ) -> StopFacts:
     """The facts of one stop, by the one process that decides it (rank 0, the first failing
     rank, the watcher, the supervisor's rank 0): at most one ``scontrol show job``.
@@ -340,6 +345,7 @@ def gather(
             in_place=in_place,
             signal=signal,
             peers_met=peers_met,
+            no_rank_failed=no_rank_failed,
             checkpoint_step=newest_checkpoint_step(run_dir) if restarting else None,
             **more,
         )

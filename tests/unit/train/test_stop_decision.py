@@ -139,6 +139,10 @@ CASES = [
     ("requeue-signal-in-place", "signal",
      _facts(SLURM, in_place=True, signal="SIGUSR2", slurm_kind="preemption"), NONE,
      ("preempted", "requeue", 0, False, ())),
+    # a command's supervisor: no rank's command reported a failure (an operator's TERM)
+    ("term-no-command-failed", "signal",
+     _facts(SLURM, in_place=True, signal="SIGTERM", slurm_kind="preemption",
+            no_rank_failed=True), NONE, ("preempted", "requeue", 0, False, ())),
     ("term-without-in-place", "signal", _facts(SLURM, signal="SIGTERM", slurm_kind="preemption"),
      NONE, ("preempted", "requeue", 0, False, ())),
     ("stop-after-a-claimed-failure", "signal", _facts(SLURM, failure_claimed=True), NONE,
