@@ -296,6 +296,7 @@ class RunSession:
                 restart_count=self.env.restart_count,
                 job_id=self.env.job_id,
                 **({"in_place": self.env.in_place} if self.env.in_place else {}),
+                **({"submission": self.env.submission} if self.env.submission else {}),
                 **fields,
             )
 

@@ -112,7 +112,9 @@ class StopHandling:
             no_rank_failed=not claimed and not self._rank_failed(),
         )
         assert self.history is not None
-        counts = self.history.budget_counts(self.env.job_id, self.env.restart_count)
+        counts = self.history.budget_counts(
+            self.env.job_id, self.env.restart_count, self.env.submission
+        )
         decision = decide("signal", facts, counts, self.config.requeue)
         record(decision, self.history, self._base(), facts, signal=signal_name(trigger))
         if decision.kind == "preemption" and asked is not None:

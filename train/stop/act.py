@@ -124,6 +124,8 @@ def attempt_fields(env: StopEnv, step: int | None) -> dict[str, Any]:
     base: dict[str, Any] = {"step": step, "restart_count": env.restart_count, "job_id": env.job_id}
     if env.in_place:
         base["in_place"] = env.in_place
+    if env.submission:
+        base["submission"] = env.submission
     return base
 
 
@@ -267,7 +269,10 @@ def stop_attempt(
         peers_met=trigger not in ("failure", "hang"),
     )
     decision = decide(
-        trigger, facts, history.budget_counts(env.job_id, env.restart_count), requeue_config
+        trigger,
+        facts,
+        history.budget_counts(env.job_id, env.restart_count, env.submission),
+        requeue_config,
     )
     if on_decision is not None:
         on_decision(decision)

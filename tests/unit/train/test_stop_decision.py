@@ -243,6 +243,14 @@ SCOPED = [
      [_ev("failure", None, r, failure_class="unknown") for r in (0, 1, 2)]
      + [_ev("start", None, 0)], (None, 0),
      ("failure", "none", 1, False, ())),
+    # round 2 item 5: local events carry their submission (local-N): an earlier submission's
+    # failures at restart 0 (each cancelled then) are not this one's, though no count fell
+    ("local-submission-by-its-id", "failure", LOCAL,
+     [e for s in ("local-1", "local-2")
+      for e in (_ev("failure", None, 0, failure_class="unknown", submission=s),
+                _ev("cancelled", None, 0, submission=s))]
+     + [_ev("start", None, 0, submission="local-3")], (None, 0, "local-3"),
+     ("failure", "none", 1, False, ())),
     ("local-failures-spent-in-this-submission", "failure", LOCAL,
      [_ev("failure", None, r, failure_class="unknown") for r in (0, 1)], (None, 2),
      ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
@@ -274,12 +282,15 @@ def test_the_decision_table_with_budgets_over_their_scope(
     trigger: Any,
     facts: StopFacts,
     events: list[dict[str, Any]],
-    attempt: tuple[str | None, int],
+    attempt: tuple[Any, ...],
     expected: tuple[Any, ...],
 ) -> None:
     from train.history import budget_counts
 
-    counts = budget_counts(events, job_id=attempt[0], restart_count=attempt[1])
+    submission = attempt[2] if len(attempt) > 2 else None
+    counts = budget_counts(
+        events, job_id=attempt[0], restart_count=attempt[1], submission=submission
+    )
     d = decide(trigger, facts, counts, BUDGETS)
     event, action, code, spent, exclude = expected
     assert (d.event, d.action, d.exit_code, d.exhausted is not None, d.exclude) == (
