@@ -221,7 +221,7 @@ def budget_counts(
         for e in mine
         if e.get("event") == "restart_in_place" and _count(e.get("restart_count")) == restart_count
     )
-    steps = [e.get("step") for e in mine if e.get("event") == "resume"]
+    steps = [_resumed_from(e) for e in mine if _restarted(e)]
     stalled, at = 0, -1
     if steps and isinstance(steps[-1], int) and not isinstance(steps[-1], bool):
         at = steps[-1]
@@ -231,6 +231,19 @@ def budget_counts(
             stalled += 1
     counts["stalled_restarts"], counts["stalled_step"] = stalled, at
     return counts
+
+
+def _restarted(e: Mapping[str, Any]) -> bool:
+    """A restart's start: a ``resume``, or a command's ``start`` that carries the step it had
+    reported (``reported_step``: it keeps no checkpoint of ours)."""
+    return e.get("event") == "resume" or (e.get("event") == "start" and "reported_step" in e)
+
+
+def _resumed_from(e: Mapping[str, Any]) -> object:
+    """Where a restart resumed: its checkpoint's step, else the step its command had reported
+    with ``train.report`` (train.stop.facts.progress_step: the same measure at the stop)."""
+    step = e.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else e.get("reported_step")
 
 
 def _count(value: Any) -> int:

@@ -169,6 +169,7 @@ EVENT = Schema(
         "next_in_place": "count",
         "submission": "str",  # the local executor's submission (local-N)
         "exact": "bool",
+        "reported_step": "count",  # a command's restart: the step it had reported
         "config_changed": "list[str]",
     },
     by="event",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from cluster import Slurm
 
+from train.report import last_reported_step
 from train.runfiles import LOCAL_STOP
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "newest_checkpoint_step",
     "node_failure",
     "preemption_grace_s",
+    "progress_step",
 ]
 
 StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure", "node_fail"]
@@ -228,8 +230,9 @@ class StopFacts:
     # the failure), so a TERM is not srun ending the step of a dead rank (train.command.rootcause:
     # a failing rank reports before its task ends, so before srun's TERM to the others)
     no_rank_failed: bool = False
-    # the newest committed checkpoint's step (RUN_DIR/checkpoints/step-N with its manifest):
-    # where a restart would resume; None when none is seen
+    # the newest committed checkpoint's step (RUN_DIR/checkpoints/step-N with its manifest),
+    # else a command's last train.report step: where a restart would resume (progress_step);
+    # None when none is seen
     checkpoint_step: int | None = None
 
 
@@ -267,6 +270,13 @@ def newest_checkpoint_step(run_dir: Any) -> int | None:
         if not d.is_symlink() and (d / "manifest.json").is_file():
             steps.append(int(m.group(1)))
     return max(steps, default=None)
+
+
+def progress_step(run_dir: Any) -> int | None:
+    """Where a restart would resume: the newest committed checkpoint of ours, else (a command
+    that keeps its own checkpoints) the last step it reported with ``train.report``."""
+    step = newest_checkpoint_step(run_dir)
+    return step if step is not None else last_reported_step(run_dir)
 
 
 def failure_cause(
@@ -346,7 +356,7 @@ def gather(
             signal=signal,
             peers_met=peers_met,
             no_rank_failed=no_rank_failed,
-            checkpoint_step=newest_checkpoint_step(run_dir) if restarting else None,
+            checkpoint_step=progress_step(run_dir) if restarting else None,
             **more,
         )
 

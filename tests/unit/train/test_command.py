@@ -8,6 +8,7 @@ process) AND to the command's processes.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -845,3 +846,18 @@ def test_a_launchers_own_writes_are_not_progress(tmp_path: Path) -> None:
     assert written_bytes(10, proc) == 507  # no progress
     _fake_process(tmp_path / "p2", 20, 1, ["python", "train.py"], 42)  # no launcher: itself
     assert written_bytes(20, tmp_path / "p2") == 42
+
+
+def test_a_commands_restart_records_the_step_it_had_reported(tmp_path: Path) -> None:
+    """Round 2 item 6: a command that keeps no checkpoint of ours but reports its steps
+    (train.report): its restart's start event carries the last reported step, the progress the
+    no-progress stop compares (train.history.budget_counts)."""
+    from train.entry import run_entrypoint
+    from train.report import REPORT_KIND
+
+    line = {"kind": REPORT_KIND, "time": 1.0, "step": 42, "scalars": {}}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    config = _config([sys.executable, "-c", "pass"])
+    assert run_entrypoint(config, DistEnv(restart_count=1), tmp_path, True) == 0
+    start = RunHistory(tmp_path).events()[0]
+    assert (start["event"], start.get("reported_step")) == ("start", 42), start
