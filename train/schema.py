@@ -149,6 +149,7 @@ EVENT = Schema(
         "via": "str",
         "test_accuracy": "float",
         "stderr_tail": "list[str]",
+        "traceback": "list[str]",  # a failure in training: the last lines of its traceback
         "skipped": "str",
         "exit_code": "int",
         "first_output_at": "time",  # a command's first write in this process run

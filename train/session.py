@@ -49,6 +49,7 @@ from train.stop import (
     end_time,
     ended_elsewhere,
     explain_previous_attempt,
+    failure_details,
     needed_lead_s,
     request_requeue,
 )
@@ -433,8 +434,9 @@ class RunSession:
         what = describe_failure(exc, where)
         self.stopped = "failure"
         return request_requeue(
-            self.env, self.run_dir, self.requeue, "failure", step=step, error=what
-        )
+            self.env, self.run_dir, self.requeue, "failure", step=step, error=what,
+            details=failure_details(exc),
+        )  # fmt: skip
 
     def complete(self, step: int | None, **fields: Any) -> None:
         """Record that the run finished."""
