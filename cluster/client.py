@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import parse
-from cluster.conf import cluster_name, conf_stamp, find_slurm_conf
+from cluster.conf import cluster_name, conf_stamp, find_slurm_conf, with_slurm_bin
 from cluster.errors import (
     ClusterError,
     JobWaitTimeoutError,
@@ -83,7 +83,7 @@ class SlurmClient:
         self.conf = str(conf) if conf is not None else find_slurm_conf(base)
         if self.conf:
             base["SLURM_CONF"] = self.conf
-        self._env = base
+        self._env = with_slurm_bin(base, self.conf)
         self.timeout = timeout
         self.shielded = shielded
         self._prefetched: Started | None = None
@@ -206,6 +206,12 @@ class SlurmClient:
         They change only when slurm.conf does: callers may cache them on :meth:`conf_stamp`.
         """
         return parse.parse_config_limits(self.run(["scontrol", "show", "config"]).stdout)
+
+    def sbatch_options(self) -> frozenset[str]:
+        """The long options the ``sbatch`` this client runs lists in ``sbatch --help`` (its
+        release's; see :func:`cluster.parse.parse_sbatch_help`). Callers may cache it per
+        cluster (:meth:`conf_stamp`)."""
+        return parse.parse_sbatch_help(self.run(["sbatch", "--help"]).stdout)
 
     def conf_stamp(self) -> str:
         """Identifies the slurm.conf in use as it is now (path, size, mtime)."""

@@ -1,21 +1,17 @@
 """What submitit runs inside the allocation: :class:`TrainLaunch` (picklable, torch-free),
-pickled inside a :class:`DelayedSubmission`.
+pickled inside submitit's own ``DelayedSubmission`` by ``jobs submit``.
 
-Each srun task unpickles it and calls it. It takes the signals back from submitit (whose own
-handlers would requeue or exit on their own terms) into train's early-signal store
-(:mod:`train.stop.signals`, stdlib only, imported when the task starts), then imports ``train.cli``
-and runs ``train.cli.main`` in-process. A stop signal that arrives before training starts is
-kept in that store and train's preemption guard takes it over when it is installed (no
-re-sending, no polling thread). The job's exit status is train's exit code.
+Each srun task (``python -P -u -m submitit.core._submit RUN_DIR/slurm``) unpickles it and
+calls it. It takes the signals back from submitit (whose own handlers would requeue or exit on
+their own terms) into train's early-signal store (:mod:`train.stop.signals`, stdlib only,
+imported when the task starts), then imports ``train.cli`` and runs ``train.cli.main``
+in-process. A stop signal that arrives before training starts is kept in that store and
+train's preemption guard takes it over when it is installed (no re-sending, no polling
+thread). The job's exit status is train's exit code. submitit's log lines reach the rank's log
+once (:func:`quiet_submitit_logging`).
 
-:class:`DelayedSubmission` is the envelope ``submitit.core._submit`` loads from
-``RUN_DIR/slurm/JOBID_submitted.pkl``. submitit's loader checks the class *name* only, so that
-a project can pickle its own (``DelayedSubmission.load`` in submitit/core/utils.py says so); ours
-lets ``jobs submit`` write the pickles without importing submitit (asyncio, ssl, ...: about a
-quarter of a submit's time). It has what submitit's runtime uses: ``function`` with ``args`` and
-``kwargs``, ``result()``, ``done()``, the timeout fields, ``set_timeout``, ``dump`` and
-``_checkpoint_function`` (None: train decides about requeues, not submitit).
-tests/unit/jobs/test_launch.py runs one through submitit's own ``process_job``.
+``python -P -m jobs.launch --after-step`` is what the batch script asks after each step
+(:func:`after_step`; the loop is :func:`jobs.executor.in_place_loop`).
 """
 
 from __future__ import annotations
@@ -23,10 +19,27 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+def quiet_submitit_logging() -> None:
+    """Each submitit line once in the rank's log (issue 45).
+
+    submitit's logger writes to two handlers of its own, INFO and up to stdout and WARNING and
+    up to stderr, which the batch script joins into one log (``stderr_to_stdout``): a warning
+    showed twice. And it propagates to the root logger, where train's handler (train.logsetup)
+    writes every line again. From here on: its stdout handler only, no propagation."""
+    import logging
+
+    log = logging.getLogger("submitit")
+    log.propagate = False
+    streams = [h for h in log.handlers if isinstance(h, logging.StreamHandler)]
+    if len(streams) > 1:  # submitit's pair (submitit_out, submitit_err): keep the first
+        for handler in streams[1:]:
+            log.removeHandler(handler)
+        streams[0].setLevel(logging.DEBUG)
 
 
 def release_submitit_signals(names: tuple[str, ...] = ("USR2", "TERM")) -> None:
@@ -35,41 +48,6 @@ def release_submitit_signals(names: tuple[str, ...] = ("USR2", "TERM")) -> None:
     from train.stop import install_early  # torch-free; loaded inside the allocation only
 
     install_early(names)
-
-
-class DelayedSubmission:
-    """``function(*args, **kwargs)``, called once in the allocation (see the module docstring)."""
-
-    def __init__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        self.function = function
-        self.args = args
-        self.kwargs = kwargs
-        self._result: Any = None
-        self._done = False
-        self._timeout_min = 0  # submitit's runtime reads both when a signal reaches its handler
-        self._timeout_countdown = 0
-
-    def result(self) -> Any:
-        if not self._done:
-            self._result = self.function(*self.args, **self.kwargs)
-            self._done = True
-        return self._result
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_timeout(self, timeout_min: int, max_num_timeout: int) -> None:
-        self._timeout_min = timeout_min
-        self._timeout_countdown = max_num_timeout
-
-    def dump(self, path: str | Path) -> None:
-        # TrainLaunch is a module-level dataclass: the standard pickle (submitit's loader uses
-        # pickle.load too) is all it takes, no cloudpickle.
-        with open(path, "wb") as f:
-            pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def _checkpoint_function(self) -> DelayedSubmission | None:
-        return None  # never resubmitted by submitit (train.stop.act decides)
 
 
 @dataclass(frozen=True)
@@ -94,19 +72,19 @@ class TrainLaunch:
             return
         import json
 
+        from train.runfiles import atomic_write, make_dirs
         from train.spec import dump_spec  # the one writer the spec loader reads back
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        make_dirs(path.parent)
         data = json.loads(self.resolved)
-        tmp.write_text(dump_spec(data), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, dump_spec(data), durable=False)  # every rank may race: each whole
 
     def argv(self) -> list[str]:
         return ["--config", self.config, "--run-dir", self.run_dir, *self.extra_args]
 
     def __call__(self) -> int:
         release_submitit_signals(("USR2", "TERM", self.signal_name))
+        quiet_submitit_logging()
         # submitit requeues on its own only for checkpointable callables after a timeout; we are
         # not one (no .checkpoint), and train decides about requeues through its budgets.
         os.environ.setdefault("SLURM_TRAIN_RUN_DIR", self.run_dir)
@@ -135,7 +113,7 @@ class TrainLaunch:
 def after_step(argv: list[str] | None = None) -> int:
     """``python -m jobs.launch --after-step FOLDER ...``: what the batch script does after a
     step (:func:`train.stop.step.after_step` for this task's run, found through its pickle);
-    prints ``restart`` or ``exit N`` (jobs.render.in_place_loop)."""
+    prints ``restart`` or ``exit N`` (jobs.executor.in_place_loop)."""
     import argparse
     import contextlib
     import sys

@@ -17,6 +17,13 @@ The same requeue contract as on Slurm (train's ``requeue:`` section and ``events
 - SIGUSR2 to the supervisor is a requeue request: the spec's ``requeue.signal`` goes to every
   rank, they checkpoint, exit 75 and are restarted; SIGTERM cancels (forwarded, no restart).
 
+The spec's ``environment`` is applied as the batch script applies it (one spec, one behaviour):
+the same lines (:func:`jobs.render.setup_lines`: the variables, quoted, then the setup lines) run
+once, in bash, before any rank starts, and every rank starts in what they left, as ``srun``
+starts its tasks in the batch shell's: its exported variables, working directory and umask
+(:func:`run_setup`). A setup that exits non-zero fails the run before any rank starts, like a
+batch script that exits in its setup block.
+
 No orphans: each rank gets ``PR_SET_PDEATHSIG`` (SIGTERM: it checkpoints and stops) so a
 ``kill -9`` of the supervisor stops it, and the supervisor records its own and every rank's
 :class:`jobs.pids.ProcHandle` (PID + start time) so ``status`` and ``cancel`` can tell the
@@ -30,12 +37,14 @@ import ctypes
 import functools
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
@@ -47,6 +56,9 @@ from train.env import SUBMISSION_ENV, DistEnv
 from train.history import RunHistory, attempt_completed_at, over_budget
 from train.schema import Schema, report
 
+# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
 if TYPE_CHECKING:
     from train.spec import RequeueConfig
 
@@ -57,6 +69,7 @@ NO_RETRY_EXITS = {2, 3}  # bad input; a requeue budget is spent (train said so)
 PEER_GRACE_S = 60.0  # after one rank exits 75, the others' time to exit on their own
 KILL_WAIT_S = 30.0  # after a cancel's SIGTERM, the ranks' time to save and exit (Slurm's KillWait)
 _PR_SET_PDEATHSIG = 1
+SETUP_TIMEOUT_S = 600.0  # a setup block that never ends (a module system that hangs)
 
 
 def free_port() -> int:
@@ -113,10 +126,82 @@ def read_state(run_dir: str | Path) -> dict[str, Any]:
     return {**data, "tasks": tasks}
 
 
-def _die_with_parent(parent: int) -> None:
+class SetupError(Exception):
+    """The spec's setup block failed: ``str()`` is the one line to show."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the batch script's setup block leaves for ``srun``'s tasks: the environment, the
+    working directory and the umask."""
+
+    env: dict[str, str]
+    cwd: str
+    umask: int
+
+
+# Run after the setup lines by the interpreter jobs runs in (absolute: setup may change PATH).
+_DUMP = (
+    "import json, os, sys; m = os.umask(0); os.umask(m); "
+    "json.dump({'env': dict(os.environ), 'cwd': os.getcwd(), 'umask': m}, "
+    "open(sys.argv[1], 'w', encoding='utf-8'))"
+)
+
+
+def run_setup(run_dir: str | Path, environ: Mapping[str, str]) -> Setup:
+    """Run the run's setup block (``RUN_DIR/resolved.yaml``'s ``environment``, rendered by
+    :func:`jobs.render.setup_lines`, the batch script's own lines) once in bash, started from
+    ``environ`` in this process's directory; return what it left. Its output goes to this
+    process's (the supervisor's log). Raises :class:`SetupError`."""
+    import tempfile
+
+    from jobs.load import load_spec
+    from jobs.render import setup_lines
+
+    resolved = Path(run_dir) / "resolved.yaml"
+    try:
+        spec = load_spec(resolved).spec
+    except Exception as exc:  # a damaged record: one line, no rank started on a guess
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SetupError(f"cannot read {resolved}: {first}") from None
+    with tempfile.TemporaryDirectory(prefix="slurm-train-setup-") as tmp:
+        out = Path(tmp) / "setup.json"
+        script = "\n".join([
+            *setup_lines(spec),
+            f"exec {shlex.quote(sys.executable)} -c {shlex.quote(_DUMP)} {shlex.quote(str(out))}",
+        ])  # fmt: skip
+        try:
+            proc = subprocess.run(
+                ["bash", "-c", script],
+                env=dict(environ),
+                stdin=subprocess.DEVNULL,
+                timeout=SETUP_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise SetupError(
+                f"environment.setup did not finish in {SETUP_TIMEOUT_S:.0f} s"
+            ) from None
+        except OSError as exc:
+            raise SetupError(f"cannot run environment.setup in bash: {exc}") from None
+        try:
+            data = json.loads(out.read_text(encoding="utf-8"))
+            setup = Setup(dict(data["env"]), str(data["cwd"]), int(data["umask"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            raise SetupError(
+                f"environment.setup exited {proc.returncode} before the ranks could start "
+                "(its output is in slurm/supervisor.log)"
+            ) from None
+    return setup
+
+
+def _die_with_parent(parent: int, umask: int | None = None) -> None:
     """In the child before exec: its own process group (the rank and its children are one
-    group to stop), and SIGTERM when the supervisor dies (even by ``kill -9``)."""
+    group to stop), and SIGTERM when the supervisor dies (even by ``kill -9``); the setup
+    block's umask."""
     os.setpgid(0, 0)
+    if umask is not None:
+        os.umask(umask)
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:  # it died before prctl took effect
@@ -146,6 +231,8 @@ class Supervisor:
         self.grace: dict[int, float] = {}
         self.logs: list[IO[bytes]] = []
         self.budgets = {t.index: _budgets(t.run_dir) for t in record.tasks}
+        #: what the spec's setup block left (run_setup), once before the first rank starts
+        self.setup: Setup | None = None
         me = ProcHandle.of(os.getpid())
         self.state: dict[str, Any] = {
             "pid": os.getpid(),
@@ -211,8 +298,9 @@ class Supervisor:
         parent = os.getpid()
         with contextlib.suppress(OSError):  # only a stop file of ours, never another's
             runfiles.remove(Path(task_dir) / STOP_FILE)
+        setup = self.setup
         for rank in range(world):
-            env = rank_environ(os.environ)
+            env = rank_environ(setup.env if setup is not None else os.environ)
             # The torchrun variables, written the one way train writes them (torch-free).
             DistEnv(
                 rank=rank, local_rank=rank, world_size=world, local_world_size=world,
@@ -228,7 +316,7 @@ class Supervisor:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
             log = os.fdopen(runfiles.open_fd(path, flags), "ab")  # never through a link
             self.logs.append(log)
-            cmd = [sys.executable, "-u", "-m", "train", "--config"]
+            cmd = [sys.executable, *_SAFE_PATH, "-u", "-m", "train", "--config"]
             cmd += [str(Path(task_dir) / runfiles.RESOLVED), "--run-dir", task_dir]
             if entry["restarts"]:
                 cmd.append("--resume")  # a restart continues this run's own checkpoints
@@ -238,7 +326,10 @@ class Supervisor:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    preexec_fn=functools.partial(_die_with_parent, parent),
+                    cwd=setup.cwd if setup is not None else None,
+                    preexec_fn=functools.partial(
+                        _die_with_parent, parent, setup.umask if setup is not None else None
+                    ),
                 )
             )
         self.running[index] = procs
@@ -345,6 +436,14 @@ class Supervisor:
         signal.signal(signal.SIGUSR2, self.request_requeue)
         pending = [t.index for t in self.record.tasks]
         self.save()
+        try:
+            self.setup = run_setup(self.record.run_dir, rank_environ(os.environ))
+        except SetupError as exc:
+            print(f"jobs.localrun: {exc}", file=sys.stderr, flush=True)
+            for index in pending:
+                self.entry(index).update(state="FAILED", reason=str(exc), end=time.time())
+            self.save()
+            return 1
         while pending or self.running:
             while pending and len(self.running) < max(1, self.record.max_parallel):
                 if self.cancelled:

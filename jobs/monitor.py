@@ -8,8 +8,10 @@ state dir (:func:`jobs.statecache.slurm_states`); local runs' states from their 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import signal
+import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 
 ClientFactory = Callable[[], "Slurm"]
 FINAL_LOCAL = {"COMPLETED", "FAILED", "CANCELLED"}
+# A task `jobs cancel` asked to cancel (RunRecord.cancel_requested) that is not over yet.
+CANCELLING = "CANCELLING"
 # Reasons of an UNKNOWN state that Slurm's answer is not about this run's job.
 OTHER_CLUSTER = "not this run's job: submitted to cluster"
 REUSED = "not this run's job: id reused"
@@ -150,7 +154,23 @@ def states_many(
     for r in runs:
         if r.executor == "local":
             out.update(local_states(r))
+    for r in runs:
+        for jid in r.job_ids():
+            if jid in out and r.cancel_requested(jid):
+                out[jid] = cancelling(out[jid], r.cancel_requested_at)
     return out
+
+
+def cancelling(info: JobInfo, asked_at: float | None) -> JobInfo:
+    """``info`` of a task ``jobs cancel`` asked to cancel: CANCELLING until Slurm (or the local
+    supervisor) says it is over; what it says meanwhile is kept in the reason."""
+    if _finished(info) or info.state in ("UNKNOWN", CANCELLING):
+        return info
+    ago = max(0, int(time.time() - asked_at)) if asked_at is not None else None
+    when = f"cancel asked {ago} s ago" if ago is not None else "cancel asked"
+    was = "the local run" if info.source == "local" else "Slurm"
+    why = f"{when}; {was} still shows {info.state} until it is done"
+    return dataclasses.replace(info, state=CANCELLING, reason=why)
 
 
 def _cluster_name(client: ClientFactory) -> str:
@@ -231,7 +251,18 @@ def cancel(record: RunRecord, client: ClientFactory, only: str | None = None) ->
         return []
     # Not requeueable first: neither Slurm nor train's guard may bring a cancelled job back.
     client().cancel(target, no_requeue=True)
+    _cancel_asked(record, target)
     return target
+
+
+def _cancel_asked(record: RunRecord, target: list[str]) -> None:
+    """After the cancel went out: the record status/list read (CANCELLING until confirmed),
+    and no cached state of these jobs from before it (jobs.statecache)."""
+    from jobs.records import mark_cancel
+    from jobs.statecache import forget
+
+    mark_cancel(record, target)
+    forget(target)
 
 
 def _cancel_local(record: RunRecord) -> list[str]:
@@ -243,15 +274,15 @@ def _cancel_local(record: RunRecord) -> list[str]:
     ours = sup is not None and signal_if_ours(
         sup, signal.SIGTERM, lambda pid: is_supervisor(pid, record)
     )
-    if ours:
-        return [record.job_id]
     # Killed supervisor: its orphaned ranks (if any still run) are stopped directly.
-    sent = [
-        h.pid
+    sent = ours or any([
+        signal_if_ours(h, signal.SIGTERM, lambda pid: is_rank(pid, record))
         for h in live_ranks(record, state)
-        if signal_if_ours(h, signal.SIGTERM, lambda pid: is_rank(pid, record))
-    ]
-    return [record.job_id] if sent else []
+    ])  # fmt: skip
+    if not sent:
+        return []
+    _cancel_asked(record, [record.job_id])
+    return [record.job_id]
 
 
 def events_summary(record: RunRecord) -> dict[str, str]:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 Where = Callable[[tuple[str, ...]], str]
 LIMITS_FILE = "cluster-limits.json"
+SBATCH_OPTIONS_FILE = "sbatch-options.json"
+SBATCH_OPTIONS_TTL_S = 86400.0
 UNSTAMPED_TTL_S = 3600.0
 
 
@@ -44,7 +46,14 @@ def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
         data = json.loads(path.read_bytes())
         fresh = not stamp.endswith(":missing") or time.time() - data["at"] < UNSTAMPED_TTL_S
         if data["stamp"] == stamp and fresh:
-            return ClusterLimits(int(data["max_array_size"]), int(data["max_job_count"]))
+            delay = data.get("requeue_delay_s")
+            return ClusterLimits(
+                int(data["max_array_size"]),
+                int(data["max_job_count"]),
+                # an entry written before these fields existed reads as none set
+                expedited_requeue=data.get("expedited_requeue") is True,
+                requeue_delay_s=delay if isinstance(delay, int) else None,
+            )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing, damaged or foreign: ask the cluster
     limits = client.limits()
@@ -56,6 +65,62 @@ def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
     except OSError:
         pass  # a cache that cannot be written only costs one query next time
     return limits
+
+
+def sbatch_options(client: Slurm, cache_dir: Path) -> frozenset[str] | None:
+    """The long options of the cluster's ``sbatch`` (``sbatch --help``: its release's), kept
+    per cluster as the array limits are (on slurm.conf's stamp: a new release comes with its
+    daemons restarted on an edited slurm.conf) and asked again at least daily
+    (:data:`SBATCH_OPTIONS_TTL_S`); None when it cannot be asked (sbatch itself will then say
+    what is wrong)."""
+    from cluster.errors import ClusterError
+
+    stamp = client.conf_stamp()
+    path = cache_dir / SBATCH_OPTIONS_FILE
+    try:
+        data = json.loads(path.read_bytes())
+        ttl = SBATCH_OPTIONS_TTL_S if not stamp.endswith(":missing") else UNSTAMPED_TTL_S
+        fresh = 0 <= time.time() - float(data["at"]) < ttl
+        if data["stamp"] == stamp and fresh and isinstance(data["options"], list):
+            return frozenset(str(o) for o in data["options"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # missing, damaged or foreign: ask sbatch
+    try:
+        options = client.sbatch_options()
+    except ClusterError:
+        return None
+    entry = {"stamp": stamp, "at": time.time(), "options": sorted(options)}
+    try:
+        folder = private_dir(cache_dir.parent, cache_dir.name, mode=0o755)
+        atomic_write(folder / SBATCH_OPTIONS_FILE, json.dumps(entry), durable=False)
+    except OSError:
+        pass  # a cache that cannot be written only costs one query next time
+    return options
+
+
+def check_sbatch_release(
+    spec: JobSpec, live: frozenset[str] | None, where: Where | None = None
+) -> None:
+    """The script's options against the cluster's ``sbatch`` (:func:`sbatch_options`): the
+    hand-kept list of :mod:`jobs.sbatchopts` checked against the release Slurm runs.
+    PreflightError naming the first problem (its ``launch.sbatch_args`` key when it is one)."""
+    if live is None:
+        return
+    from jobs.render import slurm_options
+    from jobs.sbatchopts import release_problems
+
+    extra = spec.launch.sbatch_args
+    written = [k for k, _ in slurm_options(spec).sbatch if k not in extra]
+    written += ["output", "open-mode", "wckey"] + (["array"] if spec.sweep else [])
+    problems = release_problems(extra, written, live)
+    if problems:
+        key, problem = problems[0]
+        loc = where or (lambda path: "preflight")
+        if key is None:
+            raise PreflightError(f"{loc(())}: {problem}")
+        raise PreflightError(
+            f"{loc(('launch', 'sbatch_args', key))}: launch.sbatch_args.{key}: {problem}"
+        )
 
 
 def array_limit(tasks: int, limits: ClusterLimits, where: Where | None = None) -> int:

@@ -139,6 +139,16 @@ class RunRecord:
     # The Slurm cluster it was submitted to (slurm.conf's ClusterName; "" before it was kept):
     # a job id means something only on its own cluster.
     cluster: str = ""
+    # `jobs cancel` asked (mark_cancel): when, and which ids (a job, an array or one task;
+    # every id of the run for the whole run). status/list show CANCELLING until it is over.
+    cancel_requested_at: float | None = None
+    cancel_targets: list[str] = field(default_factory=list)
+
+    def cancel_requested(self, task_job_id: str) -> bool:
+        """``jobs cancel`` asked to cancel this task (its id, its array's or the job's)."""
+        if self.cancel_requested_at is None:
+            return False
+        return any(task_job_id == t or task_job_id.startswith(f"{t}_") for t in self.cancel_targets)
 
     def slurm_job_ids(self) -> list[str]:
         """The Slurm job id of every array (or of the job) of this run, in submission order."""
@@ -203,6 +213,8 @@ RUN_RECORD = Schema(
         "array_job_ids": "list[str]",
         "array_chunk": "count",
         "cluster": "str",
+        "cancel_requested_at": "time",
+        "cancel_targets": "list[str]",
     },
 )
 TASK_RECORD = Schema(
@@ -227,6 +239,23 @@ def save_record(record: RunRecord) -> None:
     """Write RUN_DIR/run.json atomically (another shell may read it at any time), never
     through a link (:func:`train.runfiles.atomic_write`)."""
     runfiles.atomic_write(Path(record.run_dir) / RECORD, record.to_json() + "\n")
+
+
+def mark_cancel(record: RunRecord, targets: list[str]) -> RunRecord:
+    """Record in RUN_DIR/run.json that ``jobs cancel`` asked to cancel ``targets`` (job, array
+    or task ids) now: ``status``/``list`` show the cancel (CANCELLING) from this record until
+    Slurm or the local supervisor confirms it. Re-read first: the newest record is the one
+    kept (a submission may have added arrays since ``record`` was read)."""
+    try:
+        current = load_record(record.run_dir)
+    except RunNotFoundError:
+        current = record
+    if current.run_id != record.run_id:  # another submission's directory by now: not ours
+        return record
+    current.cancel_requested_at = time.time()
+    current.cancel_targets = list(dict.fromkeys([*current.cancel_targets, *targets]))
+    save_record(current)
+    return current
 
 
 def load_record(run_dir: str | Path) -> RunRecord:

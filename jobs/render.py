@@ -1,28 +1,34 @@
-"""The ONE mapping from a spec to Slurm options, and the exact sbatch script that is submitted.
+"""The spec -> Slurm options (sbatch + srun) and the exact sbatch script, rendered by submitit.
 
-:func:`slurm_options` turns a :class:`~jobs.spec.JobSpec` into sbatch options (Slurm's long
-option names, in Slurm's spelling) and srun options. Everything that asks Slurm for resources
-comes from it: :func:`sbatch_script` (the script the real submission hands to sbatch and
-``--dry-run`` prints, so what is shown is what is submitted; laid out as submitit lays it out,
-for submitit's runtime in the allocation) and :mod:`jobs.templates` (the ``#SBATCH`` block of
-``--template NAME``). GPUs are asked for one
-way only, ``--gres=gpu:N`` (works with select/cons_res and cons_tres alike), and the time limit
-is written as ``[D-]HH:MM:SS`` rounded up to whole minutes (Slurm's granularity).
+:func:`slurm_options` is the sbatch options of :data:`jobs.slurmmap.ROWS` (THE table) and the
+srun options of ``launch``. Everything that asks Slurm for resources comes from it:
+:func:`sbatch_script` (the script the real submission hands to sbatch and ``--dry-run`` prints,
+so what is shown is what is submitted; rendered by submitit's ``SlurmExecutor`` through
+:class:`jobs.executor.TrainExecutor`) and :mod:`jobs.templates` (the ``#SBATCH`` block of
+``--template NAME``). GPUs are asked for one way only, ``--gres=gpu:N`` (works with
+select/cons_res and cons_tres alike), and the time limit is written as ``[D-]HH:MM:SS``
+rounded up to whole minutes (Slurm's granularity).
 
-Quoting: every ``#SBATCH`` value and srun argument is quoted (``shlex.quote``, as submitit
-does), and so are the variables and paths we add to the setup block. Setup lines from the spec are
+Ours in the script, beyond submitit's text: the setup block (:func:`setup_lines`), the ``-P``
+of every interpreter (:func:`jobs.executor.safe_python`) and the loop that restarts a failed
+step in place (:func:`jobs.executor.in_place_loop`, with what each rank runs as comments,
+:func:`rank_note`).
+
+Quoting: every ``#SBATCH`` value and srun argument is quoted (``shlex.quote``, by submitit),
+and so are the variables and paths we add to the setup block. Setup lines from the spec are
 shell code on purpose (``module load``, ``source .venv/bin/activate``).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.timefmt import format_slurm_time
+from jobs.slurmmap import RESOURCE_OPTIONS, sbatch_options, submitit_parameters
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -33,24 +39,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SLURM_FOLDER = "slurm"
 #: submitit's name for a rank's log in SLURM_FOLDER (``JobPaths.stdout``; %t: the rank).
 LOG_NAME = "%j_%t_log.out"
-#: submitit's ``array_parallelism`` default, for an array without a sweep's max_parallel.
-SUBMITIT_ARRAY_PARALLELISM = 256
 #: One sbatch option: (long name as Slurm spells it, value; None for a flag such as --exclusive).
 Option = tuple[str, str | None]
 #: The options that size the allocation (what both dry-runs must agree on).
-RESOURCE_KEYS = (
-    "partition",
-    "nodes",
-    "ntasks-per-node",
-    "gres",
-    "cpus-per-task",
-    "mem",
-    "time",
-    "account",
-    "qos",
-    "constraint",
-    "exclusive",
-)
+RESOURCE_KEYS = RESOURCE_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -65,44 +57,9 @@ class SlurmOptions:
 
 
 def slurm_options(spec: JobSpec) -> SlurmOptions:
-    """The one spec -> Slurm mapping (see the module docstring)."""
-    res = spec.resources
-    opts: list[Option] = [("job-name", spec.name)]
-    if res.partition:
-        opts.append(("partition", res.partition))
-    opts.append(("nodes", str(res.nodes)))
-    elastic = res.min_nodes != res.max_nodes
-    if not elastic:
-        opts.append(("ntasks-per-node", str(spec.ntasks_per_node)))
-    # gpus_per_node joins any other gres (the spec refuses GPUs given both ways).
-    gres = [g for g in (res.gres, f"gpu:{res.gpus_per_node}" if res.gpus_per_node else "") if g]
-    if gres:
-        opts.append(("gres", ",".join(gres)))
-    if elastic:
-        # A node range: with --ntasks-per-node Slurm satisfies the task count on the FEWEST
-        # nodes (measured: 1 of 2 idle); without it, on as many as it can give now. So the
-        # allocation holds one CPU block per node (the node's tasks x their CPUs) and srun
-        # starts the tasks per node (srun_args).
-        opts.append(("cpus-per-task", str(spec.ntasks_per_node * (res.cpus_per_task or 1))))
-    elif res.cpus_per_task is not None:
-        opts.append(("cpus-per-task", str(res.cpus_per_task)))
-    if res.mem is not None:
-        opts.append(("mem", res.mem))
-    # Slurm counts whole minutes: rounded up so the job never gets less than asked.
-    opts.append(("time", format_slurm_time(None if res.time_s is None else 60 * timeout_min(spec))))
-    for key, value in (("account", res.account), ("qos", res.qos), ("constraint", res.constraint)):
-        if value is not None:
-            opts.append((key, value))
-    if res.exclusive:
-        opts.append(("exclusive", None))
-    opts.append(("signal", f"{spec.requeue.signal}@{spec.requeue.signal_delay_s}"))
-    opts.append(("requeue", None))
-    for key, extra in spec.launch.sbatch_args.items():
-        if extra is True:
-            opts.append((key, None))
-        elif extra is not False:
-            opts.append((key, str(extra)))
-    return SlurmOptions(tuple(opts), tuple(srun_args(spec)))
+    """The one spec -> Slurm mapping: sbatch options from :data:`jobs.slurmmap.ROWS` (then
+    ``launch.sbatch_args``), srun options from ``launch``."""
+    return SlurmOptions(tuple(sbatch_options(spec)), tuple(srun_args(spec)))
 
 
 def array_option(size: int, max_parallel: int) -> str:
@@ -149,30 +106,40 @@ def srun_args(spec: JobSpec) -> list[str]:
     return args
 
 
-def timeout_min(spec: JobSpec) -> int:
-    """The time limit in whole minutes, rounded up (Slurm's unit; submitit's pickled tasks
-    carry it too, with submitit's default of 5 when there is none)."""
-    seconds = spec.resources.time_s
-    return 5 if seconds is None else -(-seconds // 60)
-
-
 def submitted_pickle(folder: Path, job_id: str) -> Path:
     """Where submitit's runtime looks for task ``job_id``'s pickle (``JobPaths.submitted_pickle``;
     ``JOBID`` or ``ARRAYID_INDEX``)."""
     return folder / f"{job_id}_submitted.pkl"
 
 
-def submit_command(folder: Path, python: str | None = None) -> str:
-    """The command submitit puts after srun (``SlurmExecutor._submitit_command_str``)."""
-    exe = shlex.quote(python or sys.executable)
-    return " ".join([exe, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+def rank_note(spec: JobSpec, run_dir: Path, array: bool = False) -> list[str]:
+    """What each rank runs, as comment lines (``--dry-run`` and the script itself say it):
+    ``submitit.core._submit`` only loads the task's pickle, a :class:`jobs.launch.TrainLaunch`
+    that runs ``python -m train`` on the task's resolved spec in the task's process."""
+    task_dir = run_dir / "tasks" / "$SLURM_ARRAY_TASK_ID" if array else run_dir
+    argv = ["python", "-m", "train", "--config", str(task_dir / "resolved.yaml")]
+    argv += ["--run-dir", str(task_dir)]
+    lines = [
+        "# each rank: submitit.core._submit loads its pickle (slurm/JOBID_submitted.pkl, a",
+        "# jobs.launch.TrainLaunch) and runs, in that process:",
+        f"#   {shlex.join(argv)}",
+    ]
+    entry = spec.entrypoint
+    if entry is not None and entry.function:
+        lines.append(f"#   which calls entrypoint.function {entry.function}")
+    return [_comment(ln) for ln in [*lines, *command_note(spec).splitlines()]]
+
+
+def _comment(line: str) -> str:
+    """A comment line that stays one line whatever a path holds (control characters escaped)."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", line)
 
 
 def command_note(spec: JobSpec) -> str:
-    """For ``--dry-run``: what an ``entrypoint.command`` will run as, as comment lines.
+    """What an ``entrypoint.command`` will run as, as comment lines.
 
     A bare ``python`` (or another name found beside it, e.g. ``torchrun``) means the interpreter
-    of the environment ``jobs`` runs in, the one :func:`submit_command` starts the tasks with
+    of the environment ``jobs`` runs in, the one submitit starts the tasks with
     (:func:`train.command.processes.resolve_argv` applies the same rule inside the allocation).
     """
     entry = spec.entrypoint
@@ -193,60 +160,28 @@ def command_note(spec: JobSpec) -> str:
 def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -> str:
     """The exact script sbatch gets for this spec and run directory (``array_size``: a sweep).
 
-    Laid out as submitit's ``_make_sbatch_string`` lays it out (submitit 1.5), because what
-    runs in the allocation is submitit's: sorted ``#SBATCH`` lines with its defaults (its
-    ``--wckey``, per-rank logs ``%j_%t_log.out`` appended to, its ``--array`` spelling), our
-    setup block, then ``srun`` starting ``submitit.core._submit`` on the run's pickles. Every
-    option of :func:`slurm_options` is written after submitit's defaults, so ours win.
-    tests/unit/jobs/test_render.py renders the same specs with submitit's own function and
-    compares; rendering here keeps submitit's import (asyncio, ssl, ...) off ``--dry-run``.
+    Rendered by submitit itself (:class:`jobs.executor.TrainExecutor`, a ``SlurmExecutor``):
+    the options of :func:`slurm_options` as its parameters (``update_parameters``: its own
+    where it has one, ``additional_parameters`` for the rest), :func:`setup_lines` as its
+    ``setup``, :func:`srun_args` as its ``srun_args``, per-rank logs appended to
+    (``%j_%t_log.out``, stderr with stdout), ``-P`` interpreters. The one part that is ours is
+    the loop around submitit's srun line (:func:`jobs.executor.in_place_loop`): submitit has no
+    way to say it.
+    Imports submitit (asyncio, ...): ``--dry-run`` pays it (bench/README: the CLI figures).
     """
-    opts = slurm_options(spec)
-    stdout = str(submitit_folder(run_dir) / LOG_NAME)
-    params: dict[str, str | None] = {"wckey": "submitit"}
-    if array_size is not None:
-        parallel = spec.sweep.max_parallel if spec.sweep is not None else SUBMITIT_ARRAY_PARALLELISM
-        params["array"] = array_option(array_size, parallel)
-        stdout = stdout.replace("%j", "%A_%a")
-    params["output"] = stdout.replace("%t", "0")
-    params["open-mode"] = "append"
-    # submitit's spelling of the keys (underscores; its own open-mode) decides the order.
-    params.update((key.replace("-", "_"), value) for key, value in opts.sbatch)
-    srun = shlex.join(["srun", "--unbuffered", "--output", stdout, *opts.srun])
-    lines = ["#!/bin/bash", "", "# Parameters"]
-    lines += [_sbatch_line(key, params[key]) for key in sorted(params)]
-    lines += ["", "# setup", *setup_lines(spec)]
-    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm"]
-    step = f"{srun} {submit_command(submitit_folder(run_dir))}"
-    lines += [in_place_loop(step, submitit_folder(run_dir)), ""]
-    return "\n".join(lines)
+    from jobs.executor import TrainExecutor
 
-
-def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:
-    """The job step ``step`` (submitit's srun line) run again in the same allocation when the
-    run decided to restart in place (a failure or a hang; :mod:`train.stop.step` says so after
-    each step): no requeue, no trip through the queue. The only lines of the script that are
-    ours rather than submitit's."""
-    exe = shlex.quote(python or sys.executable)
-    ask = " ".join([
-        exe, "-m jobs.launch --after-step", shlex.quote(str(folder)), '--exit-code "$rc"',
-        '--in-place "$SLURM_TRAIN_IN_PLACE" --job-id "$SLURM_JOB_ID"',
-        '--task "${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
-        '--restart-count "${SLURM_RESTART_COUNT:-0}"',
-    ])  # fmt: skip
-    return "\n".join([
-        "# a failed step restarts in this allocation when the run decides so (train.stop.step)",
-        "export SLURM_TRAIN_IN_PLACE=0",
-        "while :; do",
-        f"  {step}",
-        "  rc=$?",
-        f"  next=$({ask}) || next=\"exit $rc\"",
-        '  if [ "$next" != restart ]; then exit "${next#exit }"; fi',
-        "  SLURM_TRAIN_IN_PLACE=$((SLURM_TRAIN_IN_PLACE + 1))",
-        "done",
-    ])  # fmt: skip
-
-
-def _sbatch_line(key: str, value: str | None) -> str:
-    name = key.replace("_", "-")
-    return f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={shlex.quote(value)}"
+    folder = submitit_folder(run_dir)
+    named, extra = submitit_parameters(list(slurm_options(spec).sbatch))
+    params: dict[str, object] = {
+        **named,
+        "setup": setup_lines(spec),
+        "srun_args": srun_args(spec),
+        "stderr_to_stdout": True,
+        "additional_parameters": extra,
+    }
+    if array_size is not None and spec.sweep is not None:
+        params["array_parallelism"] = spec.sweep.max_parallel
+    executor = TrainExecutor(folder, rank_note(spec, run_dir, array_size is not None))
+    executor.update_parameters(**params)
+    return executor.script(array_size)

@@ -1,7 +1,9 @@
 """``launch.sbatch_args``: extra ``#SBATCH`` options, checked before they reach a script.
 
 sbatch accepts any unique prefix of a long option (``--arr`` is ``--array``), so every key is
-resolved against sbatch's full list of long options (Slurm 22.05, ``man sbatch``) first. Then:
+resolved against sbatch's full list of long options first: those of Slurm 22.05 (``man
+sbatch``) and those later releases add (24.11, 26.05: their ``sbatch --help``, recorded in
+tests/unit/cluster/data). Then:
 
 - an option jobs sets itself (array, output, error, requeue, signal, job name, ...) is refused,
 - an option that a spec field says (``--nodes`` is ``resources.nodes``) is refused naming the
@@ -10,16 +12,30 @@ resolved against sbatch's full list of long options (Slurm 22.05, ``man sbatch``
   (one line: control characters are refused by the loader; the renderers quote it for
   sbatch); known formats are checked (``--time-min`` a Slurm time, ``--mail-type`` Slurm's
   event names, counts are integers).
+
+Against the release the preflight talks to (:func:`release_problems`, from that cluster's
+``sbatch --help``, cached per cluster by :func:`jobs.preflight.sbatch_options`): an option that
+release does not have is refused, and so is a prefix that is ambiguous there (``--spread`` is
+``--spread-job`` on 22.05 but two options on 26.05). ``sbatch --help`` leaves some options out
+(:data:`HELP_UNLISTED`): those are taken as present.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from cluster.errors import SlurmTimeError
 from cluster.timefmt import parse_slurm_time
+from jobs.slurmmap import FIELD_OF_OPTION
 
-__all__ = ["SBATCH_LONG_OPTIONS", "check_sbatch_arg", "resolve_option"]
+__all__ = [
+    "HELP_UNLISTED",
+    "SBATCH_LONG_OPTIONS",
+    "check_sbatch_arg",
+    "release_problems",
+    "resolve_option",
+]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -27,7 +43,7 @@ def _words(text: str) -> frozenset[str]:
 
 
 # Every long option of sbatch (Slurm 22.05: `man sbatch` and `sbatch --help`).
-SBATCH_LONG_OPTIONS = _words(
+_BASE_OPTIONS = _words(
     """
     account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment
     constraint container contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu
@@ -43,14 +59,33 @@ SBATCH_LONG_OPTIONS = _words(
     wait wait-all-nodes wckey wrap
     """
 )
+# Added by later releases (sbatch --help of 24.11 and 26.05): taken by their full name only, so
+# that a prefix keeps the meaning it has on 22.05 (the preflight refuses one that is ambiguous
+# on the cluster's own release).
+SBATCH_LONG_OPTIONS = _BASE_OPTIONS | _words(
+    """
+    container-id container-type oom-kill-step resv-ports spread-segments tres-bind
+    tres-per-task
+    """
+)
+# Options sbatch takes that its --help does not list (22.05's --help against `man sbatch`).
+HELP_UNLISTED = _words(
+    """
+    acctg-freq batch hint kill-on-invalid-dep mem-bind network ntasks-per-gpu open-mode prefer
+    test-only wait-all-nodes
+    """
+)
 # Options without an argument, and those whose argument is optional (both accept `true`).
 _FLAGS = _words(
     """
     contiguous hold ignore-pbs overcommit oversubscribe parsable quiet reboot requeue
     no-requeue spread-job test-only use-min-nodes verbose wait help usage version
+    spread-segments
     """
 )
-_OPTIONAL_ARG = _words("exclusive export get-user-env nice no-kill propagate wrap")
+_OPTIONAL_ARG = _words(
+    "exclusive export get-user-env nice no-kill propagate wrap oom-kill-step resv-ports"
+)
 # Set by jobs (or they change what sbatch prints, which jobs reads).
 RESERVED = _words(
     """
@@ -58,30 +93,8 @@ RESERVED = _words(
     test-only help usage version quiet verbose
     """
 )
-# Options a spec field already says: give the field instead.
-SPEC_FIELDS = {
-    "account": "resources.account",
-    "constraint": "resources.constraint",
-    "cpus-per-task": "resources.cpus_per_task",
-    "cpus-per-gpu": "resources.cpus_per_task",
-    "exclusive": "resources.exclusive",
-    "gpus": "resources.gpus_per_node",
-    "gpus-per-node": "resources.gpus_per_node",
-    "gpus-per-task": "resources.gpus_per_node",
-    "gres": "resources.gres",
-    "mem": "resources.mem",
-    "mem-per-cpu": "resources.mem",
-    "mem-per-gpu": "resources.mem",
-    "nodes": "resources.nodes",
-    "ntasks": "resources.ntasks_per_node",
-    "ntasks-per-node": "resources.ntasks_per_node",
-    "partition": "resources.partition",
-    "qos": "resources.qos",
-    "time": "resources.time",
-    "job-name": "name",
-    "signal": "requeue.signal",
-    "array": "sweep",
-}
+# Options a spec field already says: give the field instead (from THE table, jobs.slurmmap).
+SPEC_FIELDS = FIELD_OF_OPTION
 _INTEGER = _words(
     """
     cores-per-socket delay-boot mincpus nice ntasks-per-core ntasks-per-gpu
@@ -107,7 +120,7 @@ def resolve_option(key: str) -> str:
         raise ValueError(f"{key!r} is not an sbatch option name (e.g. mail-type)")
     if key in SBATCH_LONG_OPTIONS:
         return key
-    matches = sorted(o for o in SBATCH_LONG_OPTIONS if o.startswith(key))
+    matches = sorted(o for o in _BASE_OPTIONS if o.startswith(key))
     if not matches:
         raise ValueError(f"--{key} is not an sbatch option (see man sbatch)")
     if len(matches) > 1:
@@ -151,3 +164,36 @@ def check_sbatch_arg(key: str, value: str | int | bool) -> str:
                 f"{named}: {bad[0]!r} is not a mail type ({', '.join(sorted(_MAIL_TYPES))})"
             )
     return option
+
+
+def release_problems(
+    sbatch_args: Iterable[str], written: Iterable[str], live: frozenset[str]
+) -> list[tuple[str | None, str]]:
+    """What the ``sbatch`` whose ``--help`` lists ``live`` would not take: ``(key, problem)``
+    for a ``launch.sbatch_args`` key, ``(None, problem)`` for an option jobs writes itself
+    (``written``). Empty when all is well."""
+    known = live | HELP_UNLISTED
+    problems: list[tuple[str | None, str]] = []
+    for key in sbatch_args:
+        option = resolve_option(key)
+        if key != option:
+            matches = sorted(o for o in known if o.startswith(key))
+            if len(matches) > 1:
+                shown = ", ".join(f"--{m}" for m in matches[:6])
+                problems.append(
+                    (key, f"--{key} is ambiguous for this cluster's sbatch ({shown}); "
+                     "write the full name")
+                )  # fmt: skip
+                continue
+        if option not in known:
+            problems.append(
+                (key, f"--{option} is not an option of this cluster's sbatch (its --help does "
+                 "not list it: another Slurm release); remove it")
+            )  # fmt: skip
+    for option in dict.fromkeys(written):
+        if option not in known:
+            problems.append(
+                (None, f"jobs writes --{option} but this cluster's sbatch does not list it in "
+                 "its --help (a Slurm release jobs does not know); please report it")
+            )  # fmt: skip
+    return problems

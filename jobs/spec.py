@@ -1,7 +1,7 @@
 """The job spec: strict, frozen pydantic models for one YAML file.
 
     name          job name (also the run directory prefix)
-    resources     sbatch options, spelled the way Slurm spells them
+    resources     sbatch options, spelled the way Slurm spells them (jobs.slurmmap: the table)
     launch        extra srun options (mpi, kill_on_bad_exit, cpu_bind, ...)
     environment   setup lines run before srun, and exported variables
     requeue       train.spec.config.RequeueConfig: signal, lead time, requeue budgets
@@ -25,7 +25,15 @@ from pydantic_core import PydanticCustomError
 
 from cluster.timefmt import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
-from train.spec import EntrypointConfig, FieldIssue, RequeueConfig, StrictModel, TrainConfig
+from jobs.slurmmap import describe
+from train.spec import (
+    EntrypointConfig,
+    FieldIssue,
+    RequeueConfig,
+    StrictModel,
+    TrainConfig,
+    check_sections,
+)
 
 __all__ = [
     "Environment",
@@ -61,36 +69,78 @@ class Resources(StrictModel):
     """What to ask Slurm for (sbatch options)."""
 
     partition: Annotated[
-        str | None, Field(description="partition (default: the cluster's default partition)")
+        str | None,
+        Field(
+            description=describe(
+                "resources.partition", "partition (default: the cluster's default partition)"
+            )
+        ),
     ] = None
     nodes: Annotated[
         int | str,
         Field(
-            description='number of nodes, or a range "MIN-MAX" (Slurm\'s --nodes=1-2): the job '
-            "starts on what the cluster can give, and a requeued run resumes on the nodes free "
-            "then (the tasks per node stay as given)"
+            description=describe(
+                "resources.nodes",
+                'number of nodes, or a range "MIN-MAX": the job starts on what the cluster can '
+                "give, and a requeued run resumes on the nodes free then (the tasks per node "
+                "stay as given)",
+            )
         ),
     ] = 1
     ntasks_per_node: Annotated[
         int | None,
-        Field(description="tasks per node (default: GPUs per node for ddp, else 1)", ge=1, le=1024),
+        Field(
+            description=describe(
+                "resources.ntasks_per_node",
+                "tasks per node (default: GPUs per node for ddp, else 1; srun's for a node range)",
+            ),
+            ge=1,
+            le=1024,
+        ),
     ] = None
     gpus_per_node: Annotated[
-        int | None, Field(description="GPUs per node (--gpus-per-node)", ge=0, le=64)
+        int | None,
+        Field(description=describe("resources.gpus_per_node", "GPUs per node"), ge=0, le=64),
     ] = None
     gres: Annotated[
-        str | None, Field(description="generic resources per node, e.g. gpu:2 or gpu:a100:4")
+        str | None,
+        Field(
+            description=describe(
+                "resources.gres", "generic resources per node, e.g. gpu:2 or gpu:a100:4"
+            )
+        ),
     ] = None
-    cpus_per_task: Annotated[int | None, Field(description="CPUs per task", ge=1, le=4096)] = None
-    mem: Annotated[str | None, Field(description="memory per node, e.g. 16G or 4000M")] = None
+    cpus_per_task: Annotated[
+        int | None,
+        Field(description=describe("resources.cpus_per_task", "CPUs per task"), ge=1, le=4096),
+    ] = None
+    mem: Annotated[
+        str | None,
+        Field(description=describe("resources.mem", "memory per node, e.g. 16G or 4000M")),
+    ] = None
     time: Annotated[
         str | int,
-        Field(description="time limit as Slurm writes it (minutes, HH:MM:SS, D-HH:MM:SS)"),
+        Field(
+            description=describe(
+                "resources.time",
+                "time limit as Slurm writes it (minutes, HH:MM:SS, D-HH:MM:SS, UNLIMITED), "
+                "rounded up to whole minutes",
+            )
+        ),
     ] = "00:30:00"
-    account: Annotated[str | None, Field(description="account to charge")] = None
-    qos: Annotated[str | None, Field(description="quality of service")] = None
-    constraint: Annotated[str | None, Field(description="node features, e.g. a100&ib")] = None
-    exclusive: Annotated[bool, Field(description="whole nodes only (--exclusive)")] = False
+    account: Annotated[
+        str | None, Field(description=describe("resources.account", "account to charge"))
+    ] = None
+    qos: Annotated[
+        str | None, Field(description=describe("resources.qos", "quality of service"))
+    ] = None
+    constraint: Annotated[
+        str | None,
+        Field(description=describe("resources.constraint", "node features, e.g. a100&ib")),
+    ] = None
+    exclusive: Annotated[
+        bool, Field(description=describe("resources.exclusive", "whole nodes only"))
+    ] = False
 
     @field_validator("nodes", mode="plain")
     @classmethod
@@ -264,7 +314,7 @@ class Sweep(StrictModel):
         Field(description="field path -> values, e.g. {train.optimizer.lr: [0.1, 0.05]}"),
     ]
     max_parallel: Annotated[
-        int, Field(description="array tasks running at once (sbatch --array=...%N)", ge=1)
+        int, Field(description=describe("sweep.max_parallel", "array tasks running at once"), ge=1)
     ] = 4
 
     @field_validator("grid")
@@ -288,7 +338,9 @@ class Sweep(StrictModel):
 class JobSpec(StrictModel):
     """One job: what to run, with which resources, and how it comes back after preemption."""
 
-    name: Annotated[str, Field(description="job name (letters, digits, . _ -; up to 64)")]
+    name: Annotated[
+        str, Field(description=describe("name", "job name (letters, digits, . _ -; up to 64)"))
+    ]
     resources: Annotated[Resources, Field(description="sbatch resources")] = Resources()
     launch: Annotated[Launch, Field(description="srun options")] = Launch()
     environment: Annotated[Environment, Field(description="setup lines and variables")] = (
@@ -297,11 +349,19 @@ class JobSpec(StrictModel):
     requeue: Annotated[RequeueConfig, Field(description="signal and requeue budgets")] = (
         RequeueConfig()
     )
-    train: Annotated[TrainConfig | None, Field(description="built-in trainer settings")] = None
-    entrypoint: Annotated[
-        EntrypointConfig | None, Field(description="user function or command instead")
+    train: Annotated[
+        TrainConfig | None,
+        Field(
+            description="built-in trainer settings; beside entrypoint: the settings your code "
+            "and its session read (checkpoints, run dir, ctx.config.train)"
+        ),
     ] = None
-    sweep: Annotated[Sweep | None, Field(description="grid over fields -> one job array")] = None
+    entrypoint: Annotated[
+        EntrypointConfig | None, Field(description="your function or command, run instead")
+    ] = None
+    sweep: Annotated[
+        Sweep | None, Field(description=describe("sweep", "grid over fields -> one job array"))
+    ] = None
 
     @field_validator("name")
     @classmethod
@@ -315,16 +375,11 @@ class JobSpec(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        if (self.train is None) == (self.entrypoint is None):
-            both = self.train is not None
-            raise FieldIssue(
-                "entrypoint" if both else "train",
-                "give exactly one of `train:` (built-in trainer) or `entrypoint:` (your code)"
-                + ("; remove one" if both else "; add `train: {}` for the defaults"),
-            )
+        check_sections(self.train is not None, self.entrypoint is not None)
         res = self.resources
         gpus = res.gpus
-        strategy = self.train.strategy if self.train is not None else None
+        builtin = self.builtin_train
+        strategy = builtin.strategy if builtin is not None else None
         tasks = self.ntasks_per_node
         if strategy == "ddp" and gpus and tasks > gpus:
             raise FieldIssue(
@@ -357,22 +412,20 @@ class JobSpec(StrictModel):
                 "strategy dp spreads one process over the node's GPUs but none are requested "
                 "(set gpus_per_node, or train.allow_cpu_fallback: true)",
             )
-        if self.train is not None and self.train.batch_size % (
-            self.world_size * self.train.grad_accum
-        ):
+        if builtin is not None and builtin.batch_size % (self.world_size * builtin.grad_accum):
             raise FieldIssue(
                 "train.batch_size",
-                f"global batch {self.train.batch_size} does not split evenly over "
-                f"{self.world_size} ranks x {self.train.grad_accum} micro-steps "
-                f"(use a multiple of {self.world_size * self.train.grad_accum})",
+                f"global batch {builtin.batch_size} does not split evenly over "
+                f"{self.world_size} ranks x {builtin.grad_accum} micro-steps "
+                f"(use a multiple of {self.world_size * builtin.grad_accum})",
             )
-        if self.train is not None:
+        if builtin is not None:
             # fewer nodes: the same global batch, more micro-steps (train.loop.order)
-            odd = [w for w in self.world_sizes if self.train.batch_size % w]
+            odd = [w for w in self.world_sizes if builtin.batch_size % w]
             if odd:
                 raise FieldIssue(
                     "train.batch_size",
-                    f"global batch {self.train.batch_size} does not split over {odd[0]} ranks, "
+                    f"global batch {builtin.batch_size} does not split over {odd[0]} ranks, "
                     f"one of the shapes resources.nodes {res.nodes!r} allows (use a multiple "
                     f"of every world size in {list(self.world_sizes)})",
                 )
@@ -386,8 +439,16 @@ class JobSpec(StrictModel):
         return self
 
     @property
+    def builtin_train(self) -> TrainConfig | None:
+        """The built-in trainer's settings when it runs (no ``entrypoint:``); None for user
+        code, whose ``train:`` (if any) only holds settings the code reads
+        (:func:`train.spec.config.check_sections`): the trainer's strategy and batch rules
+        do not apply to it."""
+        return self.train if self.entrypoint is None else None
+
+    @property
     def train_allows_cpu(self) -> bool:
-        return self.train is not None and self.train.allow_cpu_fallback
+        return self.builtin_train is not None and self.builtin_train.allow_cpu_fallback
 
     @property
     def ntasks_per_node(self) -> int:
@@ -398,7 +459,8 @@ class JobSpec(StrictModel):
             return res.ntasks_per_node
         if self.entrypoint is not None and self.entrypoint.torchrun:
             return 1
-        strategy = self.train.strategy if self.train is not None else "ddp"
+        builtin = self.builtin_train
+        strategy = builtin.strategy if builtin is not None else "ddp"
         return max(1, res.gpus) if strategy == "ddp" else 1
 
     @property

@@ -170,6 +170,26 @@ def slurm_states(
     return out
 
 
+def forget(job_ids: Iterable[str]) -> None:
+    """Drop the recent (not the final) states of ``job_ids`` from the cache, in every bucket:
+    something just changed them (``jobs cancel``), so the next reader asks. A task's whole
+    array goes (an array is asked and kept as a whole: one task missing is not "not there")."""
+    ids = list(dict.fromkeys(str(j).split("_", 1)[0] for j in job_ids if j))
+    data = _load()
+    recent = data.get("recent")
+    if not ids or not isinstance(recent, dict):
+        return
+    changed = False
+    for entries in recent.values():
+        if not isinstance(entries, dict):
+            continue
+        for key in [k for k in entries if any(k == j or k.startswith(f"{j}_") for j in ids)]:
+            del entries[key]
+            changed = True
+    if changed:
+        _save(data)
+
+
 def _trim(finals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """At most :data:`FINAL_KEEP` final states, the newest buckets kept."""
     out: dict[str, dict[str, Any]] = {}

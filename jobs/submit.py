@@ -2,10 +2,10 @@
 
 One code path for single jobs and sweeps: a sweep is one job array (several when it is bigger
 than the cluster's MaxArraySize), one resolved spec per task, recorded as ONE run. The script
-is :func:`jobs.render.sbatch_script`'s, which ``--dry-run`` (:func:`dry_run`) prints too; sbatch
+is :func:`jobs.render.sbatch_script`'s (rendered by submitit's executor), which ``--dry-run``
+(:func:`dry_run`) prints too; the tasks' pickles are submitit's ``DelayedSubmission``s; sbatch
 runs through :class:`cluster.client.SlurmClient` with its own environment (``os.environ`` is
-never touched). submitit is what runs in the allocation (``submitit.core._submit`` loads the
-task's pickle and calls it); submitting imports none of it.
+never touched). In the allocation ``submitit.core._submit`` loads the task's pickle and calls it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -27,14 +26,13 @@ from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.pids import wait_exec
 from jobs.records import Plan
-from jobs.render import (
-    command_note,
-    sbatch_script,
-    submitit_folder,
-    submitted_pickle,
-    timeout_min,
-)
+from jobs.render import sbatch_script, submitit_folder, submitted_pickle
+from jobs.slurmmap import timeout_min
+from train import runfiles
 from train.spec import dump_spec
+
+# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 if TYPE_CHECKING:
     from cluster import Slurm
@@ -75,8 +73,8 @@ def dry_run(loaded: LoadedSpec, plan: Plan, template: str | None = None) -> str:
 
         return render_template(template, loaded, loaded.path)
     size = len(loaded.tasks) if loaded.is_array else None
-    script = sbatch_script(loaded.spec, plan.run_dir, size)
-    return script + command_note(loaded.spec)
+    # what each rank runs is in the script itself (jobs.render.rank_note)
+    return sbatch_script(loaded.spec, plan.run_dir, size)
 
 
 def dry_run_note(loaded: LoadedSpec) -> str | None:
@@ -113,12 +111,13 @@ def write_run_files(loaded: LoadedSpec, plan: Plan, *, lazy: bool = False) -> li
     file system 1000 directories and files at submission would cost seconds.
     """
     try:
-        (plan.run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-        (plan.run_dir / "spec.yaml").write_text(loaded.text, encoding="utf-8")
+        # through the run directory's owner: never through a link planted in a shared run dir
+        runfiles.make_dirs(plan.run_dir, runfiles.SLURM_DIR)
+        runfiles.atomic_write(plan.run_dir / runfiles.SPEC, loaded.text, durable=False)
         if loaded.is_array:
             # The whole validated spec, sweep included, for people reading the run directory.
             text = _yaml_text(_resolved_data(loaded.spec, keep_sweep=True))
-            (plan.run_dir / "resolved.yaml").write_text(text, encoding="utf-8")
+            runfiles.atomic_write(plan.run_dir / runfiles.RESOLVED, text, durable=False)
         out = []
         for task in loaded.tasks:
             task_dir = plan.task_dir(task.index if loaded.is_array else None)
@@ -127,8 +126,8 @@ def write_run_files(loaded: LoadedSpec, plan: Plan, *, lazy: bool = False) -> li
                 pending = json.dumps(_resolved_data(task.spec), separators=(",", ":"))
                 out.append(TaskFiles(task, config, task_dir, pending))
                 continue
-            task_dir.mkdir(parents=True, exist_ok=True)
-            config.write_text(_resolved_text(task), encoding="utf-8")
+            runfiles.make_dirs(task_dir)
+            runfiles.atomic_write(config, _resolved_text(task), durable=False)
             out.append(TaskFiles(task, config, task_dir))
     except OSError as exc:
         raise SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc}") from None
@@ -188,11 +187,21 @@ def submit(
             return submit_local(loaded, plan)
     limit = None
     if preflight:
-        from jobs.preflight import array_limit, cluster_limits, save_lead_notes, shapes_note
+        from jobs.preflight import (
+            array_limit,
+            check_sbatch_release,
+            cluster_limits,
+            save_lead_notes,
+            sbatch_options,
+            shapes_note,
+        )
         from jobs.preflight import preflight as check
 
         state = state or client.cluster_state()  # the one sinfo of this submission
         partition = check(loaded.spec, client, loaded.where, state=state)
+        # the options against this cluster's sbatch release (its --help, cached per cluster)
+        live = sbatch_options(client, records.state_dir())
+        check_sbatch_release(loaded.spec, live, loaded.where)
         for line in save_lead_notes(loaded.spec, [plan.run_dir], partition, state):
             print(line, file=sys.stderr)  # the warning fits the save (train.stop.lead)
         note = shapes_note(loaded.spec, state)  # resources.nodes "MIN-MAX": which shapes
@@ -209,13 +218,14 @@ def submit_slurm(
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
-    Each task's :class:`~jobs.launch.TrainLaunch` is pickled the way submitit's executor does
-    it (``RUN_DIR/slurm/JOBID[_N]_submitted.pkl``, read by ``submitit.core._submit`` in the
-    allocation) and the script is :func:`jobs.render.sbatch_script`'s, the one ``--dry-run``
-    prints. A sweep is one array; when it has more tasks than ``array_limit`` (the cluster's
-    MaxArraySize) it is several arrays of at most ``array_limit`` tasks, each after the
-    previous one has ended (``--dependency=afterany``), so at most ``sweep.max_parallel`` tasks
-    run at any time over all of them. All arrays go in or none: when one sbatch fails, the
+    Each task's :class:`~jobs.launch.TrainLaunch` is pickled in submitit's own
+    ``DelayedSubmission`` (``RUN_DIR/slurm/JOBID[_N]_submitted.pkl``, read by
+    ``submitit.core._submit`` in the allocation) and the script is
+    :func:`jobs.render.sbatch_script`'s, the one ``--dry-run`` prints. A sweep is one array;
+    when it has more tasks than ``array_limit`` (the cluster's MaxArraySize) it is several
+    arrays of at most ``array_limit`` tasks, each after the previous one has ended
+    (``--dependency=afterany``), so at most ``sweep.max_parallel`` tasks run at any time over
+    all of them. All arrays go in or none: when one sbatch fails, the
     arrays already submitted are cancelled. Returns the saved record (one run).
     """
     plan = _claim(plan, lambda: client)  # before anything is written into it
@@ -235,20 +245,20 @@ def submit_slurm(
             count = len(group) if loaded.is_array else None
             script = sbatch_script(loaded.spec, plan.run_dir, count)
             path = plan.run_dir / ("sbatch.sh" if k == 0 else f"sbatch-{k}.sh")
-            path.write_text(script, encoding="utf-8")
+            runfiles.atomic_write(path, script, durable=False)
             after = [f"--dependency=afterany:{job_ids[-1]}"] if job_ids else []
             # sbatch from the caller's directory, as submitit did: the job's working directory.
             job_ids.append(client.submit(path, after))
             for i, pkl in enumerate(pickles):
                 jid = f"{job_ids[-1]}_{i}" if loaded.is_array else job_ids[-1]
-                os.replace(pkl, submitted_pickle(folder, jid))
+                runfiles.rename(pkl, submitted_pickle(folder, jid))
     except (ClusterError, OSError) as exc:
         if job_ids:  # ours: submitted by this call a moment ago
             with contextlib.suppress(ClusterError):
                 client.cancel(list(reversed(job_ids)), no_requeue=True)
-        shutil.rmtree(pending, ignore_errors=True)
+        runfiles.remove_own_tree(pending)
         if not plan_is_explicit(loaded):
-            shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing of it runs
+            runfiles.remove_own_tree(plan.run_dir)  # nothing of it runs (ours, made just now)
         else:
             _release(plan)
         if isinstance(exc, ClusterError):
@@ -267,13 +277,18 @@ def submit_slurm(
 
 
 def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) -> list[Path]:
-    """One pickled :class:`~jobs.launch.TrainLaunch` per task, in the envelope submitit's
-    runtime loads (:class:`jobs.launch.DelayedSubmission`), under temporary names."""
-    from jobs.launch import DelayedSubmission, TrainLaunch
+    """One pickled :class:`~jobs.launch.TrainLaunch` per task, in submitit's
+    ``DelayedSubmission`` (what its runtime loads; its ``dump``), under temporary names."""
+    import pickle
+
+    import cloudpickle
+    from submitit.helpers import DelayedSubmission
+
+    from jobs.launch import TrainLaunch
 
     minutes = timeout_min(loaded.spec)
     signal_name = loaded.spec.requeue.signal
-    pending.mkdir(parents=True, exist_ok=True)
+    runfiles.make_dirs(pending.parent, pending.name)
     paths = []
     for f in group:
         delayed = DelayedSubmission(
@@ -281,7 +296,10 @@ def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) ->
         )
         delayed.set_timeout(minutes, 0)  # 0 timeouts: submitit never requeues by itself
         paths.append(pending / f"{f.task.index}.pkl")
-        delayed.dump(paths[-1])
+        # submitit's own pickling (DelayedSubmission.dump is cloudpickle.dump at the highest
+        # protocol), written through the owner: never through a link planted in .pending
+        data = cloudpickle.dumps(delayed, pickle.HIGHEST_PROTOCOL)
+        runfiles.atomic_write(paths[-1], data, durable=False)
     return paths
 
 
@@ -302,13 +320,19 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
         raise
     record = new_record(loaded, plan, "local", files)
     records.save_record(record)  # the supervisor reads it
-    log = (plan.run_dir / "slurm" / "supervisor.log").open("ab")
+    log = os.fdopen(
+        runfiles.open_fd(
+            plan.run_dir / runfiles.SLURM_DIR / "supervisor.log",
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        ),
+        "ab",
+    )
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.localrun", str(plan.run_dir)],
+            [sys.executable, *_SAFE_PATH, "-m", "jobs.localrun", str(plan.run_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

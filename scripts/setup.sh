@@ -20,6 +20,12 @@ install_system_packages() {
     command -v munged >/dev/null || need+=(munge)
     command -v mariadbd >/dev/null || need+=(mariadb-server)
     command -v shellcheck >/dev/null || need+=(shellcheck)
+    # A release other than the host's (`make setup SLURM=24.11`) runs in a root file system
+    # that `python -m cluster up --slurm` builds with mmdebstrap (cluster/local/release.py).
+    case "${SLURM:-}" in
+    "" | 22.05) ;;
+    *) command -v mmdebstrap >/dev/null || need+=(mmdebstrap) ;;
+    esac
     if [ "${#need[@]}" -eq 0 ]; then
         return 0
     fi

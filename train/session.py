@@ -31,7 +31,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from train.checkpoint import SAVE_PHASE_HOOKS, CheckpointManager, Line, read_manifest
+from train.checkpoint import (
+    SAVE_PHASE_HOOKS,
+    CheckpointManager,
+    Line,
+    read_manifest,
+    written_split,
+)
 from train.device import DeviceInfo, resolve_device
 from train.env import DistEnv
 from train.errors import CheckpointError, ConfigError
@@ -109,6 +115,8 @@ class RunSession:
         self.resume_from: Path | None = None
         #: the world size the checkpoint resumed from was written at (None: a fresh start)
         self.checkpoint_world_size: int | None = None
+        #: the split of the global batch it was trained with (its manifest; None: none recorded)
+        self.checkpoint_split: dict[str, int] | None = None
         self.config_changed: tuple[str, ...] = ()
         self.history = RunHistory(self.run_dir) if env.is_main else None
         self._listeners: list[ProgressListener] = []
@@ -180,7 +188,7 @@ class RunSession:
             self._ckpt = self._manager()
         self._ckpt.follow(plan.line)  # every rank saves on the line rank 0 chose
         self.resume_from = Path(plan.path) if plan.path else None
-        self.checkpoint_world_size = _written_world_size(self.resume_from)
+        self.checkpoint_world_size, self.checkpoint_split = _written_shape(self.resume_from)
         self.config_changed = plan.changed
         if env.is_main:
             record_config(self.run_dir, train)
@@ -443,12 +451,14 @@ class RunSession:
         self.event("complete", step, **fields)
 
 
-def _written_world_size(path: Path | None) -> int | None:
-    """The world size checkpoint ``path`` was written at (its manifest), or None; a damaged
-    manifest says nothing here (loading the checkpoint fails with the reason)."""
+def _written_shape(path: Path | None) -> tuple[int | None, dict[str, int] | None]:
+    """The world size checkpoint ``path`` was written at and the split it was trained with
+    (its manifest), or None; a damaged manifest says nothing here (loading the checkpoint
+    fails with the reason)."""
     if path is None:
-        return None
+        return None, None
     try:
-        return int(read_manifest(path)["world_size"])
+        manifest = read_manifest(path)
+        return int(manifest["world_size"]), written_split(manifest)
     except (CheckpointError, KeyError, TypeError, ValueError):
-        return None
+        return None, None

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "jobs"))
+import env_probe
 from slow_saves import slow_steps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +143,28 @@ def test_cancel_a_running_job(env: dict[str, str]) -> None:
         scancel(env, job_id)
 
 
+def test_status_right_after_cancel_shows_the_cancel(env: dict[str, str]) -> None:
+    """Issue 45: `status` 2 s after `jobs cancel` showed RUNNING (a state cached from before the
+    cancel); CANCELLED came ~6 s later. Right after the cancel: CANCELLING or CANCELLED."""
+    proc = jobs(_paced(env), "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    try:
+        wait_state(env, job_id, {"RUNNING"})
+        status(env, job_id)  # a fresh RUNNING in the state cache, as a `watch jobs status` keeps
+        cancelled = jobs(env, "cancel", job_id)
+        assert cancelled.returncode == 0, cancelled.stderr
+        tasks = status(env, job_id)["tasks"]
+        assert isinstance(tasks, list)
+        assert tasks[0]["state"] in ("CANCELLING", "CANCELLED"), tasks
+        listed = jobs(env, "list").stdout
+        line = next(ln for ln in listed.splitlines() if job_id in ln)
+        assert "CANCELLING" in line or "CANCELLED" in line, listed
+        assert wait_state(env, job_id, {"CANCELLED"}, timeout=120) == ["CANCELLED"]
+    finally:
+        scancel(env, job_id)
+
+
 def test_sweep_of_four_is_one_array_job(env: dict[str, str], tmp_path: Path) -> None:
     spec = tmp_path / "sweep.yaml"
     spec.write_text(
@@ -221,6 +245,33 @@ def test_hostile_run_directory_is_quoted_for_sbatch(env: dict[str, str], tmp_pat
     assert len(run_dirs) == 1 and list((run_dirs[0] / "slurm").glob("*_0_log.out"))
 
 
+def test_submit_from_a_folder_of_the_users_own_runs_ours(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 42: the job's working directory (where it was submitted from) holds a train.py,
+    jobs/, cluster.py and submitit.py of the user's own; every python line of the batch script
+    (submitit's task, our after-step question) still runs this project's and submitit's code.
+    Issue 45: submitit's lines once in a rank's log."""
+    work = tmp_path / "project"
+    (work / "jobs").mkdir(parents=True)
+    for name in ("train.py", "cluster.py", "submitit.py", "jobs/__init__.py", "jobs/launch.py"):
+        (work / name).write_text(f"raise SystemExit('SHADOWED by {name}')\n")
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-P", "-m", "jobs", "submit", str(EXAMPLE), *SMALL,
+         "--runs-dir", str(runs), "--follow"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "COMPLETED" in proc.stdout
+    logs = sorted(next(runs.iterdir()).glob("slurm/*_log.out"))
+    assert len(logs) == 2  # one per rank
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert "SHADOWED" not in text, text[-2000:]
+        assert text.count("Job completed successfully") == 1, text[-3000:]
+
+
 def test_local_executor_runs_without_slurm(env: dict[str, str]) -> None:
     proc = jobs(env, "submit", str(EXAMPLE), *SMALL, "--executor", "local", "--follow", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -230,6 +281,25 @@ def test_local_executor_runs_without_slurm(env: dict[str, str]) -> None:
     tasks = data["tasks"]
     assert isinstance(tasks, list) and tasks[0]["state"] == "COMPLETED"
     assert jobs(env, "logs", job_id, "--rank", "1").stdout.strip()
+
+
+def test_one_spec_sees_the_same_environment_on_both_executors(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 45: the spec's ``environment`` (variables, setup exports, cd, umask) as the command
+    saw it under the batch script on Slurm and under the local executor: the same."""
+    work = tmp_path / "work dir"
+    work.mkdir()
+    spec = env_probe.write_spec(tmp_path, work)
+    seen = {}
+    for executor in ("slurm", "local"):
+        proc = jobs(env, "submit", str(spec), "--executor", executor, "--follow", timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        job_id = proc.stdout.splitlines()[0].strip()
+        run_dir = Path(str(status(env, job_id)["run_dir"]))
+        seen[executor] = [env_probe.seen(run_dir, rank) for rank in (0, 1)]
+    assert seen["slurm"] == seen["local"]
+    assert seen["slurm"][0] == {**env_probe.EXPECTED, "pwd": str(work)}
 
 
 def test_preemption_shows_in_status(env: dict[str, str]) -> None:

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         LoadedCheckpoint,
         read_manifest,
         verify_checkpoint,
+        written_split,
     )
     from train.checkpoint.state import (
         Snapshotter,
@@ -104,6 +105,7 @@ _EXPORTS = {
     "LoadedCheckpoint": "manifest",
     "read_manifest": "manifest",
     "verify_checkpoint": "manifest",
+    "written_split": "manifest",
     "Snapshotter": "state",
     "capture_rng_state": "state",
     "load_model_state": "state",
@@ -138,5 +140,6 @@ __all__ = [
     "state_digest",
     "strip_module_prefix",
     "verify_checkpoint",
+    "written_split",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

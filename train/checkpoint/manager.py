@@ -147,8 +147,13 @@ class CheckpointManager:
         epoch_step: int,
         model: nn.Module,
         metric: float | None = None,
+        split: Mapping[str, int] | None = None,
     ) -> Path | None:
         """Write checkpoint ``step`` (every rank calls this at the same step).
+
+        ``split``: how the global batch was computed (the built-in trainer's
+        :meth:`train.loop.order.BatchSplit.to_json`), recorded in the manifest so that a
+        resume keeps it.
 
         Rank 0 stores ``shared_state`` with ``model``'s state dict (no ``module.`` prefix) as
         ``"model"``; every rank stores its ``rank_state``. Returns the checkpoint path (on
@@ -172,6 +177,8 @@ class CheckpointManager:
         rank_payload = make_weights_only_safe(dict(rank_state), "rank_state")
         meta: dict[str, Any] = {"step": step, "epoch": epoch, "epoch_step": epoch_step}
         meta["metric"] = metric
+        if split is not None:
+            meta["split"] = dict(split)
         meta.update(self.line.to_json())  # branch and parents: train.checkpoint.branches
         self._last_step = step
         self._saved = True

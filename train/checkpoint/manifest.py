@@ -32,6 +32,10 @@ from train.checkpoint.digest import (
 from train.errors import CheckpointError
 from train.runfiles import atomic_write
 
+# The split of the global batch a checkpoint of the built-in trainer was trained with
+# (train.loop.order.BatchSplit.to_json): a resume keeps its micro-batch.
+SPLIT_KEYS = ("world_size", "grad_accum", "micro_batch")
+
 __all__ = [
     "MANIFEST",
     "SHARED_FILE",
@@ -46,6 +50,7 @@ __all__ = [
     "verify",
     "verify_checkpoint",
     "write_json_atomic",
+    "written_split",
 ]
 
 MANIFEST = "manifest.json"
@@ -145,6 +150,11 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
     for key in ("spec_hash", "run_id"):
         if manifest.get(key) is not None and not isinstance(manifest[key], str):
             raise bad(f"{key} is {manifest[key]!r}, not a string")
+    split = manifest.get("split")
+    if split is not None and not (
+        isinstance(split, dict) and all(_is_int(split.get(k), 1) for k in SPLIT_KEYS)
+    ):
+        raise bad(f"split is {split!r}, not {{{', '.join(SPLIT_KEYS)}: whole numbers >= 1}}")
     check_line(manifest, where)
     files = manifest["files"]
     if not isinstance(files, dict) or not files:
@@ -157,6 +167,14 @@ def check_manifest(manifest: object, where: str | Path = "manifest") -> dict[str
         if not is_hex(info.get(algo)):
             raise bad(f"{name}: no {algo}")
     return manifest
+
+
+def written_split(manifest: dict[str, Any]) -> dict[str, int] | None:
+    """The split (world_size, grad_accum, micro_batch) the checkpoint was trained with, as its
+    (checked) manifest records it; None for a checkpoint that records none (an older one, or
+    user code's)."""
+    split = manifest.get("split")
+    return {k: int(split[k]) for k in SPLIT_KEYS} if isinstance(split, dict) else None
 
 
 def check_line(data: dict[str, Any], where: str | Path) -> tuple[int, tuple[tuple[int, int], ...]]:

@@ -101,6 +101,9 @@ if TYPE_CHECKING:
     from train.env import DistEnv
     from train.spec import RequeueConfig
 
+# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
 __all__ = [
     "BUSY_FLOOR_S",
     "COMMAND_FLOOR_S",
@@ -291,7 +294,7 @@ class Watchdog:
         if local_rank != 0:
             return
         cmd = [
-            sys.executable, "-m", "train.hang.watcher",
+            sys.executable, *_SAFE_PATH, "-m", "train.hang.watcher",
             "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
             "--local-dir", str(self.local_dir), "--world-size", str(world_size),
             "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),

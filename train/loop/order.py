@@ -10,9 +10,14 @@ that slice. So a run saved on N ranks resumes on M ranks at the same step with t
 batches: no sample of the epoch is repeated or skipped, and a model whose loss is a mean over
 samples (no BatchNorm) gets the same gradients up to the float reduction order.
 
-:func:`plan_split` keeps the per-rank micro-batch the run was planned with (the memory a rank
-needs) when fewer ranks must produce the same global batch: gradient accumulation makes up the
-difference (2 ranks x 1 micro-step of 64 -> 1 rank x 2 micro-steps of 64).
+:func:`plan_split` keeps the micro-batch a resumed checkpoint was trained with (its manifest
+records its split: :meth:`BatchSplit.to_json`), whatever the world size it was written at:
+the memory a rank needs, and the composition of the global batch (consecutive micro-batches of
+the same samples), so a resume on the same world size computes exactly what the run would have,
+however many reshapes came before (2 ranks x 1 micro-step of 16 -> 1 rank x 2 micro-steps of
+16 -> resumed again on 1 rank: still 2 of 16, never 1 of 32). Fewer ranks accumulate more
+micro-steps; where the kept micro-batch does not divide a rank's share, the fewest micro-steps
+no larger than it.
 """
 
 from __future__ import annotations
@@ -45,21 +50,32 @@ class BatchSplit:
         """Rank ``rank``'s positions in a global batch (contiguous)."""
         return slice(rank * self.per_rank, (rank + 1) * self.per_rank)
 
+    def to_json(self) -> dict[str, int]:
+        """What a checkpoint's manifest records of the split it was trained with."""
+        return {"world_size": self.world, "grad_accum": self.grad_accum, "micro_batch": self.micro}
+
 
 def plan_split(
-    batch_size: int, world: int, grad_accum: int, reference_world: int | None = None
+    batch_size: int,
+    world: int,
+    grad_accum: int,
+    reference_world: int | None = None,
+    *,
+    keep_micro: int | None = None,
 ) -> BatchSplit:
     """The split of ``batch_size`` over ``world`` ranks.
 
+    ``keep_micro``: the micro-batch to keep (the one the resumed checkpoint was trained with,
+    its manifest's split): kept where ``world`` ranks divide the batch into micro-batches of
+    that size, else the fewest micro-steps whose micro-batch is no larger. Without it,
     ``grad_accum`` is the accumulation at ``reference_world`` ranks (the shape the run was
-    planned or first written at; default: ``world``). Its micro-batch ``batch_size /
-    (reference_world x grad_accum)`` is kept when ``world`` divides the difference; otherwise
-    the fewest micro-steps whose micro-batch is no larger. At ``world == reference_world``
-    this is the plain ``batch_size / (world x grad_accum)``, so a run that keeps its shape
-    computes exactly what it computed before. A batch that no split fits is a ConfigError.
+    planned or first written at; default: ``world``), whose micro-batch ``batch_size /
+    (reference_world x grad_accum)`` is kept the same way when fewer ranks resume. At
+    ``world == reference_world`` without ``keep_micro`` this is the plain ``batch_size /
+    (world x grad_accum)``. A batch that no split fits is a ConfigError.
     """
     ref = max(world, reference_world or world)
-    if ref == world or batch_size % (ref * grad_accum):
+    if keep_micro is None and (ref == world or batch_size % (ref * grad_accum)):
         if batch_size % (world * grad_accum):
             raise ConfigError(
                 f"train.batch_size {batch_size} is not divisible by world size {world} x "
@@ -67,11 +83,13 @@ def plan_split(
             )
         return BatchSplit(batch_size, world, grad_accum, batch_size // (world * grad_accum))
     if batch_size % world:
+        planned = f"it was planned for {ref}" if keep_micro is None else "its checkpoint's split"
         raise ConfigError(
             f"train.batch_size {batch_size} does not split over the {world} ranks this run "
-            f"resumed on (it was planned for {ref}): resume on a world size that divides it"
+            f"resumed on ({planned}): resume on a world size that divides it"
         )
-    limit = batch_size // (ref * grad_accum)
+    limit = keep_micro if keep_micro is not None else batch_size // (ref * grad_accum)
+    limit = max(1, min(limit, batch_size // world))
     k = -(-batch_size // (world * limit))  # the fewest micro-steps of at most `limit` samples
     while batch_size % (world * k):
         k += 1

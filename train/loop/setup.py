@@ -42,13 +42,20 @@ class ShardedData:
 
 
 def shard_data(
-    config: TrainConfig, env: DistEnv, rt: Runtime, reference_world: int | None = None
+    config: TrainConfig,
+    env: DistEnv,
+    rt: Runtime,
+    reference_world: int | None = None,
+    keep_micro: int | None = None,
 ) -> ShardedData:
     """Load the data (rank 0 first when it writes a synthetic set) and split the batch.
 
-    ``reference_world``: the world size whose micro-batch to keep (the one the resumed
-    checkpoint was written at); None: this one (:func:`train.loop.order.plan_split`)."""
-    split = plan_split(config.batch_size, env.world_size, config.grad_accum, reference_world)
+    ``keep_micro``: the micro-batch the resumed checkpoint was trained with (its manifest);
+    else ``reference_world``: the world size whose planned micro-batch to keep (a checkpoint
+    that records no split); None: this one (:func:`train.loop.order.plan_split`)."""
+    split = plan_split(
+        config.batch_size, env.world_size, config.grad_accum, reference_world, keep_micro=keep_micro
+    )
     # Synthetic data with a path is written once (by rank 0) and read back by everyone.
     writes = config.data.kind == "synthetic" and bool(config.data.path)
     if writes and not env.is_main:

@@ -37,7 +37,7 @@ from train.errors import TrainingError
 from train.loop.data import Augmenter
 from train.loop.metrics import MetricsWriter, StepMeter, StepTimer, evaluate, progress_line
 from train.loop.optim import build_optimizer, build_scheduler, lr_factor
-from train.loop.order import epoch_batches
+from train.loop.order import epoch_batches, plan_split
 from train.loop.setup import build_training_model, shard_data
 from train.loop.strategies import Strategy
 from train.resume import load_training_state
@@ -87,7 +87,9 @@ class _Loop:
         env, rt, devices = session.env, session.rt, session.devices
         self.config, self.env, self.session = config, env, session
         self.run_dir, self.ckpt, self.rt = session.run_dir, session.ckpt, rt
-        data = shard_data(config, env, rt, session.checkpoint_world_size)
+        data = shard_data(
+            config, env, rt, session.checkpoint_world_size, keep_micro=self._kept_micro()
+        )
         self.split, self.micro = data.split, data.micro
         self.steps_per_epoch = data.steps_per_epoch
         self.planned = config.max_steps or config.epochs * self.steps_per_epoch
@@ -135,29 +137,62 @@ class _Loop:
             f"resumed from {path}: step {self.step} (epoch {self.epoch}, step {self.epoch_step})"
         )
 
+    def _kept_micro(self) -> int | None:
+        """The micro-batch of the checkpoint resumed from (its manifest's split), which this
+        attempt keeps (train.loop.order), unless the batch itself was changed on purpose
+        (an allowed config change of ``train.batch_size`` or ``train.grad_accum``)."""
+        split = self.session.checkpoint_split
+        changed = {c.split(" ", 1)[0] for c in self.session.config_changed}
+        if split is None or changed & {"train.batch_size", "train.grad_accum"}:
+            return None
+        return split["micro_batch"]
+
     @property
     def reshaped(self) -> bool:
         """Resumed from a checkpoint written at another world size."""
         was = self.session.checkpoint_world_size
         return was is not None and was != self.env.world_size
 
-    def reshape_note(self) -> dict[str, Any]:
-        """The resume event's fields for a new world size: the split, and whether it computes
-        what the run would have computed (not with BatchNorm: its statistics are per micro-batch
-        and per rank, and a new split changes them)."""
-        fields: dict[str, Any] = {
-            "exact": False,
-            "grad_accum": self.split.grad_accum,
-            "micro_batch": self.micro,
-        }
-        if self.config.norm == "batch":
-            fields["why"] = (
-                "BatchNorm normalises with the statistics of each micro-batch on each rank; "
-                f"{self.env.world_size} rank(s) x {self.split.grad_accum} micro-step(s) of "
-                f"{self.micro} see other statistics than the checkpoint's split"
+    def resume_note(self) -> dict[str, Any]:
+        """The resume event's fields, for every resume: the split this attempt computes each
+        global batch with (``grad_accum`` micro-steps of ``micro_batch``), the checkpoint's
+        where it differs (``was_*``), and whether the run computes exactly what it would have
+        computed without the stop (``exact``; ``why`` not). World size changes are named by
+        the session (``was_world_size``)."""
+        cfg, world = self.config, self.env.world_size
+        was_world = self.session.checkpoint_world_size or world
+        was = self.session.checkpoint_split or (  # a checkpoint that records no split: the old
+            plan_split(cfg.batch_size, was_world, cfg.grad_accum).to_json()  # rule's guess
+        )
+        k, m = self.split.grad_accum, self.micro
+        fields: dict[str, Any] = {"grad_accum": k, "micro_batch": m}
+        why: list[str] = []
+        batch_norm = cfg.norm == "batch"
+        if (was["grad_accum"], was["micro_batch"]) != (k, m):
+            fields.update(was_grad_accum=was["grad_accum"], was_micro_batch=was["micro_batch"])
+            if batch_norm and was["micro_batch"] != m:
+                why.append(
+                    "BatchNorm normalises with the statistics of each micro-batch on each "
+                    f"rank; micro-batches of {was['micro_batch']} became {m}"
+                )
+            else:
+                why.append(
+                    f"{was['grad_accum']} micro-step(s) of {was['micro_batch']} became {k} of "
+                    f"{m}: sums are reduced in another order"
+                )
+        if was_world != world:
+            if batch_norm:
+                why.append(
+                    "BatchNorm's running statistics are updated on each rank per micro-batch "
+                    f"(rank 0's are kept): {was_world} rank(s) -> {world} keep other ones"
+                )
+            why.append(
+                f"world size {was_world} -> {world}: same global batches; sums are reduced "
+                "in another order"
             )
-        else:
-            fields["why"] = "same global batches; sums are reduced in another order"
+        fields["exact"] = not why
+        if why:
+            fields["why"] = "; ".join(why)
         return fields
 
     def save(self, metric: float | None = None, *, interval: bool = False) -> None:
@@ -186,6 +221,7 @@ class _Loop:
                 epoch_step=self.epoch_step,
                 model=self.strat.model,
                 metric=metric,
+                split=self.split.to_json(),
             )
         # None: this step was already saved (an interval save right before a stop signal).
         self.result.checkpoint = path or self.result.checkpoint
@@ -417,7 +453,7 @@ def run_training(
             if session.resume_from is not None:
                 loop.restore(session.resume_from)
                 mark("restored")
-            session.started(loop.step, **(loop.reshape_note() if loop.reshaped else {}))
+            session.started(loop.step, **(loop.resume_note() if session.resume_from else {}))
             loop.tracker = Tracker(
                 loop.run_dir,
                 is_main=env.is_main,

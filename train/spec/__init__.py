@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         RequeueConfig,
         RunConfig,
         TrainConfig,
+        check_sections,
         load_run_config,
     )
     from train.spec.confighash import config_hash
@@ -49,6 +50,7 @@ _EXPORTS = {
     "RunConfig": "config",
     "TrainConfig": "config",
     "load_run_config": "config",
+    "check_sections": "config",
     "config_hash": "confighash",
     "Override": "load",
     "dump_spec": "load",
@@ -75,6 +77,7 @@ __all__ = [
     "Source",
     "StrictModel",
     "TrainConfig",
+    "check_sections",
     "config_hash",
     "dump_spec",
     "error_lines",

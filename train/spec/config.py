@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from train.spec.base import StrictModel
+from train.spec.messages import FieldIssue
 from train.spec.policy import EntrypointConfig, RequeueConfig
 
 __all__ = [
@@ -36,7 +37,9 @@ __all__ = [
     "DataConfig",
     "OptimizerConfig",
     "RunConfig",
+    "RunSpecFile",
     "TrainConfig",
+    "check_sections",
     "load_run_config",
 ]
 
@@ -268,6 +271,30 @@ class RunConfig(BaseModel):
     ] = None
 
 
+def check_sections(train: bool, entrypoint: bool) -> None:
+    """THE rule of what a spec file runs, for ``jobs`` and ``train`` alike (one rule, one
+    behaviour): ``entrypoint:`` runs the user's code, and a ``train:`` beside it holds the
+    settings that code and its session read (checkpoints, run dir, the numbers a function
+    takes from ``ctx.config.train``); without ``entrypoint:``, ``train:`` runs the built-in
+    trainer. A file with neither says nothing of what to run: refused (FieldIssue)."""
+    if not train and not entrypoint:
+        raise FieldIssue(
+            "train",
+            "give `train:` (the built-in trainer) or `entrypoint:` (your code); "
+            "add `train: {}` for the trainer's defaults",
+        )
+
+
+class RunSpecFile(RunConfig):
+    """:class:`RunConfig` read from a spec file: it must say what it runs (:func:`check_sections`,
+    the rule ``jobs submit`` applies to the same file)."""
+
+    @model_validator(mode="after")
+    def _sections(self) -> RunSpecFile:
+        check_sections("train" in self.model_fields_set, self.entrypoint is not None)
+        return self
+
+
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read the train/requeue/entrypoint sections of a job-spec YAML file, apply ``--set``s.
 
@@ -286,4 +313,6 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         text = read_spec_file(path)
     source, parsed, data = load_source(text, filename, overrides)
     sections = {k: data[k] for k in ("train", "requeue", "entrypoint") if data.get(k) is not None}
-    return validate(RunConfig, sections, source, parsed)
+    if path is None:  # no file: the defaults and the overrides
+        return validate(RunConfig, sections, source, parsed)
+    return validate(RunSpecFile, sections, source, parsed)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -194,3 +195,133 @@ def test_of_racing_submissions_exactly_one_wins(tmp_path: Path) -> None:
     winners = [r for r, what in outcomes if what == "won"]
     assert len(winners) == 1
     assert json.loads((run_dir / OWNER).read_text())["run_id"] == winners[0]
+
+
+# -- a claim holds whatever state the records are in (issue 44.11) --------------------------------
+# A second submission took the directory of a run still training (its run.json damaged) and
+# overwrote its resolved.yaml. Each case plants damaged records beside a live run.
+def _damage_record(run_dir: Path) -> None:
+    (run_dir / "run.json").write_bytes(b'{"run_id": "x", "executor": \xff torn')
+
+
+def _refused(
+    tmp_path: Path, run_dir: Path, capsys: pytest.CaptureFixture[str], *needles: str
+) -> None:
+    before = _snapshot(run_dir)
+    capsys.readouterr()
+    assert _submit(_spec(tmp_path, run_dir, seed=9)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{run_dir}: belongs to run " in err and "choose another train.run_dir" in err
+    for needle in needles:
+        assert needle in err, err
+    assert _snapshot(run_dir) == before  # not one byte of the live run changed
+
+
+def _quiet(run_dir: Path, age_s: float = 3600) -> None:
+    """Every file under ``run_dir`` last written ``age_s`` ago, and its claim's submitter gone
+    (here the submission ran inside this test's process, which lives on)."""
+    owner = json.loads((run_dir / OWNER).read_text()) if (run_dir / OWNER).exists() else None
+    if owner is not None and owner.get("submitter") is not None:
+        owner.update(submitter=None, host="gone", time=0)
+        (run_dir / OWNER).write_text(json.dumps(owner))
+    old = time.time() - age_s
+    for path in [run_dir, *run_dir.rglob("*")]:
+        os.utime(path, (old, old), follow_symlinks=False)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_damage_record, id="torn"),
+        pytest.param(lambda d: (d / "run.json").write_text("[1, 2]"), id="not_a_record"),
+        pytest.param(lambda d: (d / "run.json").unlink(), id="missing"),
+    ],
+)
+def test_a_damaged_record_of_a_live_slurm_run_keeps_its_directory(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str], damage: Any
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _submit(_spec(tmp_path, run_dir)) == 0
+    first = load_record(run_dir)
+    _running(slurm, first.job_id)
+    damage(run_dir)
+    _quiet(run_dir)  # only Slurm knows it lives (the index names its job)
+    _refused(tmp_path, run_dir, capsys, f"job {first.job_id} is RUNNING", f"scancel {first.job_id}")
+
+
+def test_a_damaged_record_and_no_index_line_beside_a_run_that_writes(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str], isolated_state: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _submit(_spec(tmp_path, run_dir)) == 0
+    _damage_record(run_dir)
+    (isolated_state / "runs.jsonl").unlink()  # no index line either: Slurm is never asked
+    _quiet(run_dir)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "logs" / "rank-0.log").write_text("step 120 loss 0.3\n")  # it trains
+    _refused(tmp_path, run_dir, capsys, "run.json is damaged", "logs/rank-0.log was written")
+    assert not (slurm / "queries.log").exists()
+    # Quiet for RECENT_S and nothing else lives: the directory is the next submission's.
+    _quiet(run_dir)
+    assert _submit(_spec(tmp_path, run_dir, seed=3)) == 0
+    assert "seed: 3" in (run_dir / "resolved.yaml").read_text()
+
+
+def test_a_foreign_record_beside_a_live_run(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run.json copied from another directory names a job that is over; this directory's own
+    job (the index's) runs."""
+    run_dir = tmp_path / "run"
+    assert _submit(_spec(tmp_path, run_dir)) == 0
+    first = load_record(run_dir)
+    _running(slurm, first.job_id)
+    (slurm / "sacct.txt").write_text("77|demo|COMPLETED|0:0|00:00:07|n1|debug|None\n")
+    foreign = RunRecord("other-1", "demo", str(tmp_path / "elsewhere"), "slurm", job_id="77")
+    (run_dir / "run.json").write_text(foreign.to_json())
+    _quiet(run_dir)
+    _refused(tmp_path, run_dir, capsys, "record of another directory", "is RUNNING")
+
+
+def test_a_stale_record_beside_the_claim_of_a_newer_run_that_writes(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run.json is an earlier run's (over); the claim is a newer run's whose submitter is gone
+    and whose own record never landed, and which trains."""
+    run_dir = tmp_path / "run"
+    assert _submit(_spec(tmp_path, run_dir)) == 0
+    (slurm / "sacct.txt").write_text("4242|demo|COMPLETED|0:0|00:00:07|n1|debug|None\n")
+    owner = {"run_id": "newer-1", "submitter": None, "host": "gone", "time": 0}
+    (run_dir / OWNER).write_text(json.dumps(owner))
+    _quiet(run_dir)
+    (run_dir / "events.jsonl").write_text('{"event": "start", "time": 1}\n')
+    _refused(tmp_path, run_dir, capsys, "claim is run newer-1's", "events.jsonl was written")
+
+
+def test_a_damaged_record_of_a_live_local_run_keeps_its_directory(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "local"
+    run_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "jobs.localrun", str(run_dir)]
+    )
+    try:
+        _damage_record(run_dir)
+        _quiet(run_dir)
+        _refused(tmp_path, run_dir, capsys, f"process {proc.pid}", f"kill {proc.pid}")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_damaged_record_when_slurm_cannot_say(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _submit(_spec(tmp_path, run_dir)) == 0
+    _damage_record(run_dir)
+    _quiet(run_dir)
+    (slurm / "squeue-fails").touch()
+    _refused(tmp_path, run_dir, capsys, "Slurm cannot say whether job 4242 is over")

@@ -116,9 +116,10 @@ def test_submitits_own_runtime_runs_our_envelope(
     job_id: str, array: dict[str, str], tmp_path: Path
 ) -> None:
     # What happens in the allocation: `srun python -m submitit.core._submit FOLDER` finds the
-    # task's pickle by job id (an array task's by ARRAYID_INDEX), loads our DelayedSubmission
-    # with submitit's loader and calls it, then writes submitit's result pickle.
-    from jobs.launch import DelayedSubmission
+    # task's pickle by job id (an array task's by ARRAYID_INDEX), loads the DelayedSubmission
+    # jobs submit wrote (submitit's own) and calls it, then writes submitit's result pickle.
+    from submitit.helpers import DelayedSubmission
+
     from jobs.render import submitted_pickle
 
     folder = tmp_path / "slurm"
@@ -151,3 +152,31 @@ def test_submitits_own_runtime_runs_our_envelope(
     assert target.read_text() == "called"
     with (folder / f"{job_id}_0_result.pkl").open("rb") as f:
         assert pickle.load(f) == ("success", len("called"))
+
+
+def test_each_submitit_line_once_in_the_rank_log() -> None:
+    # Issue 45: the rank log (stdout and stderr joined by the script) had every submitit line
+    # twice: its own stdout + stderr handlers for a warning, its handler + train's root one
+    # (train.logsetup) for the rest. TrainLaunch calls quiet_submitit_logging first.
+    code = (
+        "import logging, sys\n"
+        "from submitit.core import logger\n"  # submitit's own configuration, as in _submit
+        "logging.getLogger().addHandler(logging.StreamHandler(sys.stderr))\n"  # train's root
+        "logging.getLogger().setLevel(logging.INFO)\n"
+        "from jobs.launch import quiet_submitit_logging\n"
+        "quiet_submitit_logging()\n"
+        "logger.get_logger().info('AN-INFO-LINE')\n"
+        "logger.get_logger().warning('A-WARNING-LINE')\n"
+        "logging.getLogger('train').info('A-TRAIN-LINE')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for line in ("AN-INFO-LINE", "A-WARNING-LINE", "A-TRAIN-LINE"):
+        assert out.count(line) == 1, out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +16,9 @@ import pytest
 from jobs.cli import main
 from jobs.monitor import task_states
 from jobs.records import find_run
+
+sys.path.insert(0, str(Path(__file__).parent))
+import env_probe
 
 pytestmark = pytest.mark.slow  # each rank imports torch (python -m train)
 
@@ -217,3 +222,61 @@ def test_a_local_run_inside_an_allocation_never_takes_that_job_for_its_own() -> 
         "HOME": "/root",
     }
     assert DistEnv.from_env(env).job_id is None
+
+
+# -- one spec, one behaviour: the spec's environment (issue 45) ----------------------------------
+def test_the_local_executor_applies_the_specs_environment_as_the_batch_script_does(
+    tmp_path: Path,
+) -> None:
+    """A script reading STEPS ran 400 steps instead of 60 on --executor local: the variables
+    and the setup block (its exports, cd and umask) reached the batch script only."""
+    work = tmp_path / "work dir"
+    work.mkdir()
+    spec = env_probe.write_spec(tmp_path, work)
+    out = io.StringIO()
+    assert main(["submit", str(spec), "--executor", "local", "--follow"], out) == 0
+    job_id = out.getvalue().splitlines()[0]
+    assert f"{job_id}: COMPLETED" in out.getvalue()
+    record = find_run(job_id)
+    assert record is not None
+    run_dir = Path(record.run_dir)
+    for rank in (0, 1):
+        assert env_probe.seen(run_dir, rank) == {**env_probe.EXPECTED, "pwd": str(work)}
+
+
+def test_a_failing_setup_fails_the_local_run_before_any_rank_starts(tmp_path: Path) -> None:
+    spec = env_probe.write_spec(tmp_path, tmp_path, setup_exit=7)
+    out = io.StringIO()
+    assert main(["submit", str(spec), "--executor", "local", "--follow"], out) != 0
+    job_id = out.getvalue().splitlines()[0]
+    assert f"{job_id}: FAILED" in out.getvalue()
+    record = find_run(job_id)
+    assert record is not None
+    state = task_states(record, _no_client)[job_id]  # type: ignore[arg-type]
+    assert state.state == "FAILED"
+    assert not list(Path(record.run_dir).glob("seen-*"))
+    log = (Path(record.run_dir) / "slurm" / "supervisor.log").read_text()
+    assert "environment.setup exited 7 before the ranks could start" in log
+
+
+# -- the state after `jobs cancel` (issue 45) -----------------------------------------------------
+def test_status_and_list_show_the_cancel_at_once(tmp_path: Path, started: list[str]) -> None:
+    """Right after `jobs cancel` a run whose ranks take a while to stop read RUNNING: it reads
+    CANCELLING (from the record the cancel writes) until the supervisor records CANCELLED."""
+    spec = tmp_path / "local.yaml"
+    stubborn = 'trap "sleep 5; exit 0" TERM; touch "$RUN_DIR/up-$RANK"; sleep 60 & wait'
+    spec.write_text(SPEC % stubborn)
+    out = io.StringIO()
+    assert main(["submit", str(spec), "--executor", "local"], out) == 0
+    started.append(job_id := out.getvalue().strip())
+    record = find_run(job_id)
+    assert record is not None
+    _wait(lambda: len(list(Path(record.run_dir).glob("up-*"))) == 2)  # both traps are set
+    assert main(["cancel", job_id], io.StringIO()) == 0
+    shown, listed = io.StringIO(), io.StringIO()
+    assert main(["status", job_id], shown) in (0, 1)
+    assert main(["list"], listed) == 0
+    assert re.search(rf"{job_id}\s+CANCELLING ", shown.getvalue()), shown.getvalue()
+    line = next(ln for ln in listed.getvalue().splitlines() if job_id in ln)
+    assert "CANCELLING" in line and "RUNNING" not in line, listed.getvalue()
+    _wait(lambda: task_states(find_run(job_id), _no_client)[job_id].state == "CANCELLED")  # type: ignore[arg-type]

@@ -480,7 +480,7 @@ def test_local_restarts_on_exit_75_are_bounded_even_without_events(tmp_path: Pat
     from train.history import RunHistory
 
     (tmp_path / "resolved.yaml").write_text(
-        "requeue: {max_preemptions: 1, max_timeouts: 1, max_failures: 0}\n"
+        "train: {}\nrequeue: {max_preemptions: 1, max_timeouts: 1, max_failures: 0}\n"
     )
     rec = RunRecord(
         "l-3", "l", str(tmp_path), "local", job_id="local-1",
@@ -586,3 +586,48 @@ def test_follow_shows_each_line_with_its_time_in_order_and_a_requeue_as_no_error
     assert "Job step aborted" not in text
     shown = [ln for ln in lines if ">> preempted" in ln or "epoch 3 done" in ln]
     assert ">> preempted" in shown[0], lines  # stamped first, shown first, though read later
+
+
+# -- the state after `jobs cancel` (issue 45) -----------------------------------------------------
+def test_status_right_after_cancel_shows_cancelling_until_slurm_confirms(tmp_path: Path) -> None:
+    """`status` 2 s after `jobs cancel` showed PENDING 5, RUNNING 1 (Slurm's answer, cached for
+    a few seconds, from before the cancel): the cancel is recorded and shown (CANCELLING) until
+    Slurm says the job is over, and the cache never answers with a state from before it."""
+    from jobs.records import load_record, save_record
+
+    rec = _record(tmp_path, array=3)
+    save_record(rec)
+    running = {"7_0": "RUNNING", "7_1": "PENDING", "7_2": "PENDING"}
+    client = ScriptedClient([running], tmp_path / "x.log", [])
+    before = states_many([rec], lambda: client)  # type: ignore[arg-type,return-value]
+    assert [i.state for i in before.values()] == ["RUNNING", "PENDING", "PENDING"]
+    assert cancel(rec, lambda: client) == ["7"]  # type: ignore[arg-type,return-value]
+    asked = len(client.calls)
+    now = states_many([load_record(tmp_path)], lambda: client)  # type: ignore[arg-type,return-value]
+    assert len(client.calls) == asked + 1  # asked again: nothing cached from before the cancel
+    assert {i.state for i in now.values()} == {"CANCELLING"}
+    assert "cancel asked 0 s ago; Slurm still shows RUNNING" in now["7_0"].reason
+    client.snapshots = [{"7_0": "CANCELLED", "7_1": "CANCELLED", "7_2": "CANCELLED"}]
+    done = states_many([load_record(tmp_path)], lambda: client, fresh=True)  # type: ignore[arg-type,return-value]
+    assert {i.state for i in done.values()} == {"CANCELLED"}
+
+
+def test_cancelling_one_task_marks_only_that_task(tmp_path: Path) -> None:
+    from jobs.records import load_record
+
+    rec = _record(tmp_path, array=2)
+    client = ScriptedClient([{"7_0": "RUNNING", "7_1": "RUNNING"}], tmp_path / "x.log", [])
+    assert cancel(rec, lambda: client, "7_1") == ["7_1"]  # type: ignore[arg-type,return-value]
+    states = states_many([load_record(tmp_path)], lambda: client)  # type: ignore[arg-type,return-value]
+    assert {k: v.state for k, v in states.items()} == {"7_0": "RUNNING", "7_1": "CANCELLING"}
+
+
+def test_a_damaged_cancel_field_is_refused_like_any_other_field(tmp_path: Path) -> None:
+    from jobs.records import RECORD, load_record
+
+    rec = _record(tmp_path)
+    data = json.loads(rec.to_json())
+    data.update(cancel_requested_at=-5, cancel_targets=["7"])
+    (tmp_path / RECORD).write_text(json.dumps(data))
+    with pytest.raises(Exception, match="cancel_requested_at"):
+        load_record(tmp_path)

@@ -1,6 +1,6 @@
-"""The command line never imports torch (it would cost ~1 s per command), and a dry-run not even
-submitit (asyncio, ssl, logging.config: a third of a dry-run's time); and how ``python -m jobs``
-runs the collector."""
+"""The command line never imports torch (it would cost ~1 s per command); submitit only where
+it renders the script (``submit``, ``--dry-run``: issue 41, bench/README's CLI figures); and
+how ``python -m jobs`` runs the collector."""
 
 from __future__ import annotations
 
@@ -52,12 +52,16 @@ def test_cli_does_not_import_torch(args: list[str], tmp_path: Path) -> None:
     assert "numpy" not in names
 
 
-def test_dry_run_does_not_import_submitit(tmp_path: Path) -> None:
+def test_dry_run_renders_through_submitit_and_the_rest_never_imports_it(tmp_path: Path) -> None:
+    # Issue 41: the script is submitit's own rendering (jobs.executor); commands that render
+    # nothing (list, status) do not pay for submitit's import.
     env = dict(os.environ)
     env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path)
     names = _imported(["submit", "examples/cifar.yaml", "--dry-run"], env)
-    assert "jobs.render" in names
-    assert not {n for n in names if n == "submitit" or n.startswith("submitit.")}
+    assert {"jobs.render", "jobs.executor", "submitit.slurm.slurm"} <= names
+    for args in (["list"], ["status", "nothing-like-this"]):
+        names = _imported(args, env)
+        assert not {n for n in names if n == "submitit" or n.startswith("submitit.")}
 
 
 @pytest.mark.parametrize(
@@ -116,15 +120,17 @@ def test_a_file_refused_as_yaml_never_loads_pydantic(text: str, tmp_path: Path) 
     assert not {n for n in names if n == "pydantic" or n.startswith(("pydantic.", "jobs.spec"))}
 
 
-def test_a_real_submission_does_not_import_submitit(tmp_path: Path, stub_slurm: Path) -> None:
-    # The script (jobs.render) and the pickles (jobs.launch.DelayedSubmission) are ours;
-    # submitit runs in the allocation only. sbatch is a stub here; --no-preflight: no sinfo.
+def test_a_real_submission_renders_and_pickles_through_submitit(
+    tmp_path: Path, stub_slurm: Path
+) -> None:
+    # The script (jobs.executor) and the pickles (submitit's DelayedSubmission) are submitit's;
+    # torch stays out. sbatch is a stub here; --no-preflight: no sinfo.
     env = dict(os.environ)  # the stub first on PATH (the fixture)
     env["SLURM_TRAIN_STATE_DIR"] = str(tmp_path / "state")
     env["SLURM_TRAIN_RUNS_DIR"] = str(tmp_path / "runs")
     args = ["submit", "examples/cifar.yaml", "--executor", "slurm", "--no-preflight"]
     names = _imported(args, env)
-    assert "jobs.launch" in names
-    assert not {n for n in names if n == "submitit" or n.startswith("submitit.")}
+    assert {"jobs.launch", "jobs.executor", "submitit.core.utils"} <= names
+    assert not {n for n in names if n == "torch" or n.startswith("torch.")}
     assert (stub_slurm / "submitted-0.sh").exists()
     assert len(list((tmp_path / "runs").glob("*/slurm/4242_submitted.pkl"))) == 1

@@ -120,6 +120,14 @@ def test_limits_are_cached_on_the_slurm_conf_stamp(tmp_path: Path) -> None:
     assert client.asked == 3
 
 
+def test_restart_levers_survive_the_cache(tmp_path: Path) -> None:
+    """25.11+'s expedited requeue and requeue_delay come back from the cache as they went in."""
+    levers = ClusterLimits(1001, 10000, expedited_requeue=True, requeue_delay_s=30)
+    client = LimitsClient("/etc/slurm.conf:10:1", levers)
+    assert [cluster_limits(client, tmp_path) for _ in range(2)] == [levers, levers]  # type: ignore[arg-type]
+    assert client.asked == 1
+
+
 @pytest.mark.parametrize(
     ("tasks", "limits", "expected"),
     [
@@ -171,6 +179,12 @@ class SubmitClient(FakeClient):
 
     def limits(self) -> ClusterLimits:
         return ClusterLimits(3, 100)
+
+    def sbatch_options(self) -> frozenset[str]:
+        from cluster.parse import parse_sbatch_help
+
+        data = Path(__file__).parents[1] / "cluster" / "data" / "sbatch_help_22.05.txt"
+        return parse_sbatch_help(data.read_text())
 
 
 @pytest.fixture
@@ -243,3 +257,89 @@ def test_a_run_whose_stops_need_more_than_the_warning_is_told_so(tmp_path: Path)
     assert len(notes) == 2 and all("\n" not in n for n in notes)
     assert "requeue.signal_delay_s is 30" in notes[0] and "at least 55" in notes[0]
     assert "partition debug" in notes[1] and "20 s (GraceTime)" in notes[1]
+
+
+# -- the hand-kept sbatch options against the release the preflight talks to (issue 43) --------
+_HELP = Path(__file__).parents[1] / "cluster" / "data"
+
+
+def _live(release: str) -> frozenset[str]:
+    from cluster.parse import parse_sbatch_help
+
+    return parse_sbatch_help((_HELP / f"sbatch_help_{release}.txt").read_text())
+
+
+class HelpClient:
+    """``sbatch --help`` (counted) and the stamp of the cluster's slurm.conf."""
+
+    def __init__(self, release: str) -> None:
+        self.release = release
+        self.asked = 0
+
+    def conf_stamp(self) -> str:
+        return f"/etc/slurm/slurm.conf:{self.release}"
+
+    def sbatch_options(self) -> frozenset[str]:
+        self.asked += 1
+        return _live(self.release)
+
+
+@pytest.mark.parametrize(
+    ("args", "release", "match"),
+    [
+        # a prefix unique on 22.05 is two options on 26.05
+        (
+            "{spread: true}",
+            "26.05",
+            r"sbatch_args\.spread: --spread is ambiguous .*--spread-segments",
+        ),
+        # an option of a later release, on an earlier one
+        ("{tres-per-task: 'gres/gpu:1'}", "22.05", r"--tres-per-task is not an option of this"),
+    ],
+)
+def test_sbatch_args_against_the_clusters_release(args: str, release: str, match: str) -> None:
+    from jobs.preflight import check_sbatch_release
+
+    loaded = load_text(f"name: d\ntrain: {{}}\nlaunch: {{sbatch_args: {args}}}\n", "s.yaml", ())
+    with pytest.raises(PreflightError, match=match):
+        check_sbatch_release(loaded.spec, _live(release), loaded.where)
+    # the same spec on a release where it is fine
+    fine = "22.05" if release == "26.05" else "24.11"
+    check_sbatch_release(loaded.spec, _live(fine), loaded.where)
+
+
+def test_every_option_jobs_writes_is_in_each_release() -> None:
+    from jobs.preflight import check_sbatch_release
+
+    text = (
+        "name: d\nresources: {partition: debug, gpus_per_node: 1, gres: 'nvme:1', mem: 1G,"
+        " cpus_per_task: 1, account: a, qos: q, constraint: c, exclusive: true}\ntrain: {}\n"
+        "sweep: {grid: {train.seed: [1, 2]}}\n"
+    )
+    loaded = load_text(text, "s.yaml", ())
+    for release in ("22.05", "24.11", "26.05"):
+        check_sbatch_release(loaded.spec, _live(release), loaded.where)
+    with pytest.raises(PreflightError, match=r"^preflight: jobs writes --gres but"):
+        check_sbatch_release(loaded.spec, _live("22.05") - {"gres"})
+
+
+def test_sbatch_options_are_asked_once_per_cluster(tmp_path: Path) -> None:
+    import json
+
+    from jobs.preflight import SBATCH_OPTIONS_FILE, SBATCH_OPTIONS_TTL_S, sbatch_options
+
+    client = HelpClient("22.05")
+    for _ in range(3):
+        assert sbatch_options(client, tmp_path) == _live("22.05")  # type: ignore[arg-type]
+    assert client.asked == 1
+    client.release = "26.05"  # slurm.conf edited (the upgrade restarted the daemons): asked again
+    assert "spread-segments" in (sbatch_options(client, tmp_path) or ())  # type: ignore[arg-type]
+    assert client.asked == 2
+    (tmp_path / SBATCH_OPTIONS_FILE).write_text('{"stamp": 1, "options": "x"}')  # foreign
+    assert sbatch_options(client, tmp_path) == _live("26.05")  # type: ignore[arg-type]
+    assert client.asked == 3
+    path = tmp_path / SBATCH_OPTIONS_FILE
+    old = json.loads(path.read_text())
+    path.write_text(json.dumps({**old, "at": old["at"] - SBATCH_OPTIONS_TTL_S - 1}))  # a day
+    assert sbatch_options(client, tmp_path) == _live("26.05")  # type: ignore[arg-type]
+    assert client.asked == 4

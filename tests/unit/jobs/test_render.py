@@ -12,9 +12,10 @@ from submitit.core.utils import DelayedSubmission
 from cluster.client import SlurmClient
 from jobs.cli import main
 from jobs.errors import SubmitError
+from jobs.executor import in_place_loop, safe_python
 from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
-from jobs.render import in_place_loop, sbatch_script, submitit_folder
+from jobs.render import rank_note, sbatch_script, submitit_folder
 from jobs.submit import make_plan, submit_slurm
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def test_sweep_submission_is_one_sbatch_call(tmp_path: Path, stub_slurm: Path) -
     assert seeds == [1, 2, 3, 4]
 
 
-# -- the script is laid out as submitit's own function lays it out ------------------------------
+# -- the script is submitit's own text, but for our loop around its srun line -------------------
 _SUBMITIT_CASES = [
     "name: plain\ntrain: {}\n",
     "name: gpus\nresources: {partition: debug, nodes: 2, gpus_per_node: 4, cpus_per_task: 8,"
@@ -175,10 +176,13 @@ _SUBMITIT_CASES = [
 
 
 def _submitit_script(spec: JobSpec, run_dir: Path, array_size: int | None) -> str:
-    """The same options rendered by submitit's ``_make_sbatch_string`` (as SlurmExecutor does)."""
+    """The same options rendered by the installed submitit's ``_make_sbatch_string`` (what its
+    SlurmExecutor renders with ``python`` set to ``safe_python()``)."""
+    import shlex
+
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from jobs.render import setup_lines, slurm_options, submit_command, submitit_folder
+    from jobs.render import setup_lines, slurm_options, submitit_folder
 
     opts = slurm_options(spec)
     extra = {k.replace("-", "_"): True if v is None else v for k, v in opts.sbatch}
@@ -197,7 +201,8 @@ def _submitit_script(spec: JobSpec, run_dir: Path, array_size: int | None) -> st
         kwargs["array_parallelism"] = spec.sweep.max_parallel
         kwargs["map_count"] = array_size
     folder = submitit_folder(run_dir)
-    text: str = _make_sbatch_string(command=submit_command(folder), folder=folder, **kwargs)
+    command = f"{safe_python()} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    text: str = _make_sbatch_string(command=command, folder=folder, **kwargs)
     return text
 
 
@@ -209,10 +214,15 @@ def test_script_is_byte_for_byte_what_submitit_renders(text: str) -> None:
     ours = sbatch_script(loaded.spec, run_dir, size)
     theirs = _submitit_script(loaded.spec, run_dir, size)
     # submitit's script, byte for byte, but for its last line: the same srun step, run in the
-    # loop that restarts a failed step in place (issue 26; jobs.render.in_place_loop)
+    # loop that restarts a failed step in place (issue 26; jobs.executor.in_place_loop), with
+    # what each rank runs above it as comments (issue 45)
     step = theirs.rstrip("\n").splitlines()[-1]
-    assert step.endswith("submitit.core._submit '/runs/with space/x/slurm'")
-    assert ours == theirs.replace(step, in_place_loop(step, submitit_folder(run_dir)))
+    assert step.endswith("-P -u -m submitit.core._submit '/runs/with space/x/slurm'")
+    ours_part = [
+        *rank_note(loaded.spec, run_dir, size is not None),
+        in_place_loop(step, submitit_folder(run_dir)),
+    ]
+    assert ours == theirs.replace(step, "\n".join(ours_part))
     assert f"\n  {step}\n  rc=$?\n" in ours and ours.endswith("done\n")
 
 
@@ -316,3 +326,98 @@ def test_dry_run_of_a_sweep_bigger_than_one_array_says_it_will_be_split(
     spec.write_text("name: small\ntrain: {}\nsweep: {grid: {train.seed: [1, 2]}}\n")
     assert main(["submit", str(spec), "--dry-run"], io.StringIO()) == 0
     assert capsys.readouterr().err == ""
+
+
+# -- issue 42: the script's interpreters never take a package from the working directory --------
+_SHADOWS = {
+    "train.py": "raise SystemExit('SHADOWED by train.py')\n",
+    "cluster.py": "raise SystemExit('SHADOWED by cluster.py')\n",
+    "submitit.py": "raise SystemExit('SHADOWED by submitit.py')\n",
+    "jobs/__init__.py": "raise SystemExit('SHADOWED by jobs/')\n",
+    "jobs/launch.py": "raise SystemExit('SHADOWED by jobs/launch.py')\n",
+}
+
+
+def test_every_python_line_of_the_script_is_safe_path() -> None:
+    script = _script("name: d\nentrypoint: {command: [python, train.py]}\n")
+    exe = safe_python().split(" -P")[0]
+    runs = [ln for ln in script.splitlines() if not ln.startswith("#") and exe in ln]
+    assert len(runs) == 2  # submitit's task and our after-step question
+    assert all(f"{exe} -P " in ln for ln in runs)
+
+
+def test_the_scripts_commands_run_ours_in_a_folder_of_the_users_own(tmp_path: Path) -> None:
+    # A submission directory (the job's working directory) holding train.py, jobs/, cluster.py
+    # and submitit.py of the user's own: both python lines of the script still run ours.
+    import pickle as pkl
+    import shlex
+    import subprocess
+
+    from submitit.helpers import DelayedSubmission
+
+    work = tmp_path / "project"
+    for name, text in _SHADOWS.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    run_dir = tmp_path / "run"
+    folder = submitit_folder(run_dir)
+    folder.mkdir(parents=True)
+    target = tmp_path / "ran"
+    delayed = DelayedSubmission(Path.write_text, target, "called")
+    delayed.set_timeout(5, 0)
+    delayed.dump(folder / "77_submitted.pkl")
+    script = sbatch_script(load_text("name: d\ntrain: {}\n", "s.yaml", ()).spec, run_dir)
+    exe = shlex.quote(safe_python().split(" -P")[0])
+    srun = next(ln for ln in script.splitlines() if ln.strip().startswith("srun "))
+    task = srun[srun.index(exe) :]
+    ask = next(ln for ln in script.splitlines() if "--after-step" in ln)
+    ask = ask[ask.index("$(") + 2 : ask.rindex(")")]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),  # the script's setup block exports the checkout
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "77",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_TRAIN_IN_PLACE": "0",
+        "rc": "3",
+    }
+    done = subprocess.run(
+        ["bash", "-c", task], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "SHADOWED" not in done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert target.read_text() == "called"
+    with (folder / "77_0_result.pkl").open("rb") as f:
+        assert pkl.load(f)[0] == "success"
+    after = subprocess.run(
+        ["bash", "-c", ask], cwd=work, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "SHADOWED" not in after.stdout + after.stderr
+    # jobs.launch (ours) answered: the pickle holds no TrainLaunch, the step's own code stands
+    assert after.stdout.strip() == "exit 3"
+
+
+def test_dry_run_says_what_each_rank_runs(tmp_path: Path) -> None:
+    # Issue 45: not only `python -m submitit.core._submit` on a pickle.
+    run_dir = tmp_path / "r"
+    out = io.StringIO()
+    assert main(["submit", str(EXAMPLE), "--dry-run", f"--set=train.run_dir={run_dir}"], out) == 0
+    config = run_dir / "resolved.yaml"
+    assert f"#   python -m train --config {config} --run-dir {run_dir}" in out.getvalue()
+    sweep = _script("name: d\ntrain: {}\nsweep: {grid: {train.seed: [1, 2]}}\n")
+    task = "/runs/demo/tasks/$SLURM_ARRAY_TASK_ID"
+    assert f"#   python -m train --config '{task}/resolved.yaml' --run-dir '{task}'" in sweep
+    fn = _script("name: d\nentrypoint: {function: 'mine:main'}\n")
+    assert "#   which calls entrypoint.function mine:main" in fn
+
+
+def test_a_path_cannot_end_the_comment_that_names_it() -> None:
+    from jobs.render import rank_note
+
+    spec = load_text("name: d\ntrain: {}\n", "s.yaml", ()).spec
+    note = rank_note(spec, Path("/runs/a\nrm -rf x"))
+    assert all(line.startswith("#") and "\n" not in line for line in note)

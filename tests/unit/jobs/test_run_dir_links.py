@@ -62,11 +62,6 @@ def _spec(tmp_path: Path, run_dir: Path) -> Path:
     return spec
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs/submit.py writes spec.yaml/resolved.yaml with Path.write_text: switched to "
-    "train.runfiles by the submitit rewrite of issue 41 (then drop this mark)",
-)
 @pytest.mark.parametrize("name", ["spec.yaml", "resolved.yaml", "sbatch.sh"])
 def test_submit_never_writes_through_a_link_in_the_run_dir(
     tmp_path: Path, stub_slurm: Path, victim: Path, name: str

@@ -71,13 +71,8 @@ BAD_SPECS = [
     ),
     pytest.param(
         "name: demo\n",
-        "spec.yaml:1:1: train: give exactly one of `train:` (built-in trainer) or `entrypoint:` (your code); add `train: {}` for the defaults",
+        "spec.yaml:1:1: train: give `train:` (the built-in trainer) or `entrypoint:` (your code); add `train: {}` for the trainer's defaults",
         id="no_section",
-    ),
-    pytest.param(
-        "name: demo\ntrain: {}\nentrypoint:\n  function: pkg.mod:main\n",
-        "spec.yaml:4:3: entrypoint: give exactly one of `train:` (built-in trainer) or `entrypoint:` (your code); remove one",
-        id="both_sections",
     ),
     pytest.param(
         "name: demo\ntrain:\n  model: vgg\n",

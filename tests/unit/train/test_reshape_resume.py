@@ -141,3 +141,83 @@ def test_first_start_records_the_shape(tmp_path: Path) -> None:
     run_attempt(cfg(max_steps=1), tmp_path, 2, 0)
     start = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "start"]
     assert [(e["world_size"], e["num_nodes"]) for e in start] == [(2, 1)]
+
+
+# -- the split is part of the checkpoint (issue 44.1) -------------------------------------------
+def test_a_second_resume_after_a_reshape_keeps_the_split(tmp_path: Path) -> None:
+    """2 ranks -> 1 ran each step as 2 micro-steps of 16; stopped again on 1 rank, the resume
+    read the world-1 checkpoint and switched to 1 micro-step of 32 (a GPU run sized to fit
+    went out of memory), its event silent. The split is in the checkpoint: 2 -> 1 -> 1 with
+    BatchNorm ends bitwise equal to 2 -> 1 resumed once, and the micro-batch never doubles."""
+    config = cfg(norm="batch", optimizer={"lr": 0.01})
+    once = _reshaped_run(tmp_path / "once", config, 2, 1)
+    run = tmp_path / "twice"
+    first = run_attempt(config, run, 2, 0, stop_at=4)
+    second = run_attempt(config, run, 1, 1, resume=True, stop_at=3)
+    third = run_attempt(config, run, 1, 2, resume=True)
+    stops = [first[0]["steps"], second[0]["steps"]]
+    assert stops[0] == once["stopped"] and stops[0] < stops[1] < STEPS, stops
+    assert [r["steps"] for r in third] == [STEPS]
+    assert global_batches([first, second, third]) == global_batches(once["attempts"])
+    a = final_params(run / "checkpoints" / f"step-{STEPS}")
+    b = final_params(tmp_path / "once" / "checkpoints" / f"step-{STEPS}")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), max_abs_diff(a, b)
+    resumes = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resume"]
+    assert [(e["grad_accum"], e["micro_batch"]) for e in resumes] == [(2, 16), (2, 16)]
+    # the reshape says what it changed; the resume on the same shape and split is exact
+    assert resumes[0]["exact"] is False and resumes[0]["was_world_size"] == 2
+    assert resumes[1]["exact"] is True and "why" not in resumes[1]
+    assert not {"was_grad_accum", "was_micro_batch", "was_world_size"} & resumes[1].keys()
+
+
+def test_every_resume_says_what_it_changes(tmp_path: Path) -> None:
+    """A resume on the same world size and split says exact: true; a split that had to change
+    (3 -> 2 ranks: the kept micro-batch of 32 does not divide a rank's 48) names the old one."""
+    config = cfg(batch_size=96, data={"train_size": 480, "test_size": 32, "augment": True})
+    run_attempt(config, tmp_path, 3, 0, stop_at=2)
+    run_attempt(config, tmp_path, 3, 1, resume=True, stop_at=2)
+    run_attempt(config, tmp_path, 2, 2, resume=True, stop_at=2)
+    resumes = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "resume"]
+    same, smaller = resumes
+    assert (same["exact"], same["grad_accum"], same["micro_batch"]) == (True, 1, 32)
+    assert (smaller["grad_accum"], smaller["micro_batch"]) == (2, 24)
+    assert (smaller["was_grad_accum"], smaller["was_micro_batch"]) == (1, 32)
+    assert smaller["exact"] is False and "1 micro-step(s) of 32 became 2 of 24" in smaller["why"]
+
+
+@pytest.mark.parametrize(
+    ("batch", "world", "keep", "want"),
+    [
+        (32, 1, 16, (2, 16)),  # the checkpoint's micro-batch, whatever size it was written at
+        (32, 2, 16, (1, 16)),
+        (32, 4, 16, (1, 8)),  # a rank's share is smaller: never larger than the kept one
+        (96, 2, 32, (2, 24)),  # does not divide 48: the fewest micro-steps no larger
+        (32, 1, 32, (1, 32)),
+    ],
+)
+def test_plan_split_keeps_the_checkpoints_micro_batch(
+    batch: int, world: int, keep: int, want: tuple[int, int]
+) -> None:
+    split = plan_split(batch, world, 1, keep_micro=keep)
+    assert (split.grad_accum, split.micro) == want and split.micro <= keep
+
+
+def test_a_manifest_with_a_damaged_split_is_refused(tmp_path: Path) -> None:
+    from train.checkpoint.manifest import check_manifest, written_split
+    from train.errors import CheckpointError
+
+    good = {
+        "format": 2, "step": 1, "epoch": 0, "epoch_step": 1, "world_size": 2,
+        "digest": "0" * 32, "files": {"shared.pt": {"size": 1, "xxh3_128": "0" * 32}},
+    }  # fmt: skip
+    assert written_split(good) is None  # an older checkpoint records none
+    split = {"world_size": 2, "grad_accum": 1, "micro_batch": 16}
+    assert written_split(check_manifest({**good, "split": split}, tmp_path)) == split
+    for bad in (
+        {**split, "micro_batch": 0},
+        {"grad_accum": 1},
+        [2, 1, 16],
+        {**split, "world_size": "2"},
+    ):
+        with pytest.raises(CheckpointError, match=r"damaged manifest\.json: split is"):
+            check_manifest({**good, "split": bad}, tmp_path)
