@@ -39,6 +39,13 @@ def parse_key_values(line: str) -> dict[str, str]:
     return out
 
 
+def parse_user_id(value: str) -> tuple[str, int] | None:
+    """scontrol's ``UserId=trainee(1001)`` value to ``("trainee", 1001)``; None if it is not that
+    (a name Slurm could not resolve shows as the number alone: ``(1001)``, name ``""``)."""
+    m = re.fullmatch(r"\s*([^()\s]*)\((\d+)\)\s*", value)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def parse_gres(text: str) -> dict[str, int]:
     """``gpu:2``, ``gpu:a100:4(S:0-1),shard:8`` or ``(null)`` to ``{"gpu": 2}`` (types summed)."""
     out: dict[str, int] = {}
@@ -181,14 +188,20 @@ def parse_sinfo(text: str) -> ClusterState:
     return ClusterState(tuple(parts), tuple(nodes.values()))
 
 
-def parse_config_limits(text: str) -> ClusterLimits:
-    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
-    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``)."""
+def parse_config_values(text: str) -> dict[str, str]:
+    """``scontrol show config``: every ``Key = value`` line as a dict."""
     values: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
+    return values
+
+
+def parse_config_limits(text: str) -> ClusterLimits:
+    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
+    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``)."""
+    values = parse_config_values(text)
     defaults = ClusterLimits()
     ctld = _options(values.get("SlurmctldParameters", ""))
     sched = _options(values.get("SchedulerParameters", ""))

@@ -52,6 +52,41 @@ def _slurm_attempts(
     return by_job, ""
 
 
+def _chain_attempts(
+    record: RunRecord, client: Callable[[], AttemptSource] | None
+) -> tuple[dict[str, list[JobAttempt]], str, dict[str, int]]:
+    """A chain's links as the attempts of its one task (ONE ``sacct -D`` for every link), in
+    the order they started, and each link's place in that order."""
+    by_job: dict[str, list[JobAttempt]] = {}
+    if client is None:
+        return {}, "", {}
+    try:
+        ask = getattr(client(), "attempt_times", None)
+        if ask is None:  # a client that cannot say (an older one, a stand-in)
+            return {}, "no Slurm times (the client has no attempt_times)", {}
+        for a in ask(",".join(record.chain_job_ids)):
+            by_job.setdefault(a.job_id, []).append(a)
+    except (ClusterError, OSError, ValueError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return {}, f"no Slurm times ({first[:120]})", {}
+    ran = [j for j in record.chain_job_ids if any(a.start is not None for a in by_job.get(j, []))]
+    ran = ran or record.chain_job_ids[:1]  # none started yet: the first link's queue wait
+    links = [a for j in ran for a in by_job.get(j, [])[-1:]]  # a link is never requeued
+    return {record.job_id: links}, "", {j: k for k, j in enumerate(ran)}
+
+
+def _as_links(events: list[dict[str, Any]], order: Mapping[str, int]) -> list[dict[str, Any]]:
+    """A chain's events for the ledger: each link's ``restart_count`` its place in the chain
+    (every link is a first start for Slurm); the chain's own bookkeeping left out."""
+    out = []
+    for e in events:
+        if e.get("event") in ("link_started", "chain_ended"):
+            continue
+        place = order.get(str(e.get("job_id")))
+        out.append(e if place is None else {**e, "restart_count": place})
+    return out
+
+
 def run_records(
     records: list[dict[str, Any]], submitted_at: float | None, job_ids: Collection[str] = ()
 ) -> list[dict[str, Any]]:
@@ -124,10 +159,14 @@ def task_ledgers(
         run_records(read_records(Path(t.run_dir) / EVENTS_FILE, EVENT), since, ours)
         for t in record.tasks
     ]
+    chain = bool(record.chain_job_ids) and record.executor == "slurm"
     if _never_started(record, states, events):
         submitted = record.submitted_at
         attempts = {j: [JobAttempt(j, "PENDING", submitted, None, None, None)] for j in ids}
         note = ""
+    elif chain:
+        attempts, note, order = _chain_attempts(record, client)
+        events = [_as_links(task_events, order) for task_events in events]
     else:
         attempts, note = _slurm_attempts(record, client)
     out = []
@@ -144,6 +183,7 @@ def task_ledgers(
             now=now,
             state=info.state if info is not None else None,
             slurm=record.executor == "slurm",
+            chain=chain,
         )
         if note:
             ledger.notes.append(note)

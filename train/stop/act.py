@@ -23,6 +23,7 @@ from train.runfiles import FAILURES, make_dirs
 from train.stop.causes import decide_cause, rules_of, signature
 from train.stop.claims import hang_claimed
 from train.stop.decision import (
+    CHAIN_NOTE,
     REQUEUE_EXIT_CODE,
     Decision,
     Trigger,
@@ -235,6 +236,10 @@ def carry_out(
     elif decision.action == "restart_in_place":
         log.warning("%s: the batch script restarts the step in this allocation (no requeue)",
                     decision.event)  # fmt: skip
+    elif decision.action == "exit_requeue" and decision.note == CHAIN_NOTE:
+        history.append("requeue", **base, via="chain")
+        log.warning("a link of a chain: exiting %d, the next link resumes the run",
+                    REQUEUE_EXIT_CODE)  # fmt: skip
     elif decision.action == "exit_requeue":
         # what happens here: exit 75 hands the restart to the launcher (no Slurm job: the
         # local executor restarts on it; jobs follow says so)

@@ -19,6 +19,7 @@ from train.stop.facts import StopFacts
 
 __all__ = [
     "BUDGET_EXHAUSTED_EXIT_CODE",
+    "CHAIN_NOTE",
     "EVENT_OF_KIND",
     "REQUEUE_EXIT_CODE",
     "Action",
@@ -29,6 +30,8 @@ __all__ = [
 
 # EX_TEMPFAIL: "stopped on purpose, run me again". Batch scripts and launchers requeue on it.
 REQUEUE_EXIT_CODE = 75
+#: The note of an exit_requeue in a link of a chain (jobs.chain): the next link resumes the run.
+CHAIN_NOTE = "chain: the next link resumes the run"
 # A requeue budget is spent: stop for good (never requeue on this code).
 BUDGET_EXHAUSTED_EXIT_CODE = 3
 
@@ -149,6 +152,8 @@ def decide(
       is the one the last N restarts          exhausted     progress consecutive restarts made
       resumed from                                          no checkpoint progress
     ... already requeued (command, Slurm)   + requeue     none (0; 1 for a failure)
+    ... a link of a chain (requeue.mode     its event     exit_requeue (75): the next link of
+      chain), Slurm                                       the chain resumes (no scontrol)
     failure / hang under an in-place        its event     restart_in_place while
       batch script, no node to exclude                    requeue.max_restarts_in_place lasts
     ======================================  ============  ======================================
@@ -256,6 +261,10 @@ def decide(
             kind, event, "none", 1 if failed else 0, requeued_by=facts.requeued_by,
             exclude=exclude, exclude_reason=why,
         )  # fmt: skip
+    if facts.executor == "slurm" and getattr(budgets, "mode", "requeue") == "chain":
+        # a link of a chain (jobs.chain): no scontrol requeue; the link exits 75 and the next
+        # link, queued behind it (afternotok), resumes the run from its last checkpoint
+        return Decision(kind, event, "exit_requeue", REQUEUE_EXIT_CODE, note=CHAIN_NOTE)
     if facts.executor == "slurm":
         return Decision(
             kind, event, "requeue", 1 if failed else 0, exclude=exclude, exclude_reason=why

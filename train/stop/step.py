@@ -25,7 +25,9 @@ exited with afterwards (:func:`train.history.attempt_completed_at`: the one defi
 command supervisor and the local executor use too). Exit 75 is a requeue Slurm refused to the
 ranks (``scontrol requeue`` failed): it is retried here with back-off, and the event says what
 happened (``requeue`` via ``batch_script``, or ``requeue_failed``). Everything else (requeued,
-cancelled, a budget spent, bad input) ends the script with the step's exit code.
+cancelled, a budget spent, bad input) ends the script with the step's exit code. In a link of a
+chain of jobs (``requeue.mode: chain``, jobs.chain) exit 75 ends the script with 75: the next
+link resumes the run.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ def after_step(
     # the allocation's nodes are its hosts
     env = Decider(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts)
     mine = _mine(history, env)
+    if exit_code == REQUEUE_EXIT_CODE and getattr(requeue, "mode", "requeue") == "chain":
+        return exit_code  # a link of a chain (jobs.chain): the next link resumes, no requeue
     if exit_code == REQUEUE_EXIT_CODE or _refused(mine):
         # a requeue the ranks decided and Slurm refused them: carried out here, whatever
         # code srun ended with (a rank killed meanwhile ends it with 137, not 75)

@@ -208,6 +208,52 @@ def test_the_budget_text_names_the_field_to_raise() -> None:
     assert d.exhausted is not None and "requeue.max_hangs=1" in d.exhausted
 
 
+CHAIN = RequeueConfig(max_preemptions=2, max_timeouts=2, max_failures=2, mode="chain")
+
+
+@pytest.mark.parametrize(
+    ("trigger", "facts", "counts", "expected"),
+    [
+        pytest.param("signal", _facts(SLURM, slurm_kind="preemption"), NONE,
+                     ("preempted", "exit_requeue", REQUEUE_EXIT_CODE, False), id="preemption"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="timeout"), NONE,
+                     ("timeout", "exit_requeue", REQUEUE_EXIT_CODE, False), id="time-limit"),
+        pytest.param("failure", SLURM, NONE,
+                     ("failure", "exit_requeue", REQUEUE_EXIT_CODE, False), id="failure"),
+        pytest.param("failure", _facts(SLURM, in_place=True), NONE,
+                     ("failure", "restart_in_place", 1, False), id="failure-in-place-first"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="cancel"), NONE,
+                     ("cancelled", "none", 0, False), id="cancel-ends-it"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="preemption"), SPENT,
+                     ("preempted", "none", BUDGET_EXHAUSTED_EXIT_CODE, True), id="over-budget"),
+    ],
+)  # fmt: skip
+def test_a_link_of_a_chain_exits_for_the_next_link_instead_of_requeueing(
+    trigger: Any, facts: StopFacts, counts: dict[str, int], expected: tuple[Any, ...]
+) -> None:
+    """requeue.mode chain (jobs.chain): where the decision would requeue the Slurm job, the
+    link exits 75 and the next link of the chain resumes the run; budgets count the same."""
+    d = decide(trigger, facts, counts, CHAIN)
+    assert (d.event, d.action, d.exit_code, d.exhausted is not None) == expected
+
+
+def test_a_link_of_a_chain_records_its_requeue_and_exits_75(tmp_path: Any) -> None:
+    """The link exits 75 (the batch script ends with it, the job is not COMPLETED, the next
+    link's afternotok is met) and records a requeue via the chain, never scontrol requeue."""
+    from train.history import RunHistory
+    from train.stop.act import carry_out
+
+    class NoSlurm:
+        def requeue(self, job_id: str) -> None:
+            raise AssertionError("a chain never requeues its job")
+
+    d = decide("signal", _facts(SLURM, slurm_kind="preemption"), NONE, CHAIN)
+    history = RunHistory(tmp_path)
+    base = {"step": 7, "restart_count": 0, "job_id": "42"}
+    assert carry_out(d, history, base, tmp_path, client=NoSlurm()) == REQUEUE_EXIT_CODE
+    assert [(e["event"], e.get("via")) for e in history.events()] == [("requeue", "chain")]
+
+
 # -- issue 44: budgets kept over their scope (train.history.budget_counts), no progress, TERM ----
 def _ev(event: str, job: str | None = "7", restart: int = 0, **fields: Any) -> dict[str, Any]:
     if event == "failure":  # infrastructure failures (budget 10) unless a row says otherwise
