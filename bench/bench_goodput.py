@@ -12,6 +12,9 @@ StartTime=now`` (:meth:`cluster.client.SlurmClient.release`, after its settle of
 - ``ours: built-in trainer``: ``python -m jobs submit`` of a spec (tinycnn, synthetic data,
   each step padded by ``bench/goodput_hook``);
 - ``ours: entrypoint.command``: the README's recipe for a plain script, under ``jobs submit``;
+- ``ours: plain script, no recipe``: the same script with torch's own DDP and optimizer, its
+  own ``torch.save``, a flag set by its signal handler (``goodput_work bare``), under
+  ``jobs submit``;
 - ``Lightning auto_requeue``: plain sbatch, ``srun python ...``, ``--signal=SIGUSR1@90``,
   ``SLURMEnvironment(auto_requeue=True)`` (as its documentation shows);
 - ``submitit Checkpointable``: ``submitit.AutoExecutor``, a ``Checkpointable`` that saves in
@@ -334,7 +337,7 @@ train:
 """
 OURS_COMMAND = """\
 entrypoint:
-  command: [{python}, -m, bench.goodput_work, plain, "{run}", --steps, "{steps}",
+  command: [{python}, -m, bench.goodput_work, {habit}, "{run}", --steps, "{steps}",
             --step-time, "{step_s}"]
   stop_signal: USR1
 """
@@ -345,8 +348,9 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
     if what == "trainer":
         text += OURS_TRAIN.format(steps=b.sched.steps, save_every=SAVE_EVERY)
     else:
+        habit = "bare" if what == "bare" else "plain"
         text += OURS_COMMAND.format(
-            python=sys.executable, run=run / "task", steps=b.sched.steps, step_s=STEP_S
+            python=sys.executable, habit=habit, run=run / "task", steps=b.sched.steps, step_s=STEP_S
         )
     spec = run / "spec.yaml"
     spec.write_text(text, encoding="utf-8")
@@ -358,7 +362,7 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
         raise Skip(f"jobs submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
     sub = json.loads(proc.stdout.strip().splitlines()[-1])
     job, run_dir = str(sub["job_id"]), Path(sub["run_dir"])
-    if what == "command":
+    if what != "trainer":
         (run / "task").mkdir(exist_ok=True)
         link = run / "task"
     else:
@@ -393,6 +397,8 @@ def _import_torch(env: dict[str, str]) -> float:
 ROWS: dict[str, Callable[[Bench, Path], tuple[str, list[float]]]] = {
     "ours: built-in trainer": lambda b, r: _ours(b, r, "trainer"),
     "ours: entrypoint.command": lambda b, r: _ours(b, r, "command"),
+    # issue 46: a plain script that follows no recipe of ours (torch's DDP and optimizer)
+    "ours: plain script, no recipe": lambda b, r: _ours(b, r, "bare"),
     "Lightning auto_requeue": row_lightning,
     "submitit Checkpointable": row_submitit,
     "sbatch trap": row_trap,
