@@ -87,6 +87,12 @@ class Row:
     restart_s: list[float] = field(default_factory=list)
     preempted: int = 0
     note: str = ""
+    #: per preemption (issue 46): signal -> the job leaves RUNNING (the stop), -> RUNNING again
+    #: (Slurm: requeue, the hold released at once, the start), -> the first step (the start);
+    #: each as the bench sees it (squeue every 0.25 s)
+    split: list[tuple[float, float, float]] = field(default_factory=list)
+    #: submit -> the first step of the first attempt
+    first_step_s: float | None = None
 
 
 class Bench:
@@ -96,6 +102,8 @@ class Bench:
         self.opts, self.client, self.env, self.sched = opts, client, env, sched
         self.root = opts.workdir / "goodput"
         self.root.mkdir(parents=True, exist_ok=True)
+        #: per job, per preemption: when it was preempted, seen leaving RUNNING, RUNNING again
+        self.marks: dict[str, list[dict[str, float]]] = {}
 
     def state(self, job_id: str) -> tuple[str, str]:
         info = self.client.poll_states([job_id]).get(job_id)
@@ -129,6 +137,7 @@ class Bench:
     def drive(self, job_id: str, run: Path, timeout: float) -> list[float]:
         """Apply the schedule to ``job_id``, wait for its end; the preemption times."""
         preempts: list[float] = []
+        marks = self.marks.setdefault(job_id, [])
         deadline = time.monotonic() + timeout
         while True:
             if time.monotonic() > deadline:
@@ -140,6 +149,8 @@ class Bench:
                 with contextlib.suppress(Exception):  # not requeued yet: next poll
                     self.client.release(job_id, settle_s=SETTLE_S)
                 _wait_not(self, job_id, "PENDING", 30)
+                if marks and "back" not in marks[-1]:
+                    marks[-1]["back"] = time.time()
                 continue
             if state == "RUNNING" and len(preempts) < self.sched.preemptions:
                 seen = time.monotonic()
@@ -160,6 +171,7 @@ class Bench:
                     60,
                     poll=0.25,
                 )
+                marks.append({"preempt": preempts[-1], "left": time.time()})
                 continue
             time.sleep(0.25)
 
@@ -187,6 +199,9 @@ class Bench:
         if row.completed and steps:
             row.wall_s = max(float(r["time"]) for r in steps) - submitted
             row.goodput = self.sched.steps * STEP_S / row.wall_s
+        if steps:
+            row.first_step_s = min(float(r["time"]) for r in steps) - submitted
+        marks = {m["preempt"]: m for m in self.marks.get(job_id, [])}
         if first is not None and last is not None:
             row.note = f"Slurm: Submit -> End {last - first:.0f} s"
         for t in preempts:
@@ -199,6 +214,9 @@ class Bench:
             ]
             if after:
                 row.restart_s.append(after[0] - t)
+                m = marks.get(t, {})
+                if "left" in m and "back" in m:
+                    row.split.append((m["left"] - t, m["back"] - m["left"], after[0] - m["back"]))
             elif later:
                 row.note = "a preemption did not restart the job"
         if not row.completed:
@@ -406,14 +424,20 @@ ROWS: dict[str, Callable[[Bench, Path], tuple[str, list[float]]]] = {
 
 
 def _table(rows: list[Row], limit: Row) -> str:
-    head = "| row | completed | goodput | wall s | steps redone | preemption -> training (s) |"
-    out = [head, "|---|---|---|---|---|---|"]
+    head = (
+        "| row | completed | goodput | wall s | steps redone | preemption -> training (s) "
+        "| per preemption: stop / Slurm / start (s) | submit -> first step (s) |"
+    )
+    out = [head, "|---|---|---|---|---|---|---|---|"]
     for r in [*rows, limit]:
         g = f"{r.goodput:.3f}" if r.goodput is not None else "-"
         w = f"{r.wall_s:.0f}" if r.wall_s is not None else "-"
         rs = ", ".join(f"{x:.1f}" for x in r.restart_s) or "-"
+        sp = "; ".join(" / ".join(f"{x:.1f}" for x in parts) for parts in r.split) or "-"
+        fs = f"{r.first_step_s:.1f}" if r.first_step_s is not None else "-"
         out.append(
-            f"| {r.name} | {'yes' if r.completed else 'no'} | {g} | {w} | {r.redone} | {rs} |"
+            f"| {r.name} | {'yes' if r.completed else 'no'} | {g} | {w} | {r.redone} | {rs} "
+            f"| {sp} | {fs} |"
         )
     return "\n".join(out)
 
