@@ -2,6 +2,14 @@
 SHELL := /bin/bash
 PYTHON := .venv/bin/python
 PYTEST_ARGS ?=
+# The Slurm release of the local clusters (22.05, the host's package, when empty; 24.11 or 26.05
+# run in a root file system built once with mmdebstrap): `make test SLURM=24.11`,
+# `make cluster-up SLURM=26.05`. Passed to the tests as SLURM_TRAIN_TEST_SLURM (tests/conftest.py)
+# and to the set-up (which installs mmdebstrap only for a release other than the host's).
+SLURM ?=
+ifneq ($(SLURM),)
+export SLURM_TRAIN_TEST_SLURM := $(SLURM)
+endif
 # The suite's two halves, their workers (pytest-xdist) and the order they run in live in
 # scripts/test.sh: `make test` runs them side by side (the integration half waits on Slurm for
 # about a fifth of its time), `make unit` / `make integration` one of them. pytest's exit 5 (no
@@ -10,7 +18,7 @@ PYTEST_ARGS ?=
 .PHONY: setup lock demo test unit integration lint format bench cluster-up cluster-down clean
 
 setup:
-	@scripts/setup.sh
+	@SLURM=$(SLURM) scripts/setup.sh
 
 ## Refresh requirements.lock on purpose to today's newest releases (README: Reproducible installs).
 lock:
@@ -45,11 +53,15 @@ bench: setup cluster-up
 	$(PYTHON) -m bench
 
 cluster-up: setup
-	$(PYTHON) -m cluster up
+	$(PYTHON) -m cluster up $(if $(SLURM),--slurm $(SLURM))
 
-## Stops the default cluster and the test workers' own (make test leaves them up for the next run).
+## Stops the default cluster, the other releases' and the test workers' own (make test leaves
+## them up for the next run).
 cluster-down:
 	$(PYTHON) -m cluster down
+	@for d in /var/tmp/slurm-train-cluster-*; do \
+		[ -d "$$d" ] || continue; $(PYTHON) -m cluster --slurm "$${d##*-cluster-}" down; \
+	done
 	@for d in /var/tmp/slurm-train-test-*; do \
 		[ -d "$$d" ] || continue; n=$${d##*-test-}; \
 		$(PYTHON) -m cluster --state-dir "$$d" --port-offset $$((100 * (n + 2))) down; \

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster.errors import ClusterError
+
+if TYPE_CHECKING:
+    from cluster.local.manager import LocalCluster
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,29 +35,43 @@ def _parser() -> argparse.ArgumentParser:
         help="shift every port (run a second cluster, with its own --state-dir, beside another; "
         "default: $SLURM_TRAIN_CLUSTER_PORT_OFFSET, else 0)",
     )
+    p.add_argument(
+        "--slurm",
+        metavar="RELEASE",
+        default=None,
+        help="the Slurm release: 22.05 (the host's Debian package, the default), 24.11 or 26.05 "
+        "(each in a root file system built once with mmdebstrap); picks the default state dir "
+        "(/var/tmp/slurm-train-cluster-RELEASE) and port offset of that release's cluster. "
+        "Without it: the release the state dir records",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start the cluster (idempotent) and wait for idle nodes")
+    # --slurm also after the command (`python -m cluster up --slurm 24.11`)
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--slurm", metavar="RELEASE", default=argparse.SUPPRESS,
+                       help="the Slurm release (see above)")  # fmt: skip
+    up = sub.add_parser(
+        "up", parents=[after], help="start the cluster (idempotent) and wait for idle nodes"
+    )
     up.add_argument("--timeout", type=float, default=120.0)
-    sub.add_parser("down", help="stop every process the cluster started")
-    sub.add_parser("status", help="daemons, nodes and partitions")
+    sub.add_parser("down", parents=[after], help="stop every process the cluster started")
+    sub.add_parser("status", parents=[after], help="daemons, nodes and partitions")
     return p
 
 
-def _print_status(lc: object) -> bool:
+def _print_status(lc: LocalCluster) -> bool:
     from cluster import slurm_client
-    from cluster.local.manager import LocalCluster
 
-    assert isinstance(lc, LocalCluster)
     all_alive = True
     print(f"state dir: {lc.layout.root}")
     for d in lc.status():
         mark = "alive" if d.alive else "DOWN"
         all_alive &= d.alive
         print(f"  {d.name:<12} pid {d.pid if d.pid else '-':<8} {mark}")
+    print(f"  slurm {lc.release.name}" + ("" if lc.release.on_host else f" (root {lc.slurm.path})"))
     if not lc.status()[3].alive:  # slurmctld
         return False
-    client = slurm_client(conf=lc.conf, timeout=10)
+    client = slurm_client(conf=lc.conf, timeout=10, environ=lc.client_environ())
     try:
         for n in client.nodes():
             gres = ",".join(f"{k}:{v}" for k, v in n.gres.items()) or "-"
@@ -68,12 +88,40 @@ def _print_status(lc: object) -> bool:
     return all_alive
 
 
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    """The cluster the flags name: ``--slurm R`` alone is release R's own cluster (its state
+    dir and ports); an explicit state dir or offset (flag or environment) wins."""
+    from cluster.local.manager import LocalCluster
+    from cluster.local.paths import PORT_OFFSET_ENV, STATE_ENV, state_dir
+    from cluster.local.release import release
+
+    if args.slurm is None:
+        return LocalCluster(args.state_dir, port_offset=args.port_offset)
+    rel = release(args.slurm)
+    root, offset = args.state_dir, args.port_offset
+    if root is None and not os.environ.get(STATE_ENV):
+        root = rel.default_state_dir(state_dir())
+        if offset is None and not os.environ.get(PORT_OFFSET_ENV):
+            offset = rel.port_offset
+    return LocalCluster(root, port_offset=offset, slurm=rel.name)
+
+
+def _exports(lc: LocalCluster) -> list[str]:
+    """The lines that make plain Slurm commands in a shell reach this cluster (its release's
+    wrappers first on PATH for a release other than the host's)."""
+    lines = [f"export SLURM_CONF={shlex.quote(str(lc.conf))}"]
+    if lc.slurm.bin_dir is not None:
+        lines.append(f'export PATH={shlex.quote(str(lc.slurm.bin_dir))}:"$PATH"')
+    login = lc.login_server()
+    if login is not None:  # the login node of --remote (README: From your laptop)
+        lines.append(f"export SLURM_TRAIN_SSH_CONFIG={shlex.quote(str(login.client_config))}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from cluster.local.manager import LocalCluster
-
     try:
-        lc = LocalCluster(args.state_dir, port_offset=args.port_offset)
+        lc = _cluster(args)
         if args.command == "up":
             res = lc.up(timeout=args.timeout)
             if res.restarted:
@@ -85,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             elif not res.restarted:
                 print("cluster already up and healthy; nothing changed")
             _print_status(lc)
-            print(f"export SLURM_CONF={lc.conf}")
+            for line in _exports(lc):
+                print(line)
             return 0
         if args.command == "down":
             stopped = lc.down()

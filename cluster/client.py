@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import parse
-from cluster.conf import cluster_name, conf_stamp, find_slurm_conf
+from cluster.conf import cluster_name, conf_stamp, find_slurm_conf, with_slurm_bin
 from cluster.errors import (
     ClusterError,
     JobWaitTimeoutError,
@@ -83,7 +83,7 @@ class SlurmClient:
         self.conf = str(conf) if conf is not None else find_slurm_conf(base)
         if self.conf:
             base["SLURM_CONF"] = self.conf
-        self._env = base
+        self._env = with_slurm_bin(base, self.conf)
         self.timeout = timeout
         self.shielded = shielded
         self._prefetched: Started | None = None

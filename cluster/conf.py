@@ -56,6 +56,31 @@ def find_slurm_conf(environ: Mapping[str, str], finders: list[Finder] | None = N
     return None
 
 
+#: A folder of Slurm commands to use before PATH's (a local cluster of a release other than the
+#: host's prints it: its wrappers of sbatch, squeue, ... run that release's own).
+BIN_ENV = "SLURM_TRAIN_SLURM_BIN"
+#: The same, found beside a slurm.conf: a one-line file naming the folder (the local cluster
+#: writes it), so that ``SLURM_CONF`` alone reaches the commands of the release it runs.
+BIN_FILE = "slurm-bin"
+
+
+def with_slurm_bin(environ: Mapping[str, str], conf: str | None) -> dict[str, str]:
+    """``environ`` with the Slurm commands that match ``conf`` first on ``PATH``:
+    ``$SLURM_TRAIN_SLURM_BIN``, else the folder the file ``slurm-bin`` beside ``conf`` names,
+    else ``PATH`` as it is. A folder that does not exist (inside a job, where the release's own
+    commands are on PATH already) changes nothing."""
+    env = dict(environ)
+    folder = env.get(BIN_ENV, "").strip()
+    if not folder and conf:
+        try:
+            folder = (Path(conf).parent / BIN_FILE).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            folder = ""
+    if folder and Path(folder).is_dir() and folder not in env.get("PATH", "").split(":"):
+        env["PATH"] = f"{folder}:{env['PATH']}" if env.get("PATH") else folder
+    return env
+
+
 def conf_stamp(conf: str | None) -> str:
     """Changes whenever the config file is edited (path, size, mtime); for caching its limits."""
     path = Path(conf) if conf else SYSTEM_CONF

@@ -38,6 +38,9 @@ ACTIVE_STATES = frozenset(
         "STAGE_OUT",
         "STOPPED",
         "RESV_DEL_HOLD",
+        # 25.11+: a --requeue=expedite job requeued after a node failure, on its way back at
+        # once (recorded on 26.05: EXPEDITING, then RUNNING within seconds)
+        "EXPEDITING",
     }
 )
 
@@ -106,6 +109,11 @@ class ClusterLimits:
 
     max_array_size: int = 1001  # array indices run 0 .. MaxArraySize-1
     max_job_count: int = 10000  # jobs slurmctld holds at once
+    # 25.11+: SlurmctldParameters=enable_expedited_requeue lets `sbatch --requeue=expedite`
+    # restart a job requeued after a node failure at once, at top priority
+    expedited_requeue: bool = False
+    # 25.11+: SchedulerParameters=requeue_delay=N, seconds a requeued job waits (None: unset)
+    requeue_delay_s: int | None = None
 
     @property
     def max_array_tasks(self) -> int:

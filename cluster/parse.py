@@ -11,6 +11,7 @@ import time
 from cluster.errors import HostlistError, SlurmParseError, SlurmTimeError
 from cluster.hostlist import expand_hostlist, expand_ranges
 from cluster.models import (
+    ACTIVE_STATES,
     TERMINAL_STATES,
     ClusterLimits,
     ClusterState,
@@ -36,6 +37,13 @@ def parse_key_values(line: str) -> dict[str, str]:
         end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
         out[m.group(1)] = line[m.end() : end].strip()
     return out
+
+
+def parse_user_id(value: str) -> tuple[str, int] | None:
+    """scontrol's ``UserId=trainee(1001)`` value to ``("trainee", 1001)``; None if it is not that
+    (a name Slurm could not resolve shows as the number alone: ``(1001)``, name ``""``)."""
+    m = re.fullmatch(r"\s*([^()\s]*)\((\d+)\)\s*", value)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def parse_gres(text: str) -> dict[str, int]:
@@ -181,17 +189,34 @@ def parse_sinfo(text: str) -> ClusterState:
 
 
 def parse_config_limits(text: str) -> ClusterLimits:
-    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount)."""
+    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
+    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``)."""
     values: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
     defaults = ClusterLimits()
+    ctld = _options(values.get("SlurmctldParameters", ""))
+    sched = _options(values.get("SchedulerParameters", ""))
+    delay = sched.get("requeue_delay", "")
     return ClusterLimits(
         max_array_size=_int(values.get("MaxArraySize", ""), defaults.max_array_size),
         max_job_count=_int(values.get("MaxJobCount", ""), defaults.max_job_count),
+        expedited_requeue="enable_expedited_requeue" in ctld,
+        requeue_delay_s=int(delay) if delay.isdigit() else None,
     )
+
+
+def _options(text: str) -> dict[str, str]:
+    """``a,b=1,c`` (SlurmctldParameters, SchedulerParameters) to ``{"a": "", "b": "1", ...}``;
+    ``(null)`` is none."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, _, value = item.strip().partition("=")
+        if key and key != "(null)":
+            out[key] = value.strip()
+    return out
 
 
 def parse_slurm_user_uid(text: str) -> int | None:
@@ -236,6 +261,34 @@ def parse_sbatch_job_id(text: str) -> str:
 def _base_state(state: str) -> str:
     # sacct: "CANCELLED by 0"; squeue may print "RUNNING"; strip decorations.
     return state.strip().split(" ", 1)[0].rstrip("+").upper() or "UNKNOWN"
+
+
+#: Every job state the tool knows (an empty State reads UNKNOWN: accounting's placeholder).
+KNOWN_STATES = TERMINAL_STATES | ACTIVE_STATES | {"UNKNOWN"}
+
+
+def _known_state(command: str, state: str, job_id: str) -> str:
+    """The base state of ``state``, or a :class:`SlurmParseError` that names the command's
+    field: a Slurm release that prints a state the tool does not know is one line, never a
+    wrong guess about whether the job is over."""
+    base = _base_state(state)
+    if base not in KNOWN_STATES:
+        raise SlurmParseError(
+            f"{command} field State: unknown job state {state.strip()!r} (job {job_id}); "
+            "this Slurm release prints a state slurm-train does not know"
+        )
+    return base
+
+
+def _fields(command: str, line: str, names: tuple[str, ...]) -> list[str]:
+    """``line`` split at ``|``; too few fields is an error naming the first missing one."""
+    fields = line.split("|")
+    if len(fields) < len(names):
+        raise SlurmParseError(
+            f"{command} field {names[len(fields)]}: missing ({len(fields)} fields, expected "
+            f"{len(names)}: {'|'.join(names)}): {line!r}"
+        )
+    return fields
 
 
 def _exit_code(text: str) -> tuple[int | None, int | None]:
@@ -283,10 +336,9 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split("|")
-        if len(fields) < len(SACCT_FIELDS):
-            raise SlurmParseError(f"sacct line has {len(fields)} fields, expected 8: {line!r}")
+        fields = _fields("sacct", line, SACCT_FIELDS)
         job_id, name, state, exit_code, elapsed, nodelist, partition, reason = fields[:8]
+        base = _known_state("sacct", state, job_id)
         code, sig = _exit_code(exit_code)
         try:
             elapsed_s = parse_slurm_time(elapsed) if elapsed else None
@@ -295,7 +347,7 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
         for jid in _expand_array_id(job_id):
             jobs[jid] = JobInfo(
                 job_id=jid,
-                state=_base_state(state),
+                state=base,
                 exit_code=code,
                 signal=sig,
                 reason="" if reason in {"None", ""} else reason,
@@ -355,7 +407,13 @@ SQUEUE_FORMAT = ",".join(f"{f}:|" for f in (*SQUEUE_FIELDS, *SQUEUE_OPTIONAL))
 
 
 def _wait_status(text: str) -> tuple[int | None, int | None]:
-    if not text.strip().isdigit():
+    """squeue's exit_code: the raw wait status (``768``: exit 3) up to 23.x, ``CODE:SIGNAL``
+    (``3:0``) from 24.11 (recorded: tests/unit/cluster/data/<release>/squeue.txt)."""
+    text = text.strip()
+    if ":" in text:
+        code, sig = _exit_code(text)
+        return code, sig or None
+    if not text.isdigit():
         return None, None
     status = int(text)
     return status >> 8, (status & 0x7F) or None
@@ -367,11 +425,7 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split("|")
-        if len(fields) < len(SQUEUE_FIELDS):
-            raise SlurmParseError(
-                f"squeue line has {len(fields)} fields, expected {len(SQUEUE_FIELDS)}: {line!r}"
-            )
+        fields = _fields("squeue", line, SQUEUE_FIELDS)
         job_id, name, state, reason, nodelist, partition, elapsed, status = (
             f.strip() for f in fields[: len(SQUEUE_FIELDS)]
         )
@@ -382,7 +436,7 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
             elapsed_s = parse_slurm_time(elapsed) if elapsed and elapsed != "INVALID" else None
         except SlurmTimeError:
             elapsed_s = None
-        base = _base_state(state)
+        base = _known_state("squeue", state, job_id)
         code, sig = _wait_status(status) if base in TERMINAL_STATES else (None, None)
         for jid in _expand_array_id(job_id):
             jobs[jid] = JobInfo(

@@ -46,7 +46,14 @@ def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
         data = json.loads(path.read_bytes())
         fresh = not stamp.endswith(":missing") or time.time() - data["at"] < UNSTAMPED_TTL_S
         if data["stamp"] == stamp and fresh:
-            return ClusterLimits(int(data["max_array_size"]), int(data["max_job_count"]))
+            delay = data.get("requeue_delay_s")
+            return ClusterLimits(
+                int(data["max_array_size"]),
+                int(data["max_job_count"]),
+                # an entry written before these fields existed reads as none set
+                expedited_requeue=data.get("expedited_requeue") is True,
+                requeue_delay_s=delay if isinstance(delay, int) else None,
+            )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # missing, damaged or foreign: ask the cluster
     limits = client.limits()

@@ -7,7 +7,10 @@
   its own, started afresh for the session (:func:`worker_cluster`), so a test's preemptions,
   dead nodes and held nodes never reach another test's jobs, and no test touches the default
   cluster that ``make demo`` uses.
-- ``slurm_env``: ``os.environ`` plus ``SLURM_CONF`` pointing at that cluster, for subprocesses.
+  ``SLURM_TRAIN_TEST_SLURM=24.11`` (``make test SLURM=24.11``) brings them up on that Slurm
+  release (cluster.local.release; 22.05, the host's, by default).
+- ``slurm_env``: ``os.environ`` plus ``SLURM_CONF`` pointing at that cluster, and ``PATH`` with
+  the release's commands first, for subprocesses.
 - ``slurm_client``: a :class:`cluster.client.SlurmClient` for that cluster.
 """
 
@@ -74,6 +77,16 @@ def worker_cluster(worker: str | None) -> tuple[Path, int]:
     return Path(f"/var/tmp/slurm-train-test-{index}"), 100 * (index + 2)
 
 
+#: The Slurm release the test workers' clusters run (`make test SLURM=24.11`); 22.05 by default.
+SLURM_RELEASE_ENV = "SLURM_TRAIN_TEST_SLURM"
+
+
+def slurm_release_under_test() -> str:
+    from cluster.local.release import HOST_RELEASE
+
+    return os.environ.get(SLURM_RELEASE_ENV) or HOST_RELEASE
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[object]:
     from cluster.local.manager import LocalCluster
@@ -84,11 +97,12 @@ def slurm_cluster() -> Iterator[object]:
             pytest.fail(f"integration tests must run in CI: {reason}")
         pytest.skip(reason)
     root, offset = worker_cluster(os.environ.get("PYTEST_XDIST_WORKER"))
-    lc = LocalCluster(root, port_offset=offset)
     # A fresh cluster for every session (a few seconds): no job of an earlier session left
     # on it, and job ids from its first again, so that the clusters of the workers, which run
-    # at once, never derive one rendezvous port (jobs share the machine's ports).
-    lc.down()
+    # at once, never derive one rendezvous port (jobs share the machine's ports). The one
+    # there is brought down with the release it runs, the new one up with the release asked.
+    LocalCluster(root, port_offset=offset).down()
+    lc = LocalCluster(root, port_offset=offset, slurm=slurm_release_under_test())
     shutil.rmtree(root, ignore_errors=True)
     lc.up()
     yield lc
@@ -101,6 +115,8 @@ def slurm_env(slurm_cluster: object) -> dict[str, str]:
 
     env = dict(os.environ)
     env["SLURM_CONF"] = str(slurm_cluster.conf)  # type: ignore[attr-defined]
+    # a release other than the host's: its wrappers (its own sbatch, squeue, ...) come first
+    env["PATH"] = slurm_cluster.client_environ()["PATH"]  # type: ignore[attr-defined]
     # `python -m cluster` and `jobs` in a test's subprocess find this worker's cluster too
     layout = slurm_cluster.layout  # type: ignore[attr-defined]
     env[STATE_ENV] = str(layout.root)

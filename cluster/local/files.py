@@ -18,8 +18,9 @@ from cluster.local.daemons import read_text
 __all__ = ["is_stale", "stamp", "write_config"]
 
 
-def write_config(layout: cfg.Layout, hostname: str) -> set[Path]:
-    """Create the state directories and write every config file whose text differs.
+def write_config(layout: cfg.Layout, hostname: str, slurm: str = cfg.HOST_SLURM) -> set[Path]:
+    """Create the state directories and write every config file whose text differs, for
+    Slurm release ``slurm``.
 
     Returns the files written (each replaced atomically, with its mode).
     """
@@ -35,9 +36,9 @@ def write_config(layout: cfg.Layout, hostname: str) -> set[Path]:
         L.db_password.chmod(0o600)
     password = L.db_password.read_text().strip()
     files = {
-        L.slurm_conf: (cfg.render_slurm_conf(L, hostname), 0o644),
+        L.slurm_conf: (cfg.render_slurm_conf(L, hostname, slurm), 0o644),
         L.gres_conf: (cfg.render_gres_conf(L), 0o644),
-        L.cgroup_conf: (cfg.render_cgroup_conf(), 0o644),
+        L.cgroup_conf: (cfg.render_cgroup_conf(slurm), 0o644),
         L.task_prolog: (cfg.render_task_prolog(), 0o755),
         L.slurmdbd_conf: (cfg.render_slurmdbd_conf(L, password), 0o600),
     }

@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.conf import BIN_FILE
 from cluster.errors import LocalClusterError
 from cluster.local import config as cfg
+from cluster.local import sshd
 from cluster.local.daemons import (
     MARKER_ENV,
     DaemonStatus,
@@ -32,6 +34,7 @@ from cluster.local.daemons import (
     pid_alive,
     pid_runs,
     read_pid,
+    read_text,
     run_checked,
     run_ok,
     spawn_detached,
@@ -41,11 +44,16 @@ from cluster.local.daemons import (
 from cluster.local.files import is_stale, stamp, write_config
 from cluster.local.paths import port_offset as default_port_offset
 from cluster.local.paths import state_dir as default_state_dir
+from cluster.local.release import HOST_RELEASE, Release, Root, release
 
+#: What the host needs for any release (munge and MariaDB stay the host's) ...
 REQUIRED = {
     "munged": "munge",
     "mariadbd": "mariadb-server",
     "mariadb-install-db": "mariadb-server",
+}
+#: ... and for its own release (the others run their root's).
+REQUIRED_HOST_SLURM = {
     "slurmdbd": "slurmdbd",
     "slurmctld": "slurm-wlm",
     "slurmd": "slurm-wlm",
@@ -73,12 +81,22 @@ class LocalCluster:
         root: Path | None = None,
         hostname: str | None = None,
         port_offset: int | None = None,
+        slurm: str | None = None,
     ) -> None:
         """``root`` and ``port_offset`` default to what the environment says
-        (SLURM_TRAIN_CLUSTER_DIR, SLURM_TRAIN_CLUSTER_PORT_OFFSET), else the default cluster."""
+        (SLURM_TRAIN_CLUSTER_DIR, SLURM_TRAIN_CLUSTER_PORT_OFFSET), else the default cluster.
+        ``slurm``: the release (:data:`cluster.local.release.RELEASES`); by default the one the
+        state directory records, else the host's."""
         offset = default_port_offset() if port_offset is None else port_offset
         self.layout = cfg.Layout((root or default_state_dir()).resolve(), offset)
         self.hostname = hostname or socket.gethostname().split(".", 1)[0]
+        recorded = self.recorded_release()
+        self.release: Release = release(slurm or recorded or HOST_RELEASE)
+        self.slurm = Root(self.release)
+
+    def recorded_release(self) -> str | None:
+        """The release the state directory's cluster was last brought up with (None: none)."""
+        return read_text(self.layout.release_file) or None
 
     # -- paths and environment ---------------------------------------------------------------
     @property
@@ -92,6 +110,19 @@ class LocalCluster:
         env[MARKER_ENV] = str(self.layout.root)
         return env
 
+    def client_environ(self) -> dict[str, str]:
+        """What a shell (or a :class:`cluster.client.SlurmClient`) needs to reach this cluster:
+        ``SLURM_CONF``, and the release's wrappers first on ``PATH``."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.conf)
+        if self.slurm.bin_dir is not None:
+            env["PATH"] = f"{self.slurm.bin_dir}:{env.get('PATH', '')}"
+        return env
+
+    def _cmd(self, *argv: str) -> list[str]:
+        """A Slurm program of this cluster's release, as it runs (in its root, if any)."""
+        return self.slurm.command(argv)
+
     def daemons(self) -> list[tuple[str, Path, Path]]:
         """(name, pid file, log file) in start order."""
         L = self.layout
@@ -104,12 +135,22 @@ class LocalCluster:
         out += [
             (f"slurmd-{n}", L.run / f"slurmd-{n}.pid", L.log / f"slurmd-{n}.log") for n in cfg.NODES
         ]
+        if self.login_server() is not None:  # the login node of --remote (cluster/local/sshd.py)
+            out.append(("sshd", L.pid_file("sshd"), L.log_file("sshd")))
         return out
+
+    def login_server(self) -> sshd.LoginServer | None:
+        """The cluster's sshd, None where openssh-server or the login user is missing."""
+        if not sshd.installed() or sshd.login_user() is None:
+            return None
+        L = self.layout
+        return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log)
 
     # -- checks ------------------------------------------------------------------------------
     def check_installed(self) -> None:
         path = f"{os.environ.get('PATH', '')}:{SBIN}"
-        missing = sorted({pkg for exe, pkg in REQUIRED.items() if not shutil.which(exe, path=path)})
+        required = dict(REQUIRED, **(REQUIRED_HOST_SLURM if self.release.on_host else {}))
+        missing = sorted({pkg for exe, pkg in required.items() if not shutil.which(exe, path=path)})
         if missing:
             raise LocalClusterError(
                 "Slurm packages missing: apt-get install -y "
@@ -150,8 +191,12 @@ class LocalCluster:
 
     def _up(self, timeout: float) -> UpResult:
         self.check_installed()
-        changed = write_config(self.layout, self.hostname)
+        self._check_release()
+        changed = write_config(self.layout, self.hostname, self.release.name)
+        self.layout.release_file.write_text(f"{self.release.name}\n")
+        self._write_bin_file()
         self._ensure_hosts()
+        self.slurm.prepare()
         started: list[str] = []
         running: list[str] = []
         restarted: list[str] = []
@@ -161,6 +206,10 @@ class LocalCluster:
             ("slurmdbd", self._start_slurmdbd),
             ("slurmctld", self._start_slurmctld),
         ] + [(f"slurmd-{n}", lambda n=n: self._start_slurmd(n)) for n in cfg.NODES]
+        login = self.login_server()
+        if login is not None:
+            login.write(sshd.login_user() or sshd.DEFAULT_USER)
+            steps.append(("sshd", login.start))
         status = {d.name: d for d in self.status()}
         for name, start in steps:
             if status[name].alive and is_stale(self.layout, name, changed):
@@ -179,6 +228,28 @@ class LocalCluster:
                 self._register_cluster()
         self._wait_nodes(timeout)
         return UpResult(started, running, bool(changed), restarted)
+
+    def _write_bin_file(self) -> None:
+        """``etc/slurm-bin`` beside slurm.conf names the release's wrappers, so a client given
+        only ``SLURM_CONF`` runs them (:func:`cluster.conf.with_slurm_bin`); none for the host's
+        release."""
+        path = self.layout.etc / BIN_FILE
+        if self.slurm.bin_dir is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(f"{self.slurm.bin_dir}\n")
+
+    def _check_release(self) -> None:
+        """A state directory keeps its release: its accounting database and the controller's
+        state are that release's (an older Slurm cannot read a newer one's). Another release
+        gets a state directory of its own (each release's default is)."""
+        recorded = self.recorded_release()
+        if recorded and recorded != self.release.name:
+            raise LocalClusterError(
+                f"{self.layout.root} holds a cluster of Slurm {recorded}, not "
+                f"{self.release.name}: use another --state-dir, or bring it down "
+                f"(python -m cluster --state-dir {self.layout.root} down) and remove it"
+            )
 
     def _ensure_hosts(self) -> None:
         """Node names must resolve (they become MASTER_ADDR): missing ones get a line."""
@@ -294,22 +365,24 @@ class LocalCluster:
         pid_file.unlink(missing_ok=True)
         env = self.env()
         env["SLURM_CONF"] = str(L.slurm_conf)
-        run_checked(["slurmdbd"], env=env, what="slurmdbd", log=log)
+        run_checked(self._cmd("slurmdbd"), env=env, what="slurmdbd", log=log)
         # Its first start on a new database creates the accounting tables (dozens, each synced
         # to disk) before it answers or logs a line: a minute and more on a busy disk (seen:
         # a test's second cluster starting beside four test workers' busy ones).
         wait_until(
-            lambda: run_ok(["sacctmgr", "-n", "-P", "list", "cluster"], env) is not None,
+            lambda: run_ok(self._cmd("sacctmgr", "-n", "-P", "list", "cluster"), env) is not None,
             timeout=SLURMDBD_READY_S, what="slurmdbd", log=log, pid_file=pid_file,
         )  # fmt: skip
 
     def _register_cluster(self) -> None:
         # Registered before slurmctld starts, so accounting of the first jobs is not lost.
         env = self.env()
-        clusters = run_ok(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"], env)
+        clusters = run_ok(
+            self._cmd("sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"), env
+        )
         if cfg.CLUSTER_NAME not in (clusters or "").split():
             run_checked(
-                ["sacctmgr", "-i", "add", "cluster", cfg.CLUSTER_NAME],
+                self._cmd("sacctmgr", "-i", "add", "cluster", cfg.CLUSTER_NAME),
                 env=env, what="sacctmgr add cluster", log=self.layout.log_file("slurmdbd"),
             )  # fmt: skip
 
@@ -318,9 +391,9 @@ class LocalCluster:
         pid_file, log = L.pid_file("slurmctld"), L.log_file("slurmctld")
         pid_file.unlink(missing_ok=True)
         env = self.env()
-        run_checked(["slurmctld"], env=env, what="slurmctld", log=log)
+        run_checked(self._cmd("slurmctld"), env=env, what="slurmctld", log=log)
         wait_until(
-            lambda: "UP" in (run_ok(["scontrol", "ping"], env) or ""),
+            lambda: "UP" in (run_ok(self._cmd("scontrol", "ping"), env) or ""),
             timeout=60, what="slurmctld", log=log, pid_file=pid_file,
         )  # fmt: skip
 
@@ -328,17 +401,17 @@ class LocalCluster:
         L = self.layout
         pid_file, log = L.run / f"slurmd-{node}.pid", L.log / f"slurmd-{node}.log"
         pid_file.unlink(missing_ok=True)
-        run_checked(["slurmd", "-N", node], env=self.env(), what=f"slurmd {node}", log=log)
+        run_checked(self._cmd("slurmd", "-N", node), env=self.env(), what=f"slurmd {node}", log=log)
         wait_until(
             lambda: pid_alive(read_pid(pid_file)),
             timeout=30, what=f"slurmd {node}", log=log, pid_file=None,
         )  # fmt: skip
 
     def scontrol(self, args: list[str], what: str) -> str:
-        return run_checked(["scontrol", *args], env=self.env(), what=what).stdout
+        return run_checked(self._cmd("scontrol", *args), env=self.env(), what=what).stdout
 
     def node_states(self) -> dict[str, str]:
-        out = run_ok(["sinfo", "-h", "-N", "-o", "%N|%T"], self.env()) or ""
+        out = run_ok(self._cmd("sinfo", "-h", "-N", "-o", "%N|%T"), self.env()) or ""
         states: dict[str, str] = {}
         for line in out.splitlines():
             if "|" in line:
@@ -367,7 +440,7 @@ class LocalCluster:
             if bad and not resumed:
                 # A node left drained/INVAL by an earlier run: Slurm needs an explicit resume.
                 run_ok(
-                    ["scontrol", "update", f"nodename={','.join(bad)}", "state=resume"],
+                    self._cmd("scontrol", "update", f"nodename={','.join(bad)}", "state=resume"),
                     self.env(),
                 )
                 resumed = True
@@ -391,11 +464,11 @@ class LocalCluster:
         stopped: list[str] = []
         status = {d.name: d for d in self.status()}
         if status.get("slurmctld") and status["slurmctld"].alive:
-            run_ok(["scancel", "--full", "--quiet", "--state=RUNNING"], self.env())
-            run_ok(["scancel", "--quiet", "--state=PENDING"], self.env())
-            jobs = (run_ok(["squeue", "-h", "-o", "%i"], self.env()) or "").split()
+            run_ok(self._cmd("scancel", "--full", "--quiet", "--state=RUNNING"), self.env())
+            run_ok(self._cmd("scancel", "--quiet", "--state=PENDING"), self.env())
+            jobs = (run_ok(self._cmd("squeue", "-h", "-o", "%i"), self.env()) or "").split()
             if jobs:
-                run_ok(["scancel", *jobs], self.env())
+                run_ok(self._cmd("scancel", *jobs), self.env())
         for name, pid_file, _ in reversed(self.daemons()):
             pid = read_pid(pid_file)
             if pid is not None and pid_runs(pid, name.split("-", 1)[0]):

@@ -81,3 +81,26 @@ def test_conf_stamp_changes_with_the_file(tmp_path: Path) -> None:
     first = conf.conf_stamp(str(path))
     path.write_text("MaxArraySize=20001\n")
     assert conf.conf_stamp(str(path)) != first
+
+
+def test_release_commands_found_from_the_conf_alone(tmp_path: Path) -> None:
+    """A local cluster of another release writes ``slurm-bin`` beside its slurm.conf: the client
+    given only SLURM_CONF runs that release's commands (the host's would fail to talk to it);
+    $SLURM_TRAIN_SLURM_BIN wins; a folder that is not there (inside a job) changes nothing."""
+    wrappers, other = tmp_path / "bin", tmp_path / "other"
+    wrappers.mkdir()
+    other.mkdir()
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    (tmp_path / conf.BIN_FILE).write_text(f"{wrappers}\n")
+    cfg = str(tmp_path / "slurm.conf")
+    assert conf.with_slurm_bin({"PATH": "/usr/bin"}, cfg)["PATH"] == f"{wrappers}:/usr/bin"
+    env = {"PATH": "/usr/bin", conf.BIN_ENV: str(other)}
+    assert conf.with_slurm_bin(env, cfg)["PATH"] == f"{other}:/usr/bin"
+    env = {"PATH": "/usr/bin", conf.BIN_ENV: str(tmp_path / "gone")}
+    assert conf.with_slurm_bin(env, cfg)["PATH"] == "/usr/bin"
+    assert conf.with_slurm_bin({"PATH": "/usr/bin"}, str(tmp_path / "none" / "slurm.conf")) == {
+        "PATH": "/usr/bin"
+    }
+    from cluster.client import SlurmClient
+
+    assert SlurmClient(cfg, environ={"PATH": "/usr/bin"}).env()["PATH"] == f"{wrappers}:/usr/bin"

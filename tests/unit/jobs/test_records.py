@@ -294,3 +294,25 @@ def test_submit_help_lists_every_template(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["submit", "--help"], io.StringIO())
     assert ", ".join(TEMPLATES) in " ".join(capsys.readouterr().out.split())
+
+
+def test_status_of_a_state_slurm_added_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Slurm release that prints a job state the tool does not know: ``jobs status`` says so
+    in one line naming the field (exit 1), never a traceback, never a guessed state."""
+    from cluster import parse
+    from cluster.models import JobInfo
+
+    class Client:
+        def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
+            return parse.parse_squeue("31|wrap|FROBNICATING|None|n1|debug|0:01|0:0|0|\n")
+
+        job_states = poll_states
+
+    monkeypatch.setattr("jobs.cli._client", Client)
+    _record(tmp_path, "byo", "31")
+    code = main(["status", "31"], io.StringIO())
+    err = capsys.readouterr().err
+    assert "squeue field State: unknown job state 'FROBNICATING'" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and code == 1

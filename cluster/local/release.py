@@ -1,0 +1,279 @@
+"""Which Slurm release a local cluster runs, and the root file system a newer release runs in.
+
+22.05 is the host's own Debian package (Debian 12): its daemons and commands run as they are.
+A newer release comes from Debian's own registry as a whole root file system, built once with
+``mmdebstrap`` (24.11 from Debian 13 "trixie", 26.05 from "sid") and kept under
+:data:`DEFAULT_CACHE` keyed by release (``slurm-24.11/root``). Every Slurm daemon of that
+release is "a program run in its root" (:meth:`Root.command`: ``chroot ROOT PROGRAM ...``);
+a node is a ``slurmd -N NODE`` run in the root, the one place a later per-node namespace wraps.
+
+What the root needs, and why (../shared/SLURM-NOTES.md, "Newer Slurm releases"):
+
+- bind mounts of what jobs and daemons reach: ``/proc``, ``/sys``, ``/dev``, ``/dev/shm``
+  (node-local heartbeats), ``/tmp``, ``/var/tmp`` (the clusters' state directories), ``/root``
+  and ``$HOME``, ``/home``, the checkout and the virtual environment's interpreter prefix
+  (``realpath``: a venv's ``python`` is a link to it). They are made once, in the machine's
+  mount namespace, and kept while the root exists (every cluster of the release shares them).
+  Never delete a root with ``rm -r`` while they are mounted: unmount them first
+  (``umount -R ROOT/proc`` and the rest, the lines of ``/proc/self/mountinfo`` under ROOT);
+- ``libffi8`` (the interpreter's ctypes), the host's ``/etc/hosts`` (node names resolve);
+- its munge: the cluster's own munged (its own key and socket in the state directory) serves
+  the root's commands through the bind-mounted socket; MariaDB stays the host's.
+
+Plain Slurm commands reach a release through wrappers (:meth:`Root.write_wrappers`), one per
+command in ``slurm-RELEASE/bin``: ``chroot ROOT`` then the release's own binary, with the caller's
+working directory and arguments exactly (an argument list, nothing re-parsed). That directory is
+not visible inside the root, so a ``PATH`` that names it still finds the release's own binaries
+there (a job's ``scontrol requeue`` runs in the root already).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.errors import LocalClusterError
+
+#: The release of the host's own packages (Debian 12), the default.
+HOST_RELEASE = "22.05"
+#: Where roots are built and kept (one folder per release); the environment may move it.
+CACHE_ENV = "SLURM_TRAIN_SLURM_ROOTS"
+DEFAULT_CACHE = Path("/var/cache/slurm-train")
+#: The commands a wrapper is written for (what people and this project run).
+COMMANDS = ("sbatch", "srun", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr")
+#: Packages of a root (slurm-client holds the commands, slurmdbd the accounting daemon).
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "libffi8")
+#: Seconds a root's build may take (about 12 s seen; a slow mirror more).
+BUILD_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Slurm release a local cluster can run."""
+
+    name: str
+    #: Debian suite its root is built from; None: the host's own packages, no root.
+    suite: str | None
+    #: Port offset of its default cluster (beside the default 22.05 one, the life-cycle
+    #: test's 100 and the test workers' 200, 300, ...: three ports each, no overlap).
+    port_offset: int
+    apt_options: tuple[str, ...] = ()
+
+    @property
+    def on_host(self) -> bool:
+        return self.suite is None
+
+    def default_state_dir(self, base: Path) -> Path:
+        """``base`` for the host's release, ``base-RELEASE`` for another."""
+        return base if self.on_host else base.with_name(f"{base.name}-{self.name}")
+
+
+RELEASES: dict[str, Release] = {
+    r.name: r
+    for r in (
+        Release(HOST_RELEASE, None, 0),
+        Release("24.11", "trixie", 130),
+        # sid's Release file on the mirror may be past its Valid-Until date.
+        Release("26.05", "sid", 160, ('Acquire::Check-Valid-Until "false"',)),
+    )
+}
+
+
+def release(name: str) -> Release:
+    """The release called ``name``; a bad name is one line naming the choices."""
+    try:
+        return RELEASES[name.strip()]
+    except KeyError:
+        raise LocalClusterError(
+            f"Slurm release {name!r}: choose one of {', '.join(RELEASES)}"
+        ) from None
+
+
+def cache_dir(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    return Path(env.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def checkout() -> Path:
+    """The checkout this code runs from (jobs run its modules and its venv's interpreter)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def bind_sources() -> list[Path]:
+    """What the root shows of this machine, in mount order (``/dev`` before ``/dev/shm``)."""
+    wanted = [Path(p) for p in ("/proc", "/sys", "/dev", "/dev/shm", "/dev/pts", "/tmp",
+                                "/var/tmp", "/root", "/home")]  # fmt: skip
+    home = os.environ.get("HOME")
+    extra = [checkout(), Path(os.path.realpath(sys.base_prefix))]
+    if home:
+        extra.append(Path(home))
+    out = [p for p in wanted if p.is_dir()]
+    for path in extra:
+        path = path.resolve()
+        if len(path.parts) < 2 or path.parts[1] in _SYSTEM_TOPS:
+            # never over the root's own system (Debian's /usr/bin/python3 has the prefix /usr:
+            # a venv of it cannot run in another release's root; one of pyenv or uv can)
+            continue
+        if path.is_dir() and not any(path == p or p in path.parents for p in out):
+            out.append(path)
+    return out
+
+
+#: Top folders of a root that are its own system: never bind-mounted over.
+_SYSTEM_TOPS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "var",
+                          "boot", "run"})  # fmt: skip
+
+
+def _unescape(field: str) -> str:
+    # /proc/self/mountinfo escapes space, tab, newline and backslash as \ooo
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_points(mountinfo: str) -> set[str]:
+    """The mount points of ``/proc/self/mountinfo``'s text (its fifth field)."""
+    points = set()
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            points.add(_unescape(fields[4]))
+    return points
+
+
+def render_wrapper(root: Path, command: str, release_name: str) -> str:
+    """A wrapper that runs ``command`` of the release in ``root``: the caller's cwd (``/``
+    when the root does not show it) and arguments passed on as they are."""
+    inner = 'cd "$1" 2>/dev/null || cd /; shift; exec "$@"'
+    return (
+        "#!/bin/sh\n"
+        f"# Generated by `python -m cluster up --slurm {release_name}`: Slurm {release_name}'s"
+        f" {command}, run in its root file system.\n"
+        f"exec /usr/sbin/chroot {shlex.quote(str(root))} /bin/sh -c {shlex.quote(inner)} sh "
+        f'"$PWD" /usr/bin/{command} "$@"\n'
+    )
+
+
+class Root:
+    """Runs a release's programs: in its root file system, or as they are for the host's."""
+
+    def __init__(self, rel: Release, cache: Path | None = None) -> None:
+        self.release = rel
+        self.dir = (cache or cache_dir()) / f"slurm-{rel.name}"
+
+    @property
+    def path(self) -> Path | None:
+        """The root file system (None for the host's release)."""
+        return None if self.release.on_host else self.dir / "root"
+
+    @property
+    def bin_dir(self) -> Path | None:
+        """The wrappers' folder (None for the host's release: its commands are on PATH)."""
+        return None if self.release.on_host else self.dir / "bin"
+
+    def command(self, argv: Iterable[str]) -> list[str]:
+        """``argv`` as it runs for this release (``chroot ROOT argv...``, an argument list)."""
+        argv = list(argv)
+        return argv if self.path is None else ["chroot", str(self.path), *argv]
+
+    # -- making it ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One build or mount at a time per release (test workers start clusters at once)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def prepare(self, hosts: Path = Path("/etc/hosts")) -> None:
+        """Build the root once, mount what it must show, copy /etc/hosts in, write the
+        wrappers. Idempotent; nothing for the host's release."""
+        if self.path is None:
+            return
+        with self._locked():
+            if not (self.path / "usr" / "sbin" / "slurmctld").exists():
+                self._build()
+            self._bind()
+            text = hosts.read_text()
+            target = self.path / "etc" / "hosts"
+            if not target.exists() or target.read_text() != text:
+                target.write_text(text)
+            self.write_wrappers()
+
+    def _build(self) -> None:
+        assert self.path is not None and self.release.suite is not None
+        if shutil.which("mmdebstrap") is None:
+            raise LocalClusterError(
+                f"Slurm {self.release.name} needs mmdebstrap to build its root file system: "
+                f"apt-get install -y mmdebstrap (or `make setup SLURM={self.release.name}`)"
+            )
+        # Built beside its place and renamed when complete: a root is there whole or not at all.
+        tmp = self.dir / f"root.building-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)  # a build of ours that died; nothing is mounted in it
+        cmd = ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
+        cmd += [f"--aptopt={opt}" for opt in self.release.apt_options]
+        cmd += [self.release.suite, str(tmp)]
+        log = self.dir / "build.log"
+        with open(log, "wb") as out:
+            try:
+                proc = subprocess.run(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S,
+                    check=False,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                proc = None
+        if proc is None or proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise LocalClusterError(
+                f"building the root of Slurm {self.release.name} ({self.release.suite}) failed;"
+                f" see {log}"
+            )
+        tmp.rename(self.path)
+
+    def _bind(self) -> None:
+        assert self.path is not None
+        mounted = mount_points(Path("/proc/self/mountinfo").read_text())
+        for source in bind_sources():
+            target = self.path / source.relative_to("/")
+            if str(target) in mounted:
+                continue
+            target.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.run(
+                ["mount", "--bind", str(source), str(target)],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                raise LocalClusterError(
+                    f"mount --bind {source} {target} exited {proc.returncode}: "
+                    f"{proc.stderr.strip()}"
+                )
+
+    def write_wrappers(self) -> None:
+        assert self.path is not None and self.bin_dir is not None
+        self.bin_dir.mkdir(parents=True, exist_ok=True)
+        for command in COMMANDS:
+            path = self.bin_dir / command
+            text = render_wrapper(self.path, command, self.release.name)
+            if not path.exists() or path.read_text() != text:
+                tmp = path.with_name(f".{command}.tmp")
+                tmp.write_text(text)
+                tmp.chmod(0o755)
+                tmp.replace(path)
