@@ -204,7 +204,7 @@ class Bench:
         marks = {m["preempt"]: m for m in self.marks.get(job_id, [])}
         if first is not None and last is not None:
             row.note = f"Slurm: Submit -> End {last - first:.0f} s"
-        for t in preempts:
+        for i, t in enumerate(preempts):
             later = [float(r["time"]) for r in steps if float(r["time"]) > t]
             # the first step of the next attempt (steps of the stopping attempt come first)
             after = [
@@ -214,7 +214,12 @@ class Bench:
             ]
             if after:
                 row.restart_s.append(after[0] - t)
-                m = marks.get(t, {})
+                m = dict(marks.get(t, {}))
+                # back: Slurm's own start of the next attempt (sacct -D, whole seconds), not
+                # the bench's poll, which a loaded machine delays past the first step
+                nxt = attempts[i + 1].start if len(attempts) > i + 1 else None
+                if nxt is not None and "left" in m:
+                    m["back"] = max(m["left"], nxt)
                 if "left" in m and "back" in m:
                     row.split.append((m["left"] - t, m["back"] - m["left"], after[0] - m["back"]))
             elif later:
