@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster.errors import BadInputError
 from jobs import records
@@ -33,6 +35,10 @@ from jobs.errors import JobsError, RunNotFoundError
 from jobs.load import load_spec
 from jobs.records import Plan, RunRecord
 from jobs.submit import new_record, write_run_files
+from train import runfiles
+
+if TYPE_CHECKING:
+    from jobs.load import LoadedSpec
 
 __all__ = ["main", "register", "template_run_dir"]
 
@@ -49,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=0, help="SLURM_NTASKS")
     p.add_argument("--partition", default="", help="SLURM_JOB_PARTITION")
     p.add_argument("--cluster", default="", help="SLURM_CLUSTER_NAME")
+    p.add_argument(
+        "--name", default="", help="SLURM_JOB_NAME: the run's name when the spec has none"
+    )
     return p
 
 
@@ -64,23 +73,43 @@ def _indexed(run_id: str) -> bool:
     return any(e.get("run_id") == run_id for e in records.read_index(report=False))
 
 
+def _spec_run_dir(config: str, overrides: Sequence[str]) -> str | None:
+    """train.run_dir as train reads it (None when train cannot read the spec either)."""
+    from train.errors import ConfigError
+    from train.spec import load_run_config
+
+    try:
+        run = load_run_config(config, overrides)
+    except (ConfigError, OSError):
+        return None
+    return run.train.run_dir
+
+
 def register(args: argparse.Namespace) -> Path:
     """Record the run (once per job id) and return its directory."""
     if not args.job_id.strip():
-        raise BadInputError("jobs.register: --job-id is empty (run the template with sbatch)")
-    loaded = load_spec(args.config, args.overrides)
-    if loaded.is_array:
+        raise BadInputError("--job-id is empty (run the template with sbatch)")
+    try:
+        loaded: LoadedSpec | None = load_spec(args.config, args.overrides)
+    except BadInputError as exc:
+        # A spec python -m train takes may not be a whole job spec (the template's #SBATCH
+        # lines are its resources): recorded with what the job says, not refused
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(
+            f"jobs.register: not a whole job spec ({first}): recorded without it", file=sys.stderr
+        )
+        loaded = None
+    if loaded is not None and loaded.is_array:
         raise BadInputError(
             f"{args.config}: has a sweep: section; this template runs one configuration "
             "(use sbatch_templates/array.sbatch, or python -m jobs submit)"
         )
-    spec = loaded.spec
-    run_id = f"{spec.name}-job{args.job_id}"
-    spec_dir = spec.train.run_dir if spec.train is not None else None
+    name = loaded.spec.name if loaded is not None else (args.name or "sbatch")
+    run_id = f"{name}-job{args.job_id}"
     run_dir = (
         Path(args.run_dir).absolute()
         if args.run_dir
-        else template_run_dir(spec.name, args.job_id, spec_dir)
+        else template_run_dir(name, args.job_id, _spec_run_dir(args.config, args.overrides))
     )
     try:
         record: RunRecord | None = records.load_record(run_dir)
@@ -92,10 +121,17 @@ def register(args: argparse.Namespace) -> Path:
             from cluster import slurm_client
 
             claim(plan, slurm_client)
-        files = write_run_files(loaded, plan)
-        record = new_record(loaded, plan, "slurm", files)
+        if loaded is not None:
+            record = new_record(loaded, plan, "slurm", write_run_files(loaded, plan))
+        else:
+            runfiles.make_dirs(run_dir, runfiles.SLURM_DIR)
+            record = RunRecord(
+                run_id, name, str(run_dir), "slurm", submitted_at=time.time(),
+                spec_path=str(Path(args.config).absolute()), overrides=list(args.overrides),
+                tasks=[records.TaskRecord(0, str(run_dir))],
+            )  # fmt: skip
         record.job_id = args.job_id
-        record.world_size = args.world_size or spec.world_size
+        record.world_size = args.world_size or record.world_size
         record.partition = args.partition or record.partition
         record.cluster = args.cluster
         records.save_record(record)
@@ -109,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, _ = _parser().parse_known_args(argv)
     try:
         run_dir = register(args)
-    except BadInputError as exc:  # a bad spec, a run dir that is another run's: one line
+    except BadInputError as exc:  # a run dir that is another run's, a state folder not ours
         print(f"jobs.register: {exc}", file=sys.stderr)
         return 2
     except (JobsError, OSError) as exc:
