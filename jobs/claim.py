@@ -236,25 +236,11 @@ def _named_jobs(run_dir: Path) -> dict[str, str]:
     return {j: r for j, r in found.items() if j.split("_", 1)[0].isdigit()}
 
 
-def _ancestors() -> set[int]:
-    """This process and those that started it: they name the run dir because they ask for this
-    claim (a batch script that runs ``jobs.register`` with train's ``--run-dir``)."""
-    found, pid = set(), os.getpid()
-    while pid > 1 and pid not in found:
-        found.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            pid = int(stat.rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return found | {os.getppid()}
-
-
 def _process_in(run_dir: Path) -> int | None:
     """A process on this host (not this one) with ``run_dir`` or a path under it as one of
     its arguments: a local supervisor or rank, a task of a job on this node."""
     want = os.path.abspath(run_dir)
-    mine = _ancestors()
+    mine = {os.getpid(), os.getppid()}
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:

@@ -742,3 +742,12 @@ def test_templates_module_does_not_import_torch() -> None:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_run_dir_among_trains_options_is_not_refused_as_anothers(h: Harness) -> None:
+    """Issue 45: `sbatch ddp.sbatch spec.yaml --run-dir DIR`: the batch script names DIR on its
+    command line; the claim of its own registration must not take it for another run's."""
+    run_dir = h.tmp / "mine"
+    proc = h.run("ddp", "spec.yaml", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == "t-job123"
