@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--timeout", type=float, default=120.0)
     sub.add_parser("down", parents=[after], help="stop every process the cluster started")
     sub.add_parser("status", parents=[after], help="daemons, nodes and partitions")
+    sub.add_parser(
+        "env",
+        parents=[after],
+        help="print the export lines that point plain Slurm commands (sbatch, squeue) at the "
+        'cluster: eval "$(python -m cluster env)"',
+    )
     return p
 
 
@@ -143,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             if left:
                 print(f"error: processes still running: {left}", file=sys.stderr)
                 return 1
+            return 0
+        if args.command == "env":  # the lines `up` ends with; nothing is started or asked
+            for line in _exports(lc):
+                print(line)
             return 0
         ok = _print_status(lc)
         return 0 if ok else 1
