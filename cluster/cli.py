@@ -85,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     shell.add_argument(
         "--user", default="trainee", help="who runs it (default: trainee; root: as we are)"
     )
-    shell.add_argument("argv", nargs="*", metavar="CMD", help="after --: the command and its arguments")
+    shell.add_argument(
+        "argv", nargs="*", metavar="CMD", help="after --: the command and its arguments"
+    )
     return p
 
 

@@ -1,4 +1,5 @@
-"""Where the local cluster's nodes live: all on this machine (``shared``), or each a host of its own (``net``).
+"""Where the local cluster's nodes live: all on this machine (``shared``), or each a host of
+its own (``net``).
 
 ``shared`` (the default) is the layout the cluster always had: every ``slurmd`` runs in the
 machine's own namespaces, the node names resolve to 127.0.0.1 and the nodes share ``/dev/shm``,
@@ -131,7 +132,7 @@ class Network:
     def teardown_commands(self) -> list[list[str]]:
         """Removing the namespaces removes their veth pairs; then the bridge."""
         out = [["ip", "netns", "del", self.netns(h)] for h in self.hosts]
-        return out + [["ip", "link", "del", self.bridge]]
+        return [*out, ["ip", "link", "del", self.bridge]]
 
     def host_command(self, host: str, argv: Sequence[str]) -> list[str]:
         """``argv`` run as the first process of ``host``: in its network namespace (joined by
@@ -175,7 +176,33 @@ def shared_from_json(text: str | None) -> tuple[str, ...]:
 def is_shareable(path: str) -> bool:
     """A path under ``/tmp`` (elsewhere is shared already), absolute, without ``..``."""
     p = Path(path)
-    return p.is_absolute() and p.parts[:2] == ("/", "tmp") and len(p.parts) > 2 and ".." not in p.parts
+    under_tmp = p.parts[:2] == ("/", "tmp") and len(p.parts) > 2
+    return p.is_absolute() and under_tmp and ".." not in p.parts
+
+
+def netns_problem() -> str | None:
+    """Why network namespaces cannot be made here (None: they can). Tries one: a probe
+    namespace made and removed at once (containers without CAP_SYS_ADMIN refuse it)."""
+    import os
+    import shutil
+    import subprocess
+
+    missing = [t for t in ("ip", "nsenter", "unshare") if shutil.which(t) is None]
+    if missing:
+        return f"--hosts net needs {', '.join(missing)} (apt-get install -y iproute2 util-linux)"
+    if os.geteuid() != 0:
+        return "--hosts net needs root (network namespaces, a bridge)"
+    probe = f"slurmtrain-probe-{os.getpid()}"
+    try:
+        made = subprocess.run(
+            ["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"network namespaces cannot be made here: ip netns add: {exc}"
+    if made.returncode != 0:
+        return f"network namespaces cannot be made here: ip netns add: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30, check=False)
+    return None
 
 
 def enter_command(pid: int, cwd: str, argv: Sequence[str], user: str | None) -> list[str]:
