@@ -170,6 +170,8 @@ def shared_from_json(text: str | None) -> tuple[str, ...]:
         shared = data.get("shared", []) if isinstance(data, dict) else []
     except ValueError:
         return ()
+    if not isinstance(shared, list):
+        return ()
     return tuple(p for p in shared if isinstance(p, str) and is_shareable(p))
 
 

@@ -118,6 +118,11 @@ class LocalCluster:
                 )
             shared_paths = tuple(shared)
         self.net: Network | None = None
+        if self.hosts_layout == "net" and not self.release.on_host:
+            raise LocalClusterError(
+                f"--hosts net runs Slurm {HOST_RELEASE} only (the host's release), not "
+                f"{self.release.name}: use --hosts shared for it"
+            )
         if self.hosts_layout == "net":
             self.net = Network(self.layout.port_offset, cfg.NODES, self.layout.hosts_dir,
                                shared_paths)  # fmt: skip
@@ -288,7 +293,7 @@ class LocalCluster:
 
     def _check_hosts_layout(self) -> None:
         """A running cluster keeps its hosts layout (its nodes' addresses are in the
-        controller's state); ``net`` runs the host's release only."""
+        controller's state)."""
         recorded = self.recorded_hosts_layout()
         running = any(d.alive for d in self.status())
         if running and recorded and recorded != self.hosts_layout:
@@ -296,11 +301,6 @@ class LocalCluster:
                 f"{self.layout.root} runs a cluster with --hosts {recorded}: bring it down "
                 f"(python -m cluster --state-dir {self.layout.root} down) before --hosts "
                 f"{self.hosts_layout}"
-            )
-        if self.net is not None and not self.release.on_host:
-            raise LocalClusterError(
-                f"--hosts net runs Slurm {HOST_RELEASE} only (the host's release), not "
-                f"{self.release.name}: use --hosts shared for it"
             )
 
     def _ensure_network(self) -> None:
