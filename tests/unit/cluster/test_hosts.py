@@ -45,10 +45,10 @@ def test_clusters_side_by_side_get_subnets_and_interfaces_of_their_own() -> None
     assert len(set(names)) == len(names) and max(map(len, names)) <= 15  # IFNAMSIZ
     for n in nets:
         addrs = [n.controller_addr, *(n.addr(h) for h in n.hosts)]
-        subnet = ipaddress.ip_network(f"{n.controller_addr}/24", strict=False)
+        subnet = ipaddress.IPv4Network(f"{n.controller_addr}/24", strict=False)
         assert len(set(addrs)) == len(addrs)
         assert all(ipaddress.ip_address(a) in subnet for a in addrs)
-        assert subnet.subnet_of(ipaddress.ip_network("10.77.0.0/16"))
+        assert subnet.subnet_of(ipaddress.IPv4Network("10.77.0.0/16"))
 
 
 def test_every_host_resolves_every_host_and_the_controller() -> None:
