@@ -109,12 +109,12 @@ def test_two_ranks_on_two_nodes_are_two_hosts(hosts_cluster: LocalCluster, tmp_p
     logs = "".join(p.read_text() for p in tmp_path.glob("job-*.out"))
     assert res.returncode == 0, res.stdout + res.stderr + logs
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    net = hosts_cluster.net
-    assert net is not None
     assert [r["host"] for r in ranks] == ["n1", "n2"]
-    assert [r["addr"] for r in ranks] == [net.addr("n1"), net.addr("n2")]
     job = res.stdout.split("job", 1)[1].split()[0]  # "Submitted batch job N"
     assert [r["shm"] for r in ranks] == [[f"hosts-test-{job}-{r}"] for r in (0, 1)]
+    net = hosts_cluster.net
+    assert net is not None
+    assert [r["addr"] for r in ranks] == [net.addr("n1"), net.addr("n2")]
     assert ranks[1]["first_addr"] == net.addr("n1")
     assert ranks[1]["heard"] == "n1"
 
