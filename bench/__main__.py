@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "watchdog": ("bench.bench_watchdog", "Hang watchdog (issue 15)"),
     "inplace": ("bench.bench_inplace", "Restart in place (local Slurm cluster)"),
     "goodput": ("bench.bench_goodput", "Goodput under preemption (local Slurm cluster)"),
+    "remote": ("bench.bench_remote", "From your laptop (local Slurm cluster over SSH)"),
 }
 DEFAULT_CONF = "/var/tmp/slurm-train-cluster/etc/slurm.conf"
 

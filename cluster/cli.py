@@ -146,6 +146,9 @@ def _exports(lc: LocalCluster) -> list[str]:
     lines = [f"export SLURM_CONF={shlex.quote(str(lc.conf))}"]
     if lc.slurm.bin_dir is not None:
         lines.append(f'export PATH={shlex.quote(str(lc.slurm.bin_dir))}:"$PATH"')
+    login = lc.login_server()
+    if login is not None:  # the login node of --remote (README: From your laptop)
+        lines.append(f"export SLURM_TRAIN_SSH_CONFIG={shlex.quote(str(login.client_config))}")
     return lines
 
 

@@ -2,11 +2,12 @@
 factory that builds it (:func:`slurm_client`).
 
 Nothing outside this package builds a client by hand (tests/unit/test_layering.py): every caller
-asks :func:`slurm_client`, so the transport is chosen in one place. Today there is one, the
+asks :func:`slurm_client`, so the transport is chosen in one place. Two transports: the
 Slurm commands of this machine (:class:`cluster.client.SlurmClient`: argument lists, timeouts,
-parsing in :mod:`cluster.parse`); a later transport (Slurm's commands over SSH on a login node)
-plugs in here, behind the same protocol. Importing this module is cheap (no subprocess, no
-parser): the client's module is imported when one is built.
+parsing in :mod:`cluster.parse`), and the same commands over SSH on a login node
+(:class:`cluster.ssh.SshSlurmClient`, ``remote=HOST``), behind the same protocol. Importing
+this module is cheap (no subprocess, no parser): the client's module is imported when one is
+built.
 """
 
 from __future__ import annotations
@@ -92,14 +93,29 @@ def slurm_client(
     conf: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
     shielded: bool = False,
+    remote: str | None = None,
 ) -> Slurm:
     """The client of the cluster ``environ`` (default ``os.environ``) points at.
 
     ``conf``: the slurm.conf (default: :func:`cluster.conf.find_slurm_conf` of ``environ``);
     ``timeout``: seconds per command (default :data:`cluster.client.DEFAULT_TIMEOUT_S`);
     ``shielded``: the commands ignore the signals Slurm sends a
-    job's processes (a stop's own ``scontrol requeue`` runs while Slurm ends its step)."""
-    from cluster.client import DEFAULT_TIMEOUT_S, SlurmClient  # the transport: local commands
+    job's processes (a stop's own ``scontrol requeue`` runs while Slurm ends its step);
+    ``remote``: an alias of the user's OpenSSH configuration: the commands run on that host
+    through ssh (:mod:`cluster.ssh`; ``conf`` is then the remote slurm.conf, None: the remote
+    host's own)."""
+    from cluster.client import DEFAULT_TIMEOUT_S
+
+    if remote is not None:
+        from cluster.ssh import SshSlurmClient, resolve  # the transport: ssh to a login node
+
+        return SshSlurmClient(
+            resolve(remote, environ),
+            conf=conf,
+            timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
+            environ=environ,
+        )
+    from cluster.client import SlurmClient  # the transport: local commands
 
     return SlurmClient(
         conf=conf,

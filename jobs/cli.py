@@ -1,4 +1,5 @@
-"""``python -m jobs``: submit, status, logs, cancel, list, drill.
+"""``python -m jobs``: submit, status, logs, cancel, list, drill, plot; login (``--remote HOST``:
+the same commands for a cluster reached over SSH, :mod:`jobs.remote`).
 
 Exit codes: 0 ok, 2 bad input or usage, 1 anything else. Errors are one line on stderr (a spec
 with several problems: one line each); ``--debug`` adds the traceback. Nothing here imports
@@ -42,15 +43,16 @@ class _Parser(argparse.ArgumentParser):
 #: sbatch_templates/*.sbatch (jobs.templates.TEMPLATE_NAMES; a test keeps the two the same:
 #: the parser does not import the renderer)
 TEMPLATES = ("ddp", "dataparallel", "requeue", "array")
+DEFAULT_PYTHON = "python3"  # jobs.remote.DEFAULT_PYTHON (the parser does not import it)
 
 
 def _examples(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m jobs",
+        prog=prog,
         description="Submit and watch training jobs on Slurm.",
         epilog=_examples(
             "python -m jobs submit examples/cifar.yaml --follow",
@@ -131,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument("run", nargs="?", help="run id, job id, name or run directory")
     st.add_argument("--json", action="store_true")
+    st.add_argument(
+        "--no-goodput",
+        action="store_true",
+        help="a named run: leave out its goodput (one sacct less; what a --follow poll from "
+        "another machine asks)",
+    )
 
     lg = sub.add_parser(
         "logs",
@@ -188,7 +196,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("run", help="run id, job id, name or run directory")
     pl.add_argument("-o", "--output", type=Path, help="PNG file (default: RUN_DIR/plot.png)")
+    li = sub.add_parser(
+        "login",
+        help="connect to a login node once (password, 2FA); later --remote commands share it",
+        epilog=_examples(
+            "python -m jobs login mycluster      # an alias of ~/.ssh/config",
+            "python -m jobs submit my.yaml --remote mycluster --follow",
+        ),
+    )
+    li.add_argument("host", help="an alias of your OpenSSH configuration ($SLURM_TRAIN_SSH_CONFIG)")
     for sp in (s, st, lg, c, ls, dr, pl):
+        sp.add_argument(
+            "--remote",
+            metavar="HOST",
+            help="the cluster behind this ssh alias (README: From your laptop)",
+        )
+        sp.add_argument(
+            "--remote-python",
+            metavar="PATH",
+            help=f"--remote: the Python that has slurm-train there (default {DEFAULT_PYTHON})",
+        )
+    s.add_argument(
+        "--remote-dir",
+        metavar="DIR",
+        help="--remote: the folder there where the code already is (nothing is sent); "
+        "default: the git-tracked files go to ~/slurm-train/code/NAME",
+    )
+    for sp in (s, st, lg, c, ls, dr, pl, li):
         sp.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )
@@ -210,6 +244,8 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
             "submit: --template renders a plain sbatch script; use it with --dry-run "
             "and submit the script with sbatch"
         )
+    if args.remote is not None:
+        return _submit_remote(args, out)
     from jobs.load import load_spec
     from jobs.records import runs_root
     from jobs.submit import make_plan
@@ -249,6 +285,45 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
+def _submit_remote(args: argparse.Namespace, out: IO[str]) -> int:
+    if args.dry_run or args.template or args.executor == "local":
+        raise UsageError(
+            "submit: --remote submits to the cluster there (no --dry-run, "
+            "--template or --executor local: run those here)"
+        )
+    from jobs import remote
+
+    opts = remote.SubmitOptions(
+        args.remote,
+        args.spec,
+        args.overrides,
+        args.remote_dir,
+        args.remote_python,
+        args.no_preflight,
+        args.continue_files,
+        args.runs_dir,
+    )
+    code, run = remote.submit(opts, out)
+    if code != 0 or run is None or not args.follow:
+        return code
+    return remote.follow(run, out, rank=0)  # the states and rank 0's log
+
+
+def _remote(args: argparse.Namespace, out: IO[str]) -> int | None:
+    """A remote run's command (``--remote``, or a run recorded as remote here); None: local."""
+    if getattr(args, "remote", None) is None and getattr(args, "run", None) is None:
+        return None
+    from jobs.remote import dispatch
+
+    return dispatch(args, out)
+
+
+def cmd_login(args: argparse.Namespace, out: IO[str]) -> int:
+    from jobs.remote import login
+
+    return login(args.host, out)
+
+
 def _refuse_earlier_files(loaded: LoadedSpec, runs: Path) -> None:
     """A command runs in this folder: refuse when an earlier run's checkpoint is here."""
     if loaded.spec.entrypoint is None or loaded.spec.entrypoint.command is None:
@@ -282,6 +357,8 @@ def _print_submitted(record: RunRecord, as_json: bool, out: IO[str]) -> None:
 
 # -- status / list ------------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
+    if (code := _remote(args, out)) is not None:
+        return code
     from jobs.goodputview import run_ledger, write_goodput
     from jobs.monitor import states_many
     from jobs.records import find_run, iter_records
@@ -297,7 +374,8 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     states = states_many(runs, _client)  # one sacct call for all of them
     # a named run: its goodput too (one more sacct, -D: Slurm's times of every attempt; not
     # for a run that never started: its time so far is all queued)
-    ledger = run_ledger(runs[0], _client, states=states) if args.run else None
+    want = args.run and not args.no_goodput
+    ledger = run_ledger(runs[0], _client, states=states) if want else None
     if args.json:
         data = status_json(runs, states)
         if ledger is not None:
@@ -314,8 +392,14 @@ def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:
     from jobs.errors import RunNotFoundError
     from jobs.records import load_record, read_index
 
-    entries = list(reversed(read_index()))[: max(0, args.n)]
-    states: dict[str, str] = {}
+    if args.remote is not None:  # that machine's own list
+        from jobs.remote import host_remote, passthrough
+
+        argv = ["list", "-n", str(args.n), *(["--json"] if args.json else [])]
+        return passthrough(host_remote(args.remote, args.remote_python), argv, out)
+    entries = list(reversed(read_index()))
+    entries = _with_remote(entries, args.no_state)[: max(0, args.n)]
+    states: dict[str, str] = {e["run_dir"]: e["state"] for e in entries if "state" in e}
     if not args.no_state and entries:
         records = []
         for e in entries:
@@ -325,7 +409,7 @@ def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:
                 if Path(e["run_dir"]).exists():  # damaged, not deleted: say so (one line)
                     print(f"jobs: warning: {exc}", file=sys.stderr)
                 continue
-        states = _run_states(records)
+        states.update(_run_states(records))
     if args.json:
         for e in entries:
             if e["run_dir"] in states:
@@ -350,6 +434,32 @@ def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:
             f"{e.get('executor', '')!s:<6} {state:<12} {when}  {e['run_dir']}\n"
         )
     return 0
+
+
+def _with_remote(entries: list[dict[str, Any]], no_state: bool) -> list[dict[str, Any]]:
+    """The runs recorded here beside the ones submitted to other machines (``--remote``), newest
+    first; a remote run's state: one remote ``jobs list`` per host (ONE Slurm query there)."""
+    from jobs.remote import read_remote_index, remote_states
+
+    remote = read_remote_index()
+    if not remote:
+        return entries
+    states = {} if no_state else remote_states(remote)
+    for r in remote:
+        entry: dict[str, Any] = {
+            "run_id": r.run_id,
+            "name": r.name,
+            "job_id": r.job_id,
+            "executor": r.remote.host,
+            "submitted_at": r.submitted_at,
+            "run_dir": f"{r.remote.host}:{r.run_dir}",
+            "host": r.remote.host,
+        }
+        if r.run_dir in states:
+            entry["state"] = states[r.run_dir]
+        entries.append(entry)
+    entries.sort(key=lambda e: -_number(e.get("submitted_at")))
+    return entries
 
 
 def _number(value: object) -> float:
@@ -392,6 +502,8 @@ def _task_query(query: str, record: RunRecord) -> str | None:
 
 
 def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
+    if (code := _remote(args, out)) is not None:
+        return code
     from jobs.follow import follow
     from jobs.monitor import print_logs
     from jobs.records import find_run
@@ -411,6 +523,8 @@ def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
+    if (code := _remote(args, out)) is not None:
+        return code
     from jobs.monitor import cancel
     from jobs.records import find_run
 
@@ -424,6 +538,8 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def cmd_drill(args: argparse.Namespace, out: IO[str]) -> int:
+    if (code := _remote(args, out)) is not None:
+        return code
     from jobs.drill import run_drill
     from jobs.records import find_run
 
@@ -445,6 +561,8 @@ def cmd_drill(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, out: IO[str]) -> int:
+    if (code := _remote(args, out)) is not None:
+        return code
     from jobs.plot import plot_run
 
     run_dir = Path(args.run)
@@ -468,16 +586,34 @@ COMMANDS = {
     "logs": cmd_logs,
     "cancel": cmd_cancel,
     "list": cmd_list,
+    "login": cmd_login,
 }
 
 
-def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
+def console() -> int:
+    """``slurm-train``: the console command (pyproject ``[project.scripts]``), the same commands.
+
+    A console script puts its own folder, not the working directory, first on ``sys.path``: the
+    user's ``train.py`` or ``jobs/`` there cannot stand in for ours (:mod:`train.safepath`).
+    The collector is handled as in ``jobs/__main__.py`` (which says why).
+    """
+    gc.disable()
+    code = main(prog="slurm-train")
+    gc.freeze()
+    return code
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    out: IO[str] | None = None,
+    prog: str = "python -m jobs",
+) -> int:
     """Run one command; return the exit code (never raises for expected failures)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     stream = out or sys.stdout
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(prog).parse_args(argv)
         if args.command == "drill" or getattr(args, "follow", False):
             gc.enable()  # runs for minutes or days: python -m jobs turned it off for start-up
         return COMMANDS[args.command](args, stream)
@@ -503,7 +639,11 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
         if debug:
             raise
         from cluster.errors import ClusterError
+        from cluster.ssh import SshError
 
+        if isinstance(exc, SshError):  # ssh itself, not Slurm: what to do (jobs login HOST)
+            print(f"jobs: {exc}", file=sys.stderr)
+            return 1
         if isinstance(exc, ClusterError):
             print(f"slurm: {exc}", file=sys.stderr)
             return 1
@@ -515,4 +655,4 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
         return 1
 
 
-__all__ = ["InputError", "build_parser", "main"]
+__all__ = ["InputError", "build_parser", "console", "main"]

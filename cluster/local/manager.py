@@ -25,6 +25,7 @@ from pathlib import Path
 from cluster.conf import BIN_FILE
 from cluster.errors import LocalClusterError
 from cluster.local import config as cfg
+from cluster.local import sshd
 from cluster.local.daemons import (
     MARKER_ENV,
     DaemonStatus,
@@ -175,12 +176,21 @@ class LocalCluster:
         if self.net is not None:
             # the login host's first process (``sleep``), whose namespaces `cluster shell` joins
             out.append((LOGIN, L.pid_file(LOGIN), L.log_file(LOGIN)))
+        if self.login_server() is not None:  # the login node of --remote (cluster/local/sshd.py)
+            out.append(("sshd", L.pid_file("sshd"), L.log_file("sshd")))
         return out
 
     @staticmethod
     def _program(daemon: str) -> str:
         """The program a daemon's pid runs (its /proc/PID/comm)."""
         return "sleep" if daemon == LOGIN else daemon.split("-", 1)[0]
+
+    def login_server(self) -> sshd.LoginServer | None:
+        """The cluster's sshd, None where openssh-server or the login user is missing."""
+        if not sshd.installed() or sshd.login_user() is None:
+            return None
+        L = self.layout
+        return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log)
 
     # -- checks ------------------------------------------------------------------------------
     def check_installed(self) -> None:
@@ -250,6 +260,10 @@ class LocalCluster:
         ] + [(f"slurmd-{n}", lambda n=n: self._start_slurmd(n)) for n in cfg.NODES]
         if self.net is not None:
             steps.append((LOGIN, self._start_login))
+        login = self.login_server()
+        if login is not None:
+            login.write(sshd.login_user() or sshd.DEFAULT_USER)
+            steps.append(("sshd", login.start))
         status = {d.name: d for d in self.status()}
         for name, start in steps:
             if status[name].alive and is_stale(self.layout, name, changed):

@@ -131,7 +131,7 @@ def test_every_fallback_of_the_decision_is_carried_out_by_the_scripts() -> None:
     """The rendered script and every template that runs `python -m train` hand a step's exit
     code to train.stop.step (which carries out a restart in place, a refused requeue, a
     completed run): none ends on the step's code by itself."""
-    from jobs.render import in_place_loop
+    from jobs.executor import in_place_loop
 
     root = Path(__file__).resolve().parents[3] / "sbatch_templates"
     for name in ("ddp", "dataparallel", "array", "requeue"):
