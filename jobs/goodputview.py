@@ -22,7 +22,7 @@ from jobs.records import RunRecord
 from train.runfiles import EVENTS_FILE, METRICS_FILE
 from train.schema import EVENT, METRIC, read_records
 
-__all__ = ["dir_ledger", "run_ledger", "task_ledgers", "write_goodput"]
+__all__ = ["dir_ledger", "run_ledger", "run_records", "task_ledgers", "write_goodput"]
 
 
 class AttemptSource(Protocol):
@@ -88,19 +88,21 @@ def _as_links(events: list[dict[str, Any]], order: Mapping[str, int]) -> list[di
     return out
 
 
-def _since(
+def run_records(
     records: list[dict[str, Any]], submitted_at: float | None, job_ids: Collection[str] = ()
 ) -> list[dict[str, Any]]:
     """The records of this run: a directory used again keeps an earlier run's lines. An event
-    of one of this run's jobs (``job_ids``: its Slurm ids, array ids included) is this run's
-    even when stamped before the submission (a node whose clock is behind the controller's):
-    the cut for the other records moves back by that skew."""
+    of one of this run's jobs (``job_ids``: its Slurm ids, array ids included; a local run's
+    ``local-N``, which its events carry as ``submission``) is this run's even when stamped
+    before the submission (a node whose clock is behind the controller's): the cut for the
+    other records moves back by that skew."""
     if not submitted_at:
         return records
     cut = submitted_at
     ours = {str(j).split("_")[0] for j in job_ids if j}
     for r in records:
         t, job = r.get("time"), r.get("job_id")
+        job = r.get("submission") if job is None else job
         if ours and _finite(t) and job is not None and str(job).split("_")[0] in ours:
             cut = min(cut, float(t or 0))
     return [r for r in records if float(r.get("time") or 0) >= cut]
@@ -155,7 +157,7 @@ def task_ledgers(
     since = record.submitted_at
     ours = [*record.slurm_job_ids(), *ids] if record.executor == "slurm" else []
     events = [
-        _since(read_records(Path(t.run_dir) / EVENTS_FILE, EVENT), since, ours)
+        run_records(read_records(Path(t.run_dir) / EVENTS_FILE, EVENT), since, ours)
         for t in record.tasks
     ]
     chain = bool(record.chain_job_ids) and record.executor == "slurm"
@@ -177,7 +179,7 @@ def task_ledgers(
         cut = since if first is None or not since else min(since, first)
         ledger = compute(
             task_events,
-            _since(read_records(Path(task.run_dir) / METRICS_FILE, METRIC), cut),
+            run_records(read_records(Path(task.run_dir) / METRICS_FILE, METRIC), cut),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,

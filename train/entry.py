@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from train.env import DistEnv
 from train.errors import EntrypointError
+from train.report import last_reported_step
 from train.session import RunSession
 from train.spec import RunConfig
 from train.stop import PreemptionGuard
@@ -204,6 +205,11 @@ def run_entrypoint(
     # A command: this guard only holds the job's signal and TERM while the run is set up;
     # train.command.supervisor then supervises the child (which signal it gets, requeue, failures).
     guard = PreemptionGuard((config.requeue.signal, "TERM")) if entry.command is not None else None
+    first = False
+    if entry.command is not None:
+        from train.command import started_first
+
+        first = started_first()  # the command started before us: its resume is decided
     session = RunSession(
         config.train,
         config.requeue,
@@ -213,9 +219,17 @@ def run_entrypoint(
         guard=guard,
         allow_config_change=allow_config_change,
         process_group=entry.command is None,
+        prestarted=first,
     )
     with session:
-        session.started(None, entrypoint=entry.function or entry.command)
+        progress: dict[str, Any] = {}
+        if env.is_main and env.resumed and session.resume_from is None:
+            # a restart with no checkpoint of ours: the command's own progress (train.report)
+            # is what the no-progress stop compares (train.history.budget_counts)
+            reported = last_reported_step(session.run_dir)
+            if reported is not None:
+                progress["reported_step"] = reported
+        session.started(None, entrypoint=entry.function or entry.command, **progress)
         if entry.command is not None:
             from train.command import run_command as supervise_command
 

@@ -29,6 +29,7 @@ __all__ = [
     "IN_PLACE_ENV",
     "LINK_ENV",
     "SLURM_RELEASE_ENV",
+    "SUBMISSION_ENV",
     "DistEnv",
     "attempt_key",
     "master_port_for_job",
@@ -52,6 +53,9 @@ SLURM_RELEASE_ENV = "SLURM_TRAIN_SLURM_RELEASE"
 #: Set (to the link's place, 1, 2, ...) by the batch script of a chain's link that continues
 #: the run of the links before it (jobs.chain): a resume, like a requeued job's.
 LINK_ENV = "SLURM_TRAIN_LINK"
+#: The local executor's submission (its job id, ``local-N``): events carry it, so that budgets
+#: per submission hold without Slurm's job id (jobs/localrun.py sets it).
+SUBMISSION_ENV = "SLURM_TRAIN_SUBMISSION"
 
 
 def master_port_for_job(job_id: str | None) -> int:
@@ -147,6 +151,9 @@ class DistEnv:
     #: A link of a chain that continues the run of the links before it (``SLURM_TRAIN_LINK``,
     #: jobs.chain): each link is a new Slurm job, its restart count 0.
     link: int = 0
+    #: The local executor's submission id (``SLURM_TRAIN_SUBMISSION``: ``local-N``), None under
+    #: Slurm (the job id is the submission there): the events carry it as ``submission``.
+    submission: str | None = None
     launcher: Launcher = "single"
     #: GPUs Slurm allocated on this node (SLURM_GPUS_ON_NODE / _PER_NODE), None if none asked.
     gpus_on_node: int | None = None
@@ -208,6 +215,7 @@ class DistEnv:
             in_place_supervised=IN_PLACE_ENV in environ,
             sluid=(environ.get("SLURM_JOB_SLUID") or "").strip(),
             link=_int(environ, LINK_ENV, 0) or 0,
+            submission=environ.get(SUBMISSION_ENV) or None,
         )
         in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
         torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ

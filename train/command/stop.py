@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from train.command.processes import (
     stop_group,
     wait_exit,
 )
+from train.command.rootcause import failed_before_term
 from train.env import DistEnv
 from train.history import RunHistory
 from train.procfs import process_tree
@@ -93,6 +93,9 @@ class StopHandling:
     def _decide(self, trigger: int) -> tuple[Decision, StopFacts]:
         """Rank 0: the facts of this stop (one ``scontrol show job``) and the decision."""
         asked = AskedOnce(self._client()) if self.env.job_id else None
+        claimed = bool(self.env.job_id) and failure_claimed(
+            self.run_dir, self.env.job_id, self.env.attempt
+        )
         facts = gather(
             "signal",
             job_id=self.env.job_id,
@@ -104,11 +107,13 @@ class StopHandling:
             client=asked,
             in_place=self.env.in_place_supervised,
             signal=signal_name(trigger),
-            failure_claimed=bool(self.env.job_id)
-            and failure_claimed(self.run_dir, self.env.job_id, self.env.attempt),
+            failure_claimed=claimed,
+            no_rank_failed=not claimed and not self._rank_failed(),
         )
         assert self.history is not None
-        counts = self.history.budget_counts(self.env.job_id, self.env.restart_count)
+        counts = self.history.budget_counts(
+            self.env.job_id, self.env.restart_count, self.env.submission
+        )
         decision = decide("signal", facts, counts, self.config.requeue)
         record(decision, self.history, self._base(), facts, signal=signal_name(trigger))
         if decision.kind == "preemption" and asked is not None:
@@ -147,15 +152,24 @@ class StopHandling:
         if seen == "command":  # the command requeued the job itself: recorded when seen
             return decision.exit_code if decision.exhausted else 0
         if decision.action != "none":
-            # a command we had to stop did not requeue the job after its last look: a requeue
-            # seen now is Slurm's (a preemption's grace that ended while it was being stopped)
-            by = self._requeued_by_others(forwarded and seen != "stopped")
-            if by is not None:
-                decision = replace(decision, action="none", requeued_by=by)
-            else:
-                self._wait_ranks(at + self.grace_s)
+            self._wait_ranks(at + self.grace_s)
         assert self.history is not None
-        return carry_out(decision, self.history, self._base(), self.run_dir, client=self.client)
+        # No look at Slurm before the requeue (issue 46: the job leaves its nodes one call after
+        # the command's exit): a job the command (or Slurm) requeued already is refused a
+        # second requeue, and only then is asked who did it. A command we had to stop did not
+        # requeue the job after its last look: a requeue seen then is Slurm's (a preemption's
+        # grace that ended while it was being stopped).
+        commanded = forwarded and seen != "stopped"
+        return carry_out(decision, self.history, self._base(), self.run_dir, client=self.client,
+                         requeued_by=lambda: self._requeued_by_others(commanded))  # fmt: skip
+
+    def _rank_failed(self) -> bool:
+        """Whether a rank's command of this attempt failed other than by a TERM (its report):
+        a rank's supervisor reports before its task ends, so before srun's TERM to the rest.
+        Without one, a TERM is an operator's stop (README), saved like the requeue signal."""
+        if not self.env.job_id or self.env.world_size <= 1:
+            return False
+        return failed_before_term(self.run_dir, self.env.job_id, self.env.attempt)
 
     def _fit_grace(self, slurm_grace_s: int | None) -> None:
         """A preempted job is killed GraceTime seconds after the signal: stop the command (and

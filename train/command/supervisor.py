@@ -40,13 +40,16 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from train.command.launchers import TorchrunNode, expand_vars, torchrun_argv
+from train.command.prestart import abandon_started_first, take_started_first
 from train.command.processes import (
     StderrTail,
     child_environ,
     resolve_argv,
+    shields,
     signal_group,
     signal_name,
     signum_of,
+    spawn,
     stop_group,
     wait_exit,
     written_bytes,
@@ -97,6 +100,9 @@ _QUIET_LOOK_S = 5.0
 
 class CommandRun(StopHandling):
     """One task's supervision of the command (see the module docstring)."""
+
+    #: after the command exited, how long a stop signal may take to reach us too
+    stop_beat_s = 1.0
 
     def __init__(
         self,
@@ -151,19 +157,8 @@ class CommandRun(StopHandling):
         self._previous.clear()
 
     def shielded(self) -> bool:
-        """Whether the command starts with the job's signal ignored (Slurm sends it to every
-        process of the step): not for TERM, not when it is the command's stop signal, and not
-        for USR1 under ``auto``, which Lightning listens for (it installs its handler only where
-        the signal is not ignored) -- there the command gets Slurm's USR1 itself, once."""
-        name = signal_name(self.job_signal).removeprefix("SIG")
-        if self.job_signal == signal.SIGTERM or self.stop_signal == name:
-            return False
-        return not (self.stop_signal == "auto" and self.job_signal == signal.SIGUSR1)
-
-    def _shield(self) -> None:
-        """In the child, before exec (see :meth:`shielded`)."""
-        if self.shielded():
-            signal.signal(self.job_signal, signal.SIG_IGN)
+        """Whether the command starts with the job's signal ignored (:func:`shields`)."""
+        return shields(self.job_signal, self.stop_signal)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -172,8 +167,6 @@ class CommandRun(StopHandling):
             log.info("running %s", " ".join(self.argv))
         self._install()
         try:
-            if self.stops:  # stopped while we were starting: nothing to run, only to requeue
-                return self._after_stop(None, None)
             env = child_environ(
                 os.environ,
                 self.env,
@@ -185,18 +178,23 @@ class CommandRun(StopHandling):
             argv = self.command_line(env)
             if argv != self.argv:
                 log.info("as %s", " ".join(argv))
-            try:
-                proc = subprocess.Popen(  # the user's own argv, no shell
-                    argv,
-                    env=env,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # its own group: we can stop all of it at once
-                    preexec_fn=self._shield,  # only a signal disposition, then exec
-                )
-            except OSError as exc:
-                raise EntrypointError(
-                    f"entrypoint.command {self.argv[0]!r}: {exc.strerror or exc}"
-                ) from exc
+            # started before us (train.command.prestart): the same argv, told the same
+            first = take_started_first(argv) if self.resume_from is None else None
+            abandon_started_first()  # one that is not this command's must not run unsupervised
+            if first is None and self.stops:
+                # stopped while we were starting: nothing to run, only to requeue
+                return self._after_stop(None, None)
+            if first is not None:
+                proc = first.proc
+                log.debug("the command started %.3f s before its supervisor",
+                          time.time() - first.started_at)  # fmt: skip
+            else:
+                try:
+                    proc = spawn(argv, env, self.job_signal, self.stop_signal)
+                except OSError as exc:
+                    raise EntrypointError(
+                        f"entrypoint.command {self.argv[0]!r}: {exc.strerror or exc}"
+                    ) from exc
             assert proc.stderr is not None
             tail = StderrTail(proc.stderr)
             try:
@@ -273,16 +271,28 @@ class CommandRun(StopHandling):
                     # cascade) find it when they decide (train.command.rootcause)
                     self._report(exited_at, code, tail.lines())
                 # Slurm's signal reaches the command and us at the same moment: a command killed
-                # by it (or by the TERM after it) was stopped, not failed. Give our handler a beat.
-                deadline = time.monotonic() + 1.0
-                while not self.stops and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if self.stops:
+                # by it (or by the TERM after it) was stopped, not failed
+                if self._stop_arrives():
                     return self._after_stop(proc, tail)
                 return self._failed(code, tail)
+            # A command that saves on the stop signal exits 0 the moment it gets it, and may
+            # be seen gone before our own copy of that signal is handled: it stopped, it did
+            # not complete (recorded `complete`, the run would end with its work left). Rank 0
+            # (the one that records) gives the signal the same beat before `complete`.
+            if self.history is not None and self._stop_arrives():
+                return self._after_stop(proc, tail)
             if self.history is not None:
                 self._append("complete", exit_code=0)
             return 0
+
+    def _stop_arrives(self) -> bool:
+        """The command has exited: whether a stop signal reached us too, within
+        :attr:`stop_beat_s` (the step's signal reaches every process of it within
+        milliseconds)."""
+        deadline = time.monotonic() + self.stop_beat_s
+        while not self.stops and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return bool(self.stops)
 
     def _rank0_completed_at(self) -> float | None:
         """When rank 0 recorded this attempt's run complete (None: not yet). Reads
@@ -339,7 +349,13 @@ class CommandRun(StopHandling):
     def _report(self, exited_at: float, code: int, lines: list[str]) -> None:
         env = self.env
         error = self._error(code, lines)
-        write_report(self.run_dir, env.job_id, env.attempt, env.rank, exited_at, error, lines)
+        # a shell that ran the command ends with 128+N for a signal N
+        killed_by = (
+            signal_name(-code if code < 0 else code - 128) if code < 0 or code > 128 else None
+        )
+        write_report(
+            self.run_dir, env.job_id, env.attempt, env.rank, exited_at, error, lines, killed_by
+        )
 
     @staticmethod
     def _error(code: int, lines: list[str]) -> str:

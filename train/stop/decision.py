@@ -91,11 +91,13 @@ def _step_ending(trigger: Trigger, facts: StopFacts) -> bool:
     batch script that restarts failed steps, decided before the ranks could meet (a command's
     supervisor): srun is ending the step because a rank died (--kill-on-bad-exit), not a
     preemption. Where every rank met at a barrier after the signal (the run session decides
-    after its save) no rank died: such a TERM (an operator's ``scancel --signal=TERM``) is a
-    stop like the requeue signal, saved and requeued (README)."""
+    after its save) no rank died, and so where a command's supervisor finds no rank's report of
+    a failed command (``no_rank_failed``): such a TERM (an operator's ``scancel --signal=TERM``)
+    is a stop like the requeue signal, saved and requeued (README)."""
     return (
         trigger == "signal"
         and not facts.peers_met
+        and not facts.no_rank_failed
         and facts.executor == "slurm"
         and facts.in_place
         and facts.signal == "SIGTERM"
@@ -143,8 +145,10 @@ def decide(
     failure already claimed, a stop signal  (none)        none (1)
     TERM, job running, not preempted,       (none)        none (1): a rank died, srun ends the
       under an in-place batch script,                     step; the batch script decides
-      the ranks have not met since
-    ... the ranks met after it (saved)      preempted     requeue (0): an operator's TERM
+      the ranks have not met since,
+      a command: a rank reported a failure
+    ... the ranks met after it (saved), or  preempted     requeue (0): an operator's TERM
+      no command reported a failure
     Slurm failed our nodes (NODE_FAIL)      node_fail     none: Slurm requeued (0); exclude them
     a failure, a node of ours down already  node_fail     requeue (0), excluding it
     cancel (scancel, local cancel)          cancelled     none (0); a command is stopped, no save

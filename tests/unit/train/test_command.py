@@ -8,6 +8,7 @@ process) AND to the command's processes.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -19,10 +20,12 @@ from typing import Any
 
 import pytest
 
+from cluster.errors import ClusterError
 from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.command.processes import parse_sigmask, topmost
+from train.command.rootcause import write_report
 from train.env import DistEnv
-from train.history import RunHistory
+from train.history import RunHistory, attempt_completed_at
 from train.spec.config import RunConfig
 from train.stop import REQUEUE_EXIT_CODE
 
@@ -194,6 +197,54 @@ def test_completes_and_records(tmp_path: Path) -> None:
     assert _events(tmp_path) == ["complete"]
 
 
+# A command that saves on USR2 and exits 0 at once (its stop_signal: Slurm's USR2 reaches it)
+SAVES_ON_USR2 = r"""
+import os, signal, sys, time
+out = os.environ["OUT"]
+def save(s, f):
+    open(out + ".saved", "w").write("1")
+    sys.exit(0)
+signal.signal(signal.SIGUSR2, save)
+open(out + ".pid", "w").write(str(os.getpid()))
+for _ in range(600):
+    time.sleep(0.05)
+"""
+
+
+def test_a_command_that_exits_0_on_the_stop_signal_is_stopped_not_complete(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The race seen on the cluster: the command saves on Slurm's signal and exits 0 before the
+    supervisor's own copy of that signal is handled. Recorded ``complete``, the run would end
+    with its work left; it is a stop (requeued), as the local executor and the after-step then
+    agree (no ``complete`` for this attempt: train.history.attempt_completed_at)."""
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    script = tmp_path / "saver2.py"
+    script.write_text(SAVES_ON_USR2)
+    config = _config(["python", str(script)], stop_signal="USR2")
+    run = CommandRun(config, DistEnv(), tmp_path, None)
+    run.stop_beat_s = 20.0  # the beat under test, long enough for a loaded machine
+
+    def slurm() -> None:  # the command gets the signal first; ours comes after its exit
+        os.kill(int(_wait_file(Path(f"{out}.pid"))), USR2)
+        _wait_file(Path(f"{out}.saved"))
+        time.sleep(0.5)
+        os.kill(os.getpid(), USR2)
+
+    previous = signal.signal(USR2, lambda s, f: None)  # a late USR2 must not end pytest
+    try:
+        t = threading.Thread(target=slurm, daemon=True)
+        t.start()
+        code = run.run()
+        t.join()
+    finally:
+        signal.signal(USR2, previous)
+    assert _events(tmp_path) == ["preempted", "requeue"]
+    assert code == REQUEUE_EXIT_CODE  # outside Slurm: the launcher requeues on 75
+    assert attempt_completed_at(RunHistory(tmp_path).events(), job_id=None, restart_count=0) is None
+
+
 def test_the_commands_first_output_is_on_its_events(tmp_path: Path) -> None:
     """Its first write (here after 0.6 s of silence: its "imports") is on the events rank 0
     records after it, for the goodput ledger's start-up; a silent command has none."""
@@ -283,17 +334,30 @@ def test_grace_time_then_stopped(tmp_path: Path, monkeypatch: Any) -> None:
 
 
 class FakeSlurm:
-    """What ``scontrol show job`` says; the job counts as requeued once ``flag`` exists."""
+    """What ``scontrol show job`` says; the job counts as requeued once ``flag`` exists. As
+    Slurm 22.05 does (checked on the local cluster), a second requeue of a requeued job is
+    refused ("Job is pending execution"; its Restarts unchanged)."""
 
     def __init__(self, flag: Path) -> None:
         self.flag = flag
         self.requeues: list[str] = []
+        self.calls: list[str] = []  # in order: "show_job", "requeue"
+
+    def restarts(self) -> str:
+        return "1" if self.flag.exists() else "0"
 
     def show_job(self, job_id: str) -> dict[str, str]:
-        restarts = "1" if self.flag.exists() else "0"
-        return {"JobState": "RUNNING", "EndTime": "2099-01-01T00:00:00", "Restarts": restarts}
+        self.calls.append("show_job")
+        return {
+            "JobState": "RUNNING",
+            "EndTime": "2099-01-01T00:00:00",
+            "Restarts": self.restarts(),
+        }
 
     def requeue(self, job_id: str) -> None:
+        self.calls.append("requeue")
+        if self.restarts() != "0":
+            raise ClusterError(f"Job is pending execution for job {job_id}")
         self.requeues.append(job_id)
 
 
@@ -326,15 +390,12 @@ class SlurmRequeuesOnceTheCommandIsGone(FakeSlurm):
     """A preemption's grace ending while a stuck command is being stopped: Slurm requeues the
     job (``Restarts`` 1) once the command's process (its pid in ``pid_file``) is gone."""
 
-    def show_job(self, job_id: str) -> dict[str, str]:
-        info = super().show_job(job_id)
+    def restarts(self) -> str:
         try:
             os.kill(int(self.flag.read_text()), 0)
         except (OSError, ValueError):
-            info["Restarts"] = "1" if self.flag.exists() else "0"
-        else:
-            info["Restarts"] = "0"
-        return info
+            return "1" if self.flag.exists() else "0"
+        return "0"
 
 
 def test_a_requeue_after_the_command_was_stopped_is_slurms_not_the_commands(
@@ -350,12 +411,86 @@ def test_a_requeue_after_the_command_was_stopped_is_slurms_not_the_commands(
     assert events[-1]["via"] == "slurm"
 
 
+class SlurmSeesTheCommand(FakeSlurm):
+    """Which calls come while the command (its pid in ``pid_file``) is still there."""
+
+    def __init__(self, flag: Path, pid_file: Path) -> None:
+        super().__init__(flag)
+        self.pid_file = pid_file
+        self.seen: list[tuple[str, bool]] = []
+
+    def _alive(self) -> bool:
+        try:
+            os.kill(int(self.pid_file.read_text()), 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        self.seen.append(("show_job", self._alive()))
+        return super().show_job(job_id)
+
+    def requeue(self, job_id: str) -> None:
+        self.seen.append(("requeue", self._alive()))
+        super().requeue(job_id)
+
+
+def test_the_requeue_is_the_one_call_after_the_commands_exit(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # Issue 46: the job leaves its nodes one Slurm call after the command exits: no look at
+    # Slurm between its exit and the requeue (the facts were gathered while it saved)
+    slurm = SlurmSeesTheCommand(tmp_path / "never", tmp_path / "c.pid")
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "saver", slurm)
+    assert code == 0 and slurm.requeues == ["77"]
+    after_exit = [call for call, alive in slurm.seen if not alive]
+    assert after_exit == ["requeue"]
+    assert [e["event"] for e in events] == ["preempted", "requeue"]
+
+
 def test_saver_under_slurm_is_requeued_by_us(tmp_path: Path, monkeypatch: Any) -> None:
     slurm = FakeSlurm(tmp_path / "never")
     code, events = _preempted_under_slurm(tmp_path, monkeypatch, "saver", slurm)
     assert code == 0 and slurm.requeues == ["77"]
     assert [e["event"] for e in events] == ["preempted", "requeue"]
     assert events[-1]["via"] == "scontrol"
+
+
+SAVES_ON_TERM = SAVES_ON_USR2.replace("SIGUSR2", "SIGTERM")
+
+
+@pytest.mark.parametrize("a_rank_failed", [False, True])
+def test_an_operators_term_to_a_command_run_saves_and_requeues(
+    tmp_path: Path, monkeypatch: Any, a_rank_failed: bool
+) -> None:
+    """Item 7 for entrypoint.command: ``scancel --signal=TERM`` while Slurm runs the job on,
+    under a batch script that restarts steps in place. No rank's command reported a failure:
+    an operator's stop, recorded and requeued like the requeue signal (README); a rank's
+    command that failed first (not by a TERM): srun is ending the step, nothing recorded."""
+    if a_rank_failed:
+        write_report(tmp_path, "77", 0, 1, time.time(), "command exited 1: boom", ["boom"])
+    write_report(tmp_path, "77", 0, 1, time.time() + 1, "command killed by SIGTERM", [],
+                 "SIGTERM")  # fmt: skip
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    script = tmp_path / "saver_term.py"
+    script.write_text(SAVES_ON_TERM)
+    slurm = FakeSlurm(tmp_path / "never")
+    env = DistEnv(job_id="77", world_size=2, in_place_supervised=True)
+    run = CommandRun(_config(["python", str(script)]), env, tmp_path, None, client=slurm)
+    run.stop_beat_s = 20.0
+    previous = signal.signal(TERM, lambda s, f: None)  # a late TERM must not end pytest
+    try:
+        t = _slurm_signal_later(Path(f"{out}.pid"), TERM)
+        code = run.run()
+        t.join()
+    finally:
+        signal.signal(TERM, previous)
+    events = [e["event"] for e in RunHistory(tmp_path).events()]
+    if a_rank_failed:
+        assert (code, events, slurm.requeues) == (1, [], [])
+    else:
+        assert (code, events, slurm.requeues) == (0, ["preempted", "requeue"], ["77"])
 
 
 class SlowController(FakeSlurm):
@@ -759,3 +894,18 @@ def test_a_launchers_own_writes_are_not_progress(tmp_path: Path) -> None:
     assert written_bytes(10, proc) == 507  # no progress
     _fake_process(tmp_path / "p2", 20, 1, ["python", "train.py"], 42)  # no launcher: itself
     assert written_bytes(20, tmp_path / "p2") == 42
+
+
+def test_a_commands_restart_records_the_step_it_had_reported(tmp_path: Path) -> None:
+    """Round 2 item 6: a command that keeps no checkpoint of ours but reports its steps
+    (train.report): its restart's start event carries the last reported step, the progress the
+    no-progress stop compares (train.history.budget_counts)."""
+    from train.entry import run_entrypoint
+    from train.report import REPORT_KIND
+
+    line = {"kind": REPORT_KIND, "time": 1.0, "step": 42, "scalars": {}}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    config = _config([sys.executable, "-c", "pass"])
+    assert run_entrypoint(config, DistEnv(restart_count=1), tmp_path, True) == 0
+    start = RunHistory(tmp_path).events()[0]
+    assert (start["event"], start.get("reported_step")) == ("start", 42), start

@@ -3,6 +3,7 @@ locally, within and over its budget, and what the facts change (issue 24)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,10 @@ CASES = [
     ("requeue-signal-in-place", "signal",
      _facts(SLURM, in_place=True, signal="SIGUSR2", slurm_kind="preemption"), NONE,
      ("preempted", "requeue", 0, False, ())),
+    # a command's supervisor: no rank's command reported a failure (an operator's TERM)
+    ("term-no-command-failed", "signal",
+     _facts(SLURM, in_place=True, signal="SIGTERM", slurm_kind="preemption",
+            no_rank_failed=True), NONE, ("preempted", "requeue", 0, False, ())),
     ("term-without-in-place", "signal", _facts(SLURM, signal="SIGTERM", slurm_kind="preemption"),
      NONE, ("preempted", "requeue", 0, False, ())),
     ("stop-after-a-claimed-failure", "signal", _facts(SLURM, failure_claimed=True), NONE,
@@ -332,6 +337,14 @@ SCOPED = [
      [_ev("failure", None, r, failure_class="unknown") for r in (0, 1, 2)]
      + [_ev("start", None, 0)], (None, 0),
      ("failure", "none", 1, False, ())),
+    # round 2 item 5: local events carry their submission (local-N): an earlier submission's
+    # failures at restart 0 (each cancelled then) are not this one's, though no count fell
+    ("local-submission-by-its-id", "failure", LOCAL,
+     [e for s in ("local-1", "local-2")
+      for e in (_ev("failure", None, 0, failure_class="unknown", submission=s),
+                _ev("cancelled", None, 0, submission=s))]
+     + [_ev("start", None, 0, submission="local-3")], (None, 0, "local-3"),
+     ("failure", "none", 1, False, ())),
     ("local-failures-spent-in-this-submission", "failure", LOCAL,
      [_ev("failure", None, r, failure_class="unknown") for r in (0, 1)], (None, 2),
      ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
@@ -347,6 +360,18 @@ SCOPED = [
     ("a-preemption-saves-its-own-progress", "signal",
      _facts(SLURM, slurm_kind="preemption", checkpoint_step=40), _STALLED, ("7", 3),
      ("preempted", "requeue", 0, False, ())),
+    # round 2 item 6: a command with no checkpoint of ours: its train.report step is its
+    # progress (the restarts' start events carry it; the facts' checkpoint_step is it now)
+    ("command-no-reported-progress", "failure", _facts(IN_PLACE, checkpoint_step=40),
+     [_ev("start"), _ev("failure")] + [
+         e for r in (1, 2, 3)
+         for e in (_ev("start", restart=r, reported_step=40), _ev("failure", restart=r))],
+     ("7", 3), ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("command-reported-progress", "failure", _facts(IN_PLACE, checkpoint_step=55),
+     [_ev("start"), _ev("failure")] + [
+         e for r in (1, 2, 3)
+         for e in (_ev("start", restart=r, reported_step=40), _ev("failure", restart=r))],
+     ("7", 3), ("failure", "restart_in_place", 1, False, ())),
     # item 7: a TERM decided after every rank saved and met (an operator's scancel
     # --signal=TERM): a stop like the requeue signal, never "the step is ending"
     ("term-after-the-ranks-met", "signal",
@@ -363,12 +388,15 @@ def test_the_decision_table_with_budgets_over_their_scope(
     trigger: Any,
     facts: StopFacts,
     events: list[dict[str, Any]],
-    attempt: tuple[str | None, int],
+    attempt: tuple[Any, ...],
     expected: tuple[Any, ...],
 ) -> None:
     from train.history import budget_counts
 
-    counts = budget_counts(events, job_id=attempt[0], restart_count=attempt[1])
+    submission = attempt[2] if len(attempt) > 2 else None
+    counts = budget_counts(
+        events, job_id=attempt[0], restart_count=attempt[1], submission=submission
+    )
     d = decide(trigger, facts, counts, BUDGETS)
     event, action, code, spent, exclude = expected
     assert (d.event, d.action, d.exit_code, d.exhausted is not None, d.exclude) == (
@@ -540,3 +568,25 @@ def test_a_decider_and_a_rank_reach_the_same_decision(tmp_path: Path) -> None:
         assert (event["restart_count"], event["in_place"]) == (1, 1)
     assert decisions[0] == decisions[1]
     assert decisions[0][2] == "restart_in_place"
+
+
+def test_a_commands_progress_is_its_last_reported_step(tmp_path: Path) -> None:
+    """Round 2 item 6: a command that keeps no checkpoint of ours but reports its steps
+    (train.report: metrics.jsonl lines of kind report): the stop's progress is its last
+    reported step; a checkpoint of ours wins where there is one."""
+    from train.stop.facts import gather
+
+    def progress() -> int | None:
+        facts = gather("failure", job_id=None, restart_count=1, run_dir=tmp_path,
+                       signal_delay_s=60)  # fmt: skip
+        return facts.checkpoint_step
+
+    assert progress() is None
+    lines = [{"kind": "report", "time": 1.0, "step": s, "scalars": {}} for s in (10, 20)]
+    lines.append({"kind": "report", "time": 2.0, "step": "30"})  # foreign: skipped
+    text = "".join(json.dumps(x) + "\n" for x in lines) + '{"kind": "rep'  # torn last line
+    (tmp_path / "metrics.jsonl").write_text(text)
+    assert progress() == 20
+    (tmp_path / "checkpoints" / "step-5").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-5" / "manifest.json").write_text("{}")
+    assert progress() == 5
