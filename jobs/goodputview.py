@@ -15,8 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from cluster.errors import ClusterError
-from cluster.models import JobAttempt, JobInfo
+from cluster import ClusterError, JobAttempt, JobInfo
 from jobs.goodput import Ledger, compute, sum_ledgers
 from jobs.records import RunRecord
 from train.runfiles import EVENTS_FILE, METRICS_FILE

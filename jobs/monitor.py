@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
-from cluster.models import JobInfo
+from cluster import JobInfo
 from jobs.pids import ProcHandle, cmdline, signal_if_ours
 from jobs.records import RunRecord
 

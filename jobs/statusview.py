@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import IO, Any
 
-from cluster.models import JobInfo
+from cluster import JobInfo
 from jobs.monitor import (
     describe_failure,
     events_summary,
@@ -25,7 +25,7 @@ SHOWN_LIMIT = 20
 
 
 def _elapsed(seconds: int | None) -> str:
-    from cluster.timefmt import format_slurm_time
+    from cluster import format_slurm_time
 
     return format_slurm_time(seconds) if seconds else ""
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from cluster.errors import BadInputError
+from cluster import BadInputError
 from train.history import BudgetConfig, RunHistory
 from train.runfiles import FAILURES, make_dirs
 from train.stop.causes import rules_of

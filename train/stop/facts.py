@@ -65,7 +65,7 @@ def _time_limit_s(value: str | None) -> float | None:
     if value is None or value.strip().lower() in _UNSET:
         return None
     try:
-        from cluster.timefmt import parse_slurm_time  # stdlib only; lazy like cluster.client
+        from cluster import parse_slurm_time  # stdlib only; lazy like cluster.client
 
         seconds = parse_slurm_time(value.strip())
     except Exception:  # UNLIMITED parses to None; anything odd: unknown
