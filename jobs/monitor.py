@@ -175,8 +175,7 @@ def cancelling(info: JobInfo, asked_at: float | None) -> JobInfo:
 
 def _cluster_name(client: ClientFactory) -> str:
     """The cluster the client talks to ("" when it cannot say)."""
-    name = getattr(client(), "cluster_name", None)
-    value = name() if callable(name) else ""
+    value = client().cluster_name()
     return value if isinstance(value, str) else ""
 
 

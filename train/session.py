@@ -97,9 +97,7 @@ class RunSession:
         self.train, self.requeue, self.env = train, requeue, env
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.allow_config_change = allow_config_change or bool(
-            getattr(train, "allow_config_change", False)
-        )
+        self.allow_config_change = allow_config_change or train.allow_config_change
         self._own_guard = guard is None
         self.guard = guard or PreemptionGuard(
             (requeue.signal, "TERM"),

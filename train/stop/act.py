@@ -13,10 +13,10 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from cluster import BadInputError
-from train.history import BudgetConfig, RunHistory
+from train.history import RunHistory
 from train.runfiles import FAILURES, make_dirs
 from train.stop.causes import rules_of
 from train.stop.claims import hang_claimed
@@ -31,6 +31,7 @@ from train.stop.stopenv import StopEnv
 
 if TYPE_CHECKING:
     from cluster import Slurm
+    from train.spec import RequeueConfig
 
 __all__ = [
     "acts_for_attempt",
@@ -47,13 +48,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _KNOWN_KINDS = ("preemption", "timeout", "cancel", "failure", "hang")
-
-
-class RequeueSettings(BudgetConfig, Protocol):
-    """The part of :class:`train.spec.config.RequeueConfig` used here."""
-
-    @property
-    def signal_delay_s(self) -> int: ...
 
 
 def describe_failure(exc: BaseException, where: str) -> str:
@@ -217,7 +211,7 @@ def carry_out(
 def stop_attempt(
     env: StopEnv,
     run_dir: Path | str,
-    requeue_config: RequeueSettings,
+    requeue_config: RequeueConfig,
     kind: str | None,
     *,
     step: int | None = None,
@@ -259,7 +253,7 @@ def stop_attempt(
         client=client,
         error_texts=(error, (details or {}).get("stderr_tail")),
         suspects=suspects,
-        rules=rules_of(getattr(requeue_config, "failure_rules", ())),
+        rules=rules_of(requeue_config.failure_rules),
         failure_claimed=ended == "failure",
         in_place=env.in_place_supervised,
         signal=signal,
@@ -282,7 +276,7 @@ def stop_attempt(
 def request_requeue(
     env: StopEnv,
     run_dir: Path | str,
-    requeue_config: RequeueSettings,
+    requeue_config: RequeueConfig,
     kind: str | None,
     **kwargs: Any,
 ) -> int:

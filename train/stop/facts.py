@@ -245,7 +245,7 @@ def _local_cancel(run_dir: Path | str) -> bool:
 _STEP_DIR = re.compile(r"^step-(\d+)(?:\.b[1-9]\d{0,8})?$")
 
 
-def newest_checkpoint_step(run_dir: Any) -> int | None:
+def newest_checkpoint_step(run_dir: Path | str) -> int | None:
     """The step of the newest committed checkpoint under ``RUN_DIR/checkpoints`` (a
     ``step-N`` directory whose manifest, written last, is there; links are not followed):
     where a restart resumes at the latest. One directory listing; None when there is none."""

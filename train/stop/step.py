@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Any
 from train.env import job_hosts
 from train.history import RunHistory, attempt_completed_at
 from train.runfiles import default_run_dir, events_where
-from train.stop.act import RequeueSettings, stop_attempt
+from train.stop.act import stop_attempt
 from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 from train.stop.stopenv import Decider
 
 if TYPE_CHECKING:
     from cluster import Slurm
+    from train.spec import RequeueConfig
 
 __all__ = ["after_step", "main"]
 
@@ -81,7 +82,7 @@ def _refused(mine: list[dict[str, Any]]) -> bool:
 
 def after_step(
     run_dir: Path,
-    requeue: RequeueSettings,
+    requeue: RequeueConfig,
     *,
     job_id: str | None,
     restart_count: int,

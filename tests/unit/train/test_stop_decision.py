@@ -407,3 +407,13 @@ def test_a_decider_and_a_rank_reach_the_same_decision(tmp_path: Path) -> None:
         assert (event["restart_count"], event["in_place"]) == (1, 1)
     assert decisions[0] == decisions[1]
     assert decisions[0][2] == "restart_in_place"
+
+
+def test_every_budget_of_the_table_is_a_field_of_the_requeue_config() -> None:
+    """Issue 41: the budget check reads ``RequeueConfig.budgets()`` by the names the owner's
+    table gives (``train.runfiles.BUDGETS``), no ``getattr`` with a default: they agree."""
+    from train.runfiles import BUDGETS
+
+    budgets = RequeueConfig().budgets()
+    assert set(BUDGETS.values()) == set(budgets)
+    assert set(budgets) <= set(RequeueConfig.model_fields)
