@@ -39,6 +39,13 @@ def parse_key_values(line: str) -> dict[str, str]:
     return out
 
 
+def parse_user_id(value: str) -> tuple[str, int] | None:
+    """scontrol's ``UserId=trainee(1001)`` value to ``("trainee", 1001)``; None if it is not that
+    (a name Slurm could not resolve shows as the number alone: ``(1001)``, name ``""``)."""
+    m = re.fullmatch(r"\s*([^()\s]*)\((\d+)\)\s*", value)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def parse_gres(text: str) -> dict[str, int]:
     """``gpu:2``, ``gpu:a100:4(S:0-1),shard:8`` or ``(null)`` to ``{"gpu": 2}`` (types summed)."""
     out: dict[str, int] = {}

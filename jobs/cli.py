@@ -50,9 +50,9 @@ def _examples(*lines: str) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m jobs") -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m jobs",
+        prog=prog,
         description="Submit and watch training jobs on Slurm.",
         epilog=_examples(
             "python -m jobs submit examples/cifar.yaml --follow",
@@ -590,13 +590,30 @@ COMMANDS = {
 }
 
 
-def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
+def console() -> int:
+    """``slurm-train``: the console command (pyproject ``[project.scripts]``), the same commands.
+
+    A console script puts its own folder, not the working directory, first on ``sys.path``: the
+    user's ``train.py`` or ``jobs/`` there cannot stand in for ours (:mod:`train.safepath`).
+    The collector is handled as in ``jobs/__main__.py`` (which says why).
+    """
+    gc.disable()
+    code = main(prog="slurm-train")
+    gc.freeze()
+    return code
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    out: IO[str] | None = None,
+    prog: str = "python -m jobs",
+) -> int:
     """Run one command; return the exit code (never raises for expected failures)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     stream = out or sys.stdout
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(prog).parse_args(argv)
         if args.command == "drill" or getattr(args, "follow", False):
             gc.enable()  # runs for minutes or days: python -m jobs turned it off for start-up
         return COMMANDS[args.command](args, stream)
@@ -637,4 +654,4 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
         return 1
 
 
-__all__ = ["InputError", "build_parser", "main"]
+__all__ = ["InputError", "build_parser", "console", "main"]

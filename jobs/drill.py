@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -47,7 +48,15 @@ from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory
 from train.report import REPORT_KIND
-from train.runfiles import DRILL_DIR, EVENT_KINDS, METRICS_FILE, RESOLVED, make_dirs, write_text
+from train.runfiles import (
+    DRILL_DIR,
+    EVENT_KINDS,
+    METRICS_FILE,
+    RESOLVED,
+    LinkRefusedError,
+    make_dirs,
+    write_text,
+)
 from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
@@ -205,6 +214,7 @@ class Drill:
 
     # -- the drill -----------------------------------------------------------------------------
     def run(self) -> DrillReport:
+        self._check_owner()  # before anything is done to the job
         self.say(f"waiting for job {self.job_id} to train")
         self.wait("the job to run and train", self._training)
         restarts = self.restarts()
@@ -229,6 +239,24 @@ class Drill:
             self._restore_time_limit()  # a drill that gave up leaves no short limit behind
         self._measure(t0, restarts)
         return self.report
+
+    def _check_owner(self) -> None:
+        """A drill interrupts your own job: another user's (a colleague's run directory on the
+        shared file system) is refused in one line before anything is done, rather than by
+        Slurm halfway through (``scancel``/``scontrol`` refuse a job that is not the caller's:
+        the time limit would be lowered, then unknown). Root may drill any job."""
+        from cluster import parse_user_id
+
+        me = os.geteuid()
+        owner = parse_user_id(self.job().get("UserId", ""))
+        if me == 0 or owner is None or owner[1] == me:
+            return
+        name = owner[0] or str(owner[1])
+        raise UsageError(
+            f"drill: job {self.job_id} ({self.record.run_id}) belongs to {name}, not to you "
+            f"(uid {me}): Slurm lets only a job's owner or an operator signal, requeue or "
+            "change it; drill a run you submitted"
+        )
 
     def _training(self) -> bool:
         state = self.job().get("JobState")
@@ -288,8 +316,17 @@ class Drill:
 
         node = expand_hostlist(info.get("NodeList", ""))[0]
         name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
-        script = make_dirs(self.run_dir, DRILL_DIR) / "preempt.sbatch"  # never through a link
-        write_text(script, "#!/bin/bash\nsleep 1\n")
+        where = self.run_dir / DRILL_DIR / "preempt.sbatch"
+        try:
+            script = make_dirs(self.run_dir, DRILL_DIR) / "preempt.sbatch"  # never through a link
+            write_text(script, "#!/bin/bash\nsleep 1\n")
+        except LinkRefusedError:
+            raise  # the owner's own word (a planted link: bad input)
+        except OSError as exc:  # not writable by this user (a colleague's run directory)
+            raise DrillError(
+                f"drill: cannot write {where} ({exc.strerror}); nothing was done to job "
+                f"{self.job_id}"
+            ) from None
         args = [f"--partition={name}", f"--nodelist={node}", "--exclusive", "--time=1"]
         args += ["--job-name=drill-preempt", "--output=/dev/null"]
         urgent = self.client.submit(script, args)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import submitit
 
+from train.safepath import SAFE_PATH
+
 __all__ = ["SAFE_PATH", "TrainExecutor", "in_place_loop", "safe_python"]
 
 
@@ -67,11 +69,6 @@ class TrainExecutor(submitit.SlurmExecutor):
             return self._make_submission_file_text(self._submitit_command_str, "")
         finally:
             self.parameters.pop("map_count", None)
-
-
-#: ``-P`` (Python 3.11+; 3.10 has no way to leave the working directory off ``sys.path`` but
-#: ``-I``, which would drop the ``PYTHONPATH`` the script exports).
-SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 
 def safe_python(python: str | None = None) -> str:

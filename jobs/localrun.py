@@ -54,10 +54,8 @@ from jobs.records import RunRecord, load_record
 from train import runfiles
 from train.env import DistEnv
 from train.history import RunHistory, attempt_completed_at, over_budget
+from train.safepath import python_module_argv
 from train.schema import Schema, report
-
-# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
-_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 if TYPE_CHECKING:
     from train.spec import RequeueConfig
@@ -314,7 +312,7 @@ class Supervisor:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
             log = os.fdopen(runfiles.open_fd(path, flags), "ab")  # never through a link
             self.logs.append(log)
-            cmd = [sys.executable, *_SAFE_PATH, "-u", "-m", "train", "--config"]
+            cmd = python_module_argv("train", "--config", unbuffered=True)
             cmd += [str(Path(task_dir) / runfiles.RESOLVED), "--run-dir", task_dir]
             if entry["restarts"]:
                 cmd.append("--resume")  # a restart continues this run's own checkpoints

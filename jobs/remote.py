@@ -100,7 +100,7 @@ class Remote:
         """The remote shell line: the checks, then ``PY -m jobs ARGV`` (every word quoted),
         then ``tail`` (already quoted)."""
         py = shlex.quote(self.python)
-        jobs = " ".join([py, "-m", "jobs", *(shlex.quote(a) for a in argv)])
+        jobs = " ".join([py, "$P", "-m", "jobs", *(shlex.quote(a) for a in argv)])
         return f"{_prelude(self)}{jobs}{tail}"
 
     def run(
@@ -156,6 +156,10 @@ class Remote:
             raise JobsError(f"{self.host}: {why}")
 
 
+#: prints -P where the remote Python has it (3.11+): imports only sys, safe in any folder
+_SAFE_PATH_PROBE = 'import sys; print("-P" if sys.version_info >= (3, 11) else "")'
+
+
 def _prelude(remote: Remote) -> str:
     """The checks every remote command opens with (exit 91-94: see :meth:`Remote._check`)."""
     parts = []
@@ -166,7 +170,10 @@ def _prelude(remote: Remote) -> str:
         parts.append(f"{{ {body}\n}} >&2 || exit {_SETUP_FAILED}; ")
     py = shlex.quote(remote.python)
     parts.append(f"command -v {py} >/dev/null 2>&1 || exit {_NO_PYTHON}; ")
-    parts.append(f"{py} -c 'import jobs.cli' >/dev/null 2>&1 || exit {_NO_PACKAGE}; ")
+    # the user's code folder may hold a train.py or a jobs/ of theirs: our interpreter never takes
+    # a package from it (-P, Python 3.11+; the same as train.safepath does here)
+    parts.append(f"P=$({py} -c {shlex.quote(_SAFE_PATH_PROBE)}); ")
+    parts.append(f"{py} $P -c 'import jobs.cli' >/dev/null 2>&1 || exit {_NO_PACKAGE}; ")
     return "".join(parts)
 
 

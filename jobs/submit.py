@@ -29,10 +29,8 @@ from jobs.records import Plan
 from jobs.render import sbatch_script, submitit_folder, submitted_pickle
 from jobs.slurmmap import timeout_min
 from train import runfiles
+from train.safepath import python_module_argv
 from train.spec import dump_spec
-
-# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
-_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 if TYPE_CHECKING:
     from cluster import ClusterState, Slurm
@@ -331,7 +329,7 @@ def submit_local(loaded: LoadedSpec, plan: Plan) -> records.RunRecord:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
         proc = subprocess.Popen(
-            [sys.executable, *_SAFE_PATH, "-m", "jobs.localrun", str(plan.run_dir)],
+            python_module_argv("jobs.localrun", str(plan.run_dir)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -43,6 +43,23 @@ install_system_packages() {
     apt-get install -y -qq "${need[@]}" >/dev/null
 }
 
+# The unprivileged user the integration tests submit, follow, cancel, drill and plot as
+# (tests/integration/test_as_user.py): on a real cluster the submitter is not root, and root
+# keeps only the daemons. Idempotent; only where this runs as root (a user's own machine
+# without root needs none of it).
+TEST_USER="${SLURM_TRAIN_TEST_USER:-trainee}"
+ensure_test_user() {
+    if [ "$(id -u)" -ne 0 ] || id -u "$TEST_USER" >/dev/null 2>&1; then
+        return 0
+    fi
+    if ! command -v useradd >/dev/null; then
+        log "no useradd: the tests that run as the user $TEST_USER will skip"
+        return 0
+    fi
+    log "creating the unprivileged user $TEST_USER (the integration tests submit as it)"
+    useradd --create-home --shell /bin/bash --user-group "$TEST_USER"
+}
+
 has_gpu() {
     command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU
 }
@@ -173,6 +190,7 @@ stamp_value() {
 
 # Debian's packages install while the virtual environment does (on a fresh machine each takes
 # about a minute); the script waits for both before it says done.
+ensure_test_user
 install_system_packages &
 apt_pid=$!
 wait_system_packages() {

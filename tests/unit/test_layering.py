@@ -328,6 +328,7 @@ JOBS_USES_OF_TRAIN = frozenset(
         "train.history",
         "train.report",
         "train.runfiles",
+        "train.safepath",
         "train.schema",
         "train.spec",
         "train.startup",

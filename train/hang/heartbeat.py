@@ -85,7 +85,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -95,14 +94,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from train.runfiles import PROGRESS, make_dirs, open_fd, open_text, private_dir, write_text
+from train.safepath import python_module_argv
 from train.stop import attempt_name
 
 if TYPE_CHECKING:
     from train.env import DistEnv
     from train.spec import RequeueConfig
 
-# -P (3.11+): the working directory, the user's (a train.py, a jobs/), never on sys.path
-_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 __all__ = [
     "BUSY_FLOOR_S",
@@ -293,14 +291,14 @@ class Watchdog:
         self._watcher: subprocess.Popen[bytes] | None = None
         if local_rank != 0:
             return
-        cmd = [
-            sys.executable, *_SAFE_PATH, "-m", "train.hang.watcher",
+        cmd = python_module_argv(
+            "train.hang.watcher",
             "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
             "--local-dir", str(self.local_dir), "--world-size", str(world_size),
             "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),
             "--budgets", json.dumps(dict(budgets)), "--job-id", job_id or "",
             "--restart-count", str(restart_count), "--in-place", str(in_place),
-        ]  # fmt: skip
+        )  # fmt: skip
         if command_pid is not None:
             cmd += ["--command"]
         if in_place_supervised:

@@ -49,3 +49,18 @@ def test_root_may_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SlurmClient(
         conf="/nonexistent", environ={"PATH": "/nonexistent"}
     ).may_raise_time_limits()
+
+
+@pytest.mark.parametrize(
+    ("value", "owner"),
+    [
+        ("trainee(1001)", ("trainee", 1001)),
+        ("root(0)", ("root", 0)),
+        ("(4242)", ("", 4242)),  # a uid with no name on the controller
+        ("", None),
+        ("trainee", None),
+        ("x(y)", None),
+    ],
+)
+def test_the_owner_of_a_job_from_scontrols_user_id(value: str, owner: object) -> None:
+    assert parse.parse_user_id(value) == owner

@@ -325,3 +325,51 @@ def test_a_command_that_reports_nothing_is_not_said_to_have_resumed(tmp_path: Pa
     text = "\n".join(report.lines())
     assert report.outcome == "back: restarted; whether your code resumed is not known"
     assert "n/a" not in text and "steps lost" not in text and "train.report(step)" in text
+
+
+class OthersJob(FakeCluster):
+    """The same job, but Slurm says another user submitted it."""
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        return {**super().show_job(job_id), "UserId": "root(0)"}
+
+
+@pytest.mark.parametrize("kind", ["preempt", "timeout", "fail", "cancel"])
+def test_a_drill_of_another_users_job_is_refused_in_one_line_before_acting(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A colleague's run directory (``jobs drill DIR``): Slurm would refuse each action to a
+    user halfway through; the drill refuses before it does anything (exit 2 in the CLI)."""
+    monkeypatch.setattr("os.geteuid", lambda: 1001)
+    fake = OthersJob(tmp_path, kind, operator=False)
+    with pytest.raises(
+        UsageError, match=r"^drill: job 42 \(r-1\) belongs to root, not to you"
+    ) as e:
+        Drill(_record(tmp_path), fake, kind, poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert "\n" not in str(e.value)
+    assert [c for c in fake.calls if c[0] != "may_raise"] == []
+    assert fake.state == "RUNNING" and fake.limit == "00:20:00"
+
+
+def test_a_drill_of_ones_own_job_by_uid_goes_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # root may drill any job
+    report = run_drill(_record(tmp_path), OthersJob(tmp_path, "preempt"), "preempt", timeout_s=5)  # type: ignore[arg-type]
+    assert report.outcome.startswith("back")
+
+
+def test_a_preempt_drill_that_cannot_write_its_script_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCluster(tmp_path, "preempt")
+
+    def refuse(*args: object, **kw: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("jobs.drill.make_dirs", refuse)
+    with pytest.raises(
+        DrillError, match=r"cannot write .*preempt.sbatch \(Permission denied\); nothing"
+    ):
+        Drill(_record(tmp_path), fake, "preempt", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert [c for c in fake.calls if c[0] == "submit"] == []

@@ -6,6 +6,7 @@ connection."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -266,3 +267,25 @@ def test_the_code_goes_over_as_its_tracked_files(ssh_env: dict[str, str], tmp_pa
     assert (workdir, rel) == ("slurm-train/code/proj", "spec.yaml")
     sent = sorted(str(p.relative_to(there)) for p in there.rglob("*") if p.is_file())
     assert sent == [".gitignore", "new.py", "pkg/train.py", "spec.yaml"]
+
+
+def test_the_remote_line_runs_ours_in_a_folder_holding_the_users_train_and_jobs(
+    tmp_path: Path,
+) -> None:
+    """The user's code folder goes over as it is: a `train.py` or a `jobs/` of theirs there
+    must not stand in for our packages on the login node (issue 42: -P, the remote side)."""
+    import subprocess
+    import sys
+
+    from jobs.remote import Remote
+
+    work = tmp_path / "code"
+    (work / "jobs").mkdir(parents=True)
+    (work / "jobs" / "__init__.py").write_text("print('HOSTILE jobs'); raise SystemExit(7)\n")
+    (work / "jobs" / "__main__.py").write_text("print('HOSTILE main'); raise SystemExit(7)\n")
+    (work / "train.py").write_text("print('HOSTILE train'); raise SystemExit(7)\n")
+    line = Remote("h", workdir=str(work), python=sys.executable).shell(["--help"])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, env=env, timeout=120)
+    assert "HOSTILE" not in done.stdout + done.stderr
+    assert done.returncode == 0 and "usage:" in done.stdout
