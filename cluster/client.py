@@ -207,6 +207,16 @@ class SlurmClient:
         """
         return parse.parse_config_limits(self.run(["scontrol", "show", "config"]).stdout)
 
+    def requeue_settings(self, partition: str) -> tuple[str, str]:
+        """(``JobRequeue`` of ``scontrol show config``, ``PreemptMode`` of the partition, the
+        cluster's where the partition names none): whether a stopped job can be requeued here.
+        Settings of slurm.conf: callers may cache them on :meth:`conf_stamp`."""
+        config = parse.parse_config_values(self.run(["scontrol", "show", "config"]).stdout)
+        out = self.run(["scontrol", "show", "partition", "--oneliner", partition]).stdout
+        first = out.strip().splitlines()[0] if out.strip() else ""
+        mode = parse.parse_key_values(first).get("PreemptMode") or config.get("PreemptMode", "")
+        return config.get("JobRequeue", ""), mode
+
     def sbatch_options(self) -> frozenset[str]:
         """The long options the ``sbatch`` this client runs lists in ``sbatch --help`` (its
         release's; see :func:`cluster.parse.parse_sbatch_help`). Callers may cache it per
@@ -349,6 +359,10 @@ class SlurmClient:
                 self.run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"], check=False)
         cmd = ["scancel", *(["--signal", signal] if signal else []), *ids]
         self.run(cmd)
+
+    def set_dependency(self, job_id: str, dependency: str) -> None:
+        """``scontrol update JobId=ID Dependency=...`` of a pending job."""
+        self.run(["scontrol", "update", f"JobId={job_id}", f"Dependency={dependency}"])
 
     def requeue(self, job_id: str) -> None:
         """Put a running (or finished) batch job back in the queue with the same id.

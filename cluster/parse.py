@@ -188,14 +188,20 @@ def parse_sinfo(text: str) -> ClusterState:
     return ClusterState(tuple(parts), tuple(nodes.values()))
 
 
-def parse_config_limits(text: str) -> ClusterLimits:
-    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
-    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``)."""
+def parse_config_values(text: str) -> dict[str, str]:
+    """``scontrol show config``: every ``Key = value`` line as a dict."""
     values: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
+    return values
+
+
+def parse_config_limits(text: str) -> ClusterLimits:
+    """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
+    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``)."""
+    values = parse_config_values(text)
     defaults = ClusterLimits()
     ctld = _options(values.get("SlurmctldParameters", ""))
     sched = _options(values.get("SchedulerParameters", ""))

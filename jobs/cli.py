@@ -256,6 +256,8 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
         if not args.no_preflight:
             client.prefetch_cluster_state()  # the preflight's sinfo runs during validation
     try:
+        if _is_pipeline(args.spec):  # stages: (jobs.pipeline)
+            return _submit_pipeline(args, client, out)
         loaded = load_spec(args.spec, args.overrides)
         plan = make_plan(loaded, runs_root(args.runs_dir))
         if not args.dry_run and not args.continue_files:
@@ -282,6 +284,46 @@ def cmd_submit(args: argparse.Namespace, out: IO[str]) -> int:
         from jobs.follow import follow
 
         return follow(record, _client, out=out, as_json=args.json)
+    return 0
+
+
+def _is_pipeline(spec: str) -> bool:
+    """A spec with a top-level ``stages:`` (jobs.pipeline; its models, pydantic, only then)."""
+    import re
+
+    from train.spec import read_spec_file
+
+    try:
+        return re.search(r"(?m)^stages\s*:", read_spec_file(Path(spec))) is not None
+    except Exception:  # not readable: load_spec says why, in one line
+        return False
+
+
+def _submit_pipeline(args: argparse.Namespace, client: Slurm | None, out: IO[str]) -> int:
+    """A spec with ``stages:``: every stage a run of its own, each after the one before."""
+    from jobs.pipeline import dry_run_pipeline, submit_pipeline
+    from jobs.records import runs_root
+
+    if args.template or args.follow or args.executor == "local":
+        raise UsageError(
+            "submit: a pipeline (stages:) runs on Slurm only, without --template or --follow "
+            "(follow a stage: python -m jobs follow RUN)"
+        )
+    path, root = Path(args.spec), runs_root(args.runs_dir)
+    if args.dry_run:
+        out.write(dry_run_pipeline(path, args.overrides, root))
+        return 0
+    assert client is not None  # not a dry run, not local
+    stages = submit_pipeline(path, args.overrides, client, root, preflight=not args.no_preflight)
+    if args.json:
+        rows = [{"stage": r.stage, "run_id": r.run_id, "job_id": r.job_id, "run_dir": r.run_dir}
+                for r in stages]  # fmt: skip
+        out.write(json.dumps({"pipeline": stages[0].pipeline, "stages": rows}) + "\n")
+    else:
+        for r in stages:
+            out.write(f"{r.stage} {r.job_id}\n")
+        print(f"jobs: submitted pipeline {stages[0].pipeline} ({len(stages)} stages): "
+              f"python -m jobs status {stages[0].pipeline}", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -357,14 +399,17 @@ def _print_submitted(record: RunRecord, as_json: bool, out: IO[str]) -> None:
 
 # -- status / list ------------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
-    if (code := _remote(args, out)) is not None:
+    stages = _pipeline(args)
+    if not stages and (code := _remote(args, out)) is not None:
         return code
     from jobs.goodputview import run_ledger, write_goodput
     from jobs.monitor import states_many
     from jobs.records import find_run, iter_records
     from jobs.statusview import status_json, write_status
 
-    if args.run:
+    if stages:  # a pipeline: a line per stage
+        runs = stages
+    elif args.run:
         runs = [find_run(args.run)]
     else:
         runs = [r for _, r in zip(range(20), iter_records(), strict=False)]
@@ -374,18 +419,27 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     states = states_many(runs, _client)  # one sacct call for all of them
     # a named run: its goodput too (one more sacct, -D: Slurm's times of every attempt; not
     # for a run that never started: its time so far is all queued)
-    want = args.run and not args.no_goodput
+    want = args.run and not args.no_goodput and not stages
     ledger = run_ledger(runs[0], _client, states=states) if want else None
     if args.json:
         data = status_json(runs, states)
         if ledger is not None:
             data[0]["goodput"] = write_goodput(ledger)
-        out.write(json.dumps(data if not args.run else data[0], indent=1) + "\n")
+        out.write(json.dumps(data if not args.run or stages else data[0], indent=1) + "\n")
     else:
         write_status(runs, states, out)
         if ledger is not None:
             write_goodput(ledger, out)
     return 0
+
+
+def _pipeline(args: argparse.Namespace) -> list[RunRecord]:
+    """The stages of the pipeline a local command names (jobs.pipeline); [] for a run."""
+    if not args.run or getattr(args, "remote", None) is not None:
+        return []
+    from jobs.pipeline import find_pipeline
+
+    return find_pipeline(args.run)
 
 
 def cmd_list(args: argparse.Namespace, out: IO[str]) -> int:
@@ -523,11 +577,18 @@ def cmd_logs(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
-    if (code := _remote(args, out)) is not None:
+    stages = _pipeline(args)
+    if not stages and (code := _remote(args, out)) is not None:
         return code
     from jobs.monitor import cancel
     from jobs.records import find_run
 
+    if stages:  # a pipeline: every stage, the last first (each waits on the one before)
+        for record in reversed(stages):
+            done = cancel(record, _client)
+            what = f"cancelled {', '.join(done)}" if done else "nothing running to cancel"
+            out.write(f"{record.stage}: {what} ({record.run_id})\n")
+        return 0
     record = find_run(args.run)
     done = cancel(record, _client, _task_query(args.run, record))
     if done:

@@ -161,6 +161,34 @@ class LogTail:
         return rest
 
 
+class ChainTail(LogTail):
+    """Rank ``rank``'s log across the links of a chain (jobs.chain): one link runs at a time, so
+    their logs follow each other; at the end of one link's log the next link's is read once it
+    exists (the links are read again from run.json then: links queue more links)."""
+
+    def __init__(self, record: RunRecord, rank: int, chunk: int = CHUNK) -> None:
+        self.record, self.rank, self.done = record, rank, 0
+        super().__init__(record.log_file(record.chain_job_ids[0], rank), chunk)
+
+    def read(self) -> list[str]:
+        lines = super().read()
+        if lines or self.more or self.partial:
+            return lines
+        from jobs.errors import RunNotFoundError
+        from jobs.records import load_record
+
+        try:
+            ids = load_record(self.record.run_dir).chain_job_ids or self.record.chain_job_ids
+        except RunNotFoundError:  # a damaged record: the links known so far
+            ids = self.record.chain_job_ids
+        later = [j for j in ids[self.done + 1 :] if self.record.log_file(j, self.rank).exists()]
+        if not later:
+            return lines
+        self.done = ids.index(later[0])
+        self.path, self.offset, self.partial = self.record.log_file(later[0], self.rank), 0, b""
+        return super().read()
+
+
 def _clock_time(hms: str, now: float) -> float:
     """Epoch seconds of today's (or, near midnight, yesterday's) ``HH:MM:SS``."""
     day = time.localtime(now)
@@ -291,7 +319,9 @@ class Following:
     def __post_init__(self) -> None:
         dirs = dict(zip(self.record.job_ids(), self.record.tasks, strict=False))
         for jid in self.ids:
-            self.tails[jid] = LogTail(self.record.log_file(jid, self.rank))
+            chain = bool(self.record.chain_job_ids) and jid == self.record.job_id
+            tail = ChainTail(self.record, self.rank) if chain else None  # every link's log
+            self.tails[jid] = tail or LogTail(self.record.log_file(jid, self.rank))
             self.filters[jid] = LineFilter()
             task = dirs.get(jid)
             if task is not None:

@@ -13,6 +13,8 @@ queued     the first queue wait: Submit -> Start of the first attempt (``sacct -
 held       a requeue's hold and queue wait: a later attempt's Submit -> Start (the hold
            until ``BeginTime`` included); without Slurm's times (a local run), a recorded
            stop -> the next process start
+links      a chain of jobs (jobs.chain): the wait between links, the previous link's end ->
+           the next link's Start (each link is one attempt here, in the order they ran)
 startup    Slurm's Start (else the process start: the start/resume event minus its
            ``startup`` phases, :mod:`train.startup`) -> the ``start``/``resume`` event (the
            first step comes right after it)
@@ -79,6 +81,7 @@ PARTS = (
     "stop",
     "queued",
     "held",
+    "links",
     "unaccounted",
 )
 LABELS = {
@@ -91,6 +94,7 @@ LABELS = {
     "stop": "stop overhead",
     "queued": "first queue wait",
     "held": "requeue holds",
+    "links": "waits between links",
     "unaccounted": "unaccounted",
 }
 # events that end a segment (the process stops training), and those that end the run
@@ -343,6 +347,7 @@ def compute(
     now: float,
     state: str | None = None,
     slurm: bool = True,
+    chain: bool = False,
 ) -> Ledger:
     """The ledger of one run (one task of a sweep) from its records (pure).
 
@@ -351,8 +356,11 @@ def compute(
     run still going. ``state``: the task's Slurm state when the caller knows it (a PENDING
     task's time is its queue wait; a task that is over ends at its last record, not now).
     ``slurm``: False for a run without Slurm (the local executor): its launcher's start is
-    start-up, the wait between a recorded stop and the next start a requeue hold.
+    start-up, the wait between a recorded stop and the next start a requeue hold. ``chain``:
+    the attempts are the links of a chain (their events' ``restart_count`` the link's place):
+    a later attempt's wait is ``links``.
     """
+    later = "links" if chain else "held"
     ledger = Ledger()
     segments = _segments(events)
     timed_metrics = _timed(metrics)
@@ -391,7 +399,7 @@ def compute(
             seen_restarts.add(seg.restart)
         # -- before training: queued (the first wait) or held (a requeue's), then the start-up
         if first_of_attempt and attempt is not None and attempt.start is not None:
-            waited = "queued" if times and attempt is times[0] else "held"
+            waited = "queued" if times and attempt is times[0] else later
             cursor.to(waited, min(attempt.start, seg.time))
         else:
             proc = seg.process_start()
@@ -452,7 +460,7 @@ def compute(
         if last_restart is not None and k <= last_restart:
             continue
         cursor.to(
-            "queued" if k == 0 else "held", times_k.start if times_k.start is not None else end
+            "queued" if k == 0 else later, times_k.start if times_k.start is not None else end
         )
         if times_k.start is not None and times_k.end is None:
             cursor.to("startup", end)  # starting now

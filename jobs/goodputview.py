@@ -21,7 +21,7 @@ from jobs.records import RunRecord
 from train.runfiles import EVENTS_FILE, METRICS_FILE
 from train.schema import EVENT, METRIC, read_records
 
-__all__ = ["dir_ledger", "run_ledger", "task_ledgers", "write_goodput"]
+__all__ = ["dir_ledger", "run_ledger", "run_records", "task_ledgers", "write_goodput"]
 
 
 def _slurm_attempts(
@@ -45,19 +45,53 @@ def _slurm_attempts(
     return by_job, ""
 
 
-def _since(
+def _chain_attempts(
+    record: RunRecord, client: Callable[[], Slurm] | None
+) -> tuple[dict[str, list[JobAttempt]], str, dict[str, int]]:
+    """A chain's links as the attempts of its one task (ONE ``sacct -D`` for every link), in
+    the order they started, and each link's place in that order."""
+    by_job: dict[str, list[JobAttempt]] = {}
+    if client is None:
+        return {}, "", {}
+    try:
+        for a in client().attempt_times(",".join(record.chain_job_ids)):
+            by_job.setdefault(a.job_id, []).append(a)
+    except (ClusterError, OSError, ValueError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return {}, f"no Slurm times ({first[:120]})", {}
+    ran = [j for j in record.chain_job_ids if any(a.start is not None for a in by_job.get(j, []))]
+    ran = ran or record.chain_job_ids[:1]  # none started yet: the first link's queue wait
+    links = [a for j in ran for a in by_job.get(j, [])[-1:]]  # a link is never requeued
+    return {record.job_id: links}, "", {j: k for k, j in enumerate(ran)}
+
+
+def _as_links(events: list[dict[str, Any]], order: Mapping[str, int]) -> list[dict[str, Any]]:
+    """A chain's events for the ledger: each link's ``restart_count`` its place in the chain
+    (every link is a first start for Slurm); the chain's own bookkeeping left out."""
+    out = []
+    for e in events:
+        if e.get("event") in ("link_started", "chain_ended"):
+            continue
+        place = order.get(str(e.get("job_id")))
+        out.append(e if place is None else {**e, "restart_count": place})
+    return out
+
+
+def run_records(
     records: list[dict[str, Any]], submitted_at: float | None, job_ids: Collection[str] = ()
 ) -> list[dict[str, Any]]:
     """The records of this run: a directory used again keeps an earlier run's lines. An event
-    of one of this run's jobs (``job_ids``: its Slurm ids, array ids included) is this run's
-    even when stamped before the submission (a node whose clock is behind the controller's):
-    the cut for the other records moves back by that skew."""
+    of one of this run's jobs (``job_ids``: its Slurm ids, array ids included; a local run's
+    ``local-N``, which its events carry as ``submission``) is this run's even when stamped
+    before the submission (a node whose clock is behind the controller's): the cut for the
+    other records moves back by that skew."""
     if not submitted_at:
         return records
     cut = submitted_at
     ours = {str(j).split("_")[0] for j in job_ids if j}
     for r in records:
         t, job = r.get("time"), r.get("job_id")
+        job = r.get("submission") if job is None else job
         if ours and _finite(t) and job is not None and str(job).split("_")[0] in ours:
             cut = min(cut, float(t or 0))
     return [r for r in records if float(r.get("time") or 0) >= cut]
@@ -112,13 +146,17 @@ def task_ledgers(
     since = record.submitted_at
     ours = [*record.slurm_job_ids(), *ids] if record.executor == "slurm" else []
     events = [
-        _since(read_records(Path(t.run_dir) / EVENTS_FILE, EVENT), since, ours)
+        run_records(read_records(Path(t.run_dir) / EVENTS_FILE, EVENT), since, ours)
         for t in record.tasks
     ]
+    chain = bool(record.chain_job_ids) and record.executor == "slurm"
     if _never_started(record, states, events):
         submitted = record.submitted_at
         attempts = {j: [JobAttempt(j, "PENDING", submitted, None, None, None)] for j in ids}
         note = ""
+    elif chain:
+        attempts, note, order = _chain_attempts(record, client)
+        events = [_as_links(task_events, order) for task_events in events]
     else:
         attempts, note = _slurm_attempts(record, client)
     out = []
@@ -129,12 +167,13 @@ def task_ledgers(
         cut = since if first is None or not since else min(since, first)
         ledger = compute(
             task_events,
-            _since(read_records(Path(task.run_dir) / METRICS_FILE, METRIC), cut),
+            run_records(read_records(Path(task.run_dir) / METRICS_FILE, METRIC), cut),
             attempts.get(jid, []),
             submitted_at=record.submitted_at or None,
             now=now,
             state=info.state if info is not None else None,
             slurm=record.executor == "slurm",
+            chain=chain,
         )
         if note:
             ledger.notes.append(note)

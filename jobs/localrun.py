@@ -52,7 +52,7 @@ from typing import IO, TYPE_CHECKING, Any
 from jobs.pids import ProcHandle
 from jobs.records import RunRecord, load_record
 from train import runfiles
-from train.env import DistEnv
+from train.env import SUBMISSION_ENV, DistEnv
 from train.history import RunHistory, attempt_completed_at, over_budget
 from train.safepath import python_module_argv
 from train.schema import Schema, report
@@ -308,6 +308,8 @@ class Supervisor:
             env["SLURM_TRAIN_LOCAL_SUPERVISOR"] = str(parent)  # train.stop.act: gone = no restart
             # train reads the attempt as torchrun's restart count: > 0 implies --resume.
             env["TORCHELASTIC_RESTART_COUNT"] = str(entry["restarts"])
+            # the submission the events carry (no Slurm job id here): budgets per submission
+            env[SUBMISSION_ENV] = self.task_id(index)
             path = self.record.log_file(self.task_id(index), rank)
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
             log = os.fdopen(runfiles.open_fd(path, flags), "ab")  # never through a link
@@ -377,7 +379,8 @@ class Supervisor:
             events = history.events()
             if not events or events[-1].get("event") != "cancelled":
                 step = next((e["step"] for e in reversed(events) if "step" in e), None)
-                history.append("cancelled", step=step, restart_count=attempt, job_id=None)
+                history.append("cancelled", step=step, restart_count=attempt, job_id=None,
+                               submission=self.task_id(index))  # fmt: skip
         entry.update(state=state, reason=why)
         self.save()
 
@@ -395,10 +398,11 @@ class Supervisor:
         if any(c in NO_RETRY_EXITS for c in codes):
             return "FAILED", ""
         budgets = self.budgets[index]
+        submission = self.task_id(index)
         if REQUEUE_EXIT in codes and all(c in (0, REQUEUE_EXIT) for c in codes):
             # train recorded the stop (preempted/timeout) and checked the budget already; a
             # program that exits 75 without recording anything is still bounded by the sum.
-            over = over_budget(history.budget_counts(None, attempt), budgets)
+            over = over_budget(history.budget_counts(None, attempt, submission), budgets)
             total = budgets.max_preemptions + budgets.max_timeouts + budgets.max_failures
             if over is None and attempt >= total:
                 over = f"restarted {attempt}x, the sum of the requeue budgets; not restarting"
@@ -409,14 +413,15 @@ class Supervisor:
             e.get("event") == "failure" and e.get("restart_count") == attempt
             for e in history.events()
         )
-        base = {"step": None, "restart_count": attempt, "job_id": None}
+        base = {"step": None, "restart_count": attempt, "job_id": None, "submission": submission}
         if not recorded:
             # a rank died before it could record its failure: the launcher decides it, through
             # the same stop decision as every other path (train.stop)
             from train.stop import StopFacts, decide, record
 
             facts = StopFacts("local", restart_count=attempt)
-            decision = decide("failure", facts, history.budget_counts(None, attempt), budgets)
+            counts = history.budget_counts(None, attempt, submission)
+            decision = decide("failure", facts, counts, budgets)
             record(decision, history, base, facts, error=f"rank {rank} exited {code}")
             if decision.exhausted:
                 return "FAILED", decision.exhausted

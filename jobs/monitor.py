@@ -145,8 +145,11 @@ def states_many(
             cluster=here or (_cluster_name(client) if asked else ""),
         )
         for r in asked:
+            links = r.chain_job_ids and _chain_state(r, found)  # a chain: one run, its links'
             for jid in r.job_ids():
-                info = found.get(jid) or JobInfo(jid, "UNKNOWN", reason="not known to Slurm")
+                info = (
+                    links or found.get(jid) or JobInfo(jid, "UNKNOWN", reason="not known to Slurm")
+                )
                 if info.name and r.name and info.name != r.name:
                     why = f"{REUSED}: Slurm's job {jid} is another job ({info.name}); ours is gone"
                     info = JobInfo(jid, "UNKNOWN", reason=why)
@@ -159,6 +162,12 @@ def states_many(
             if jid in out and r.cancel_requested(jid):
                 out[jid] = cancelling(out[jid], r.cancel_requested_at)
     return out
+
+
+def _chain_state(record: RunRecord, found: dict[str, JobInfo]) -> JobInfo | None:
+    from jobs.chain import chain_state
+
+    return chain_state(record, found)
 
 
 def cancelling(info: JobInfo, asked_at: float | None) -> JobInfo:
@@ -202,7 +211,7 @@ def _finished(info: JobInfo) -> bool:
 
 def print_logs(record: RunRecord, rank: int, only: str | None, out: IO[str]) -> int:
     """Print the rank-``rank`` log of one task or of every task (with headers)."""
-    ids = [only] if only else record.job_ids()
+    ids = [only] if only else (record.chain_job_ids or record.job_ids())  # a chain: every link
     found = 0
     for jid in ids:
         path = record.log_file(jid, rank)

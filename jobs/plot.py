@@ -81,9 +81,13 @@ def read_series(task_dir: Path, label: str) -> TaskSeries:
                 if (v := _num(value)) is not None:
                     s.scalars.setdefault(str(name), []).append((int(step), v))
     reached: int | None = None  # the step of the last interruption not yet resumed
+    links: dict[str, int] = {}  # a chain of jobs (jobs.chain): each link is an attempt
     for ev in read_records(task_dir / EVENTS_FILE, EVENT):
+        if ev.get("event") == "link_started":
+            links.setdefault(str(ev.get("job_id")), len(links))
         if (t := _num(ev.get("time"))) is not None:
-            attempt = f"{ev.get('restart_count') or 0}"
+            link = links.get(str(ev.get("job_id")))
+            attempt = f"{ev.get('restart_count') or 0}" if link is None else f"(link {link})"
             s.life.append((t, str(ev["event"]), attempt))
         if ev.get("event") == "restart_in_place" and s.stops:
             # the interruption went on in the same allocation: say so on its mark
@@ -288,6 +292,7 @@ _PART_COLORS = {
     "stop": "tab:orange",
     "queued": "tab:purple",
     "held": "tab:pink",
+    "links": "tab:gray",
     "unaccounted": "lightgray",
 }
 

@@ -139,6 +139,15 @@ class RunRecord:
     # The Slurm cluster it was submitted to (slurm.conf's ClusterName; "" before it was kept):
     # a job id means something only on its own cluster.
     cluster: str = ""
+    # A run submitted as a chain of jobs (jobs.chain; requeue.mode chain): every link's job id
+    # in submission order (job_id is the first); links queue the next ones and add them here.
+    chain_job_ids: list[str] = field(default_factory=list)
+    # A stage of a pipeline (jobs.pipeline): the pipeline's id, the stage's name, and the job
+    # ids of the next stage waiting on this one (``dependents_after``: ok or any).
+    pipeline: str = ""
+    stage: str = ""
+    dependents: list[str] = field(default_factory=list)
+    dependents_after: str = ""
     # `jobs cancel` asked (mark_cancel): when, and which ids (a job, an array or one task;
     # every id of the run for the whole run). status/list show CANCELLING until it is over.
     cancel_requested_at: float | None = None
@@ -151,7 +160,10 @@ class RunRecord:
         return any(task_job_id == t or task_job_id.startswith(f"{t}_") for t in self.cancel_targets)
 
     def slurm_job_ids(self) -> list[str]:
-        """The Slurm job id of every array (or of the job) of this run, in submission order."""
+        """The Slurm job id of every array, of every link of a chain, or of the job of this run,
+        in submission order."""
+        if self.chain_job_ids:
+            return list(self.chain_job_ids)
         return list(self.array_job_ids) or ([self.job_id] if self.job_id else [])
 
     def job_ids(self) -> list[str]:
@@ -213,6 +225,11 @@ RUN_RECORD = Schema(
         "array_job_ids": "list[str]",
         "array_chunk": "count",
         "cluster": "str",
+        "chain_job_ids": "list[str]",
+        "pipeline": "str",
+        "stage": "str",
+        "dependents": "list[str]",
+        "dependents_after": "str",
         "cancel_requested_at": "time",
         "cancel_targets": "list[str]",
     },

@@ -182,6 +182,34 @@ def sbatch_script(spec: JobSpec, run_dir: Path, array_size: int | None = None) -
     }
     if array_size is not None and spec.sweep is not None:
         params["array_parallelism"] = spec.sweep.max_parallel
-    executor = TrainExecutor(folder, rank_note(spec, run_dir, array_size is not None))
+    note = rank_note(spec, run_dir, array_size is not None)
+    if spec.requeue.mode == "chain":  # a link of a chain of jobs (jobs.chain)
+        note = [*chain_lines(run_dir), *note]
+    executor = TrainExecutor(folder, note)
     executor.update_parameters(**params)
     return executor.script(array_size)
+
+
+def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
+    """The hooks of a link of a chain (:mod:`jobs.chain`), before the step: the done-check and
+    the next links queued (``run`` for the first link, ``resume N`` for a later one: the run
+    resumes, ``SLURM_TRAIN_LINK=N`` tells train so; ``exit N`` when the chain is over); when
+    the script exits, the chain's end (the links still queued cancelled)."""
+    from jobs.executor import safe_python
+
+    exe = safe_python(python)
+    run = shlex.quote(str(Path(run_dir).absolute()))
+    return [
+        "# a link of a chain (jobs.chain): the done-check and the next links queued first",
+        f'link=$({exe} -m jobs.chain link-start {run} --job-id "$SLURM_JOB_ID") || link=resume',
+        'case "$link" in',
+        "  run) ;;",
+        '  resume*) n="${link#resume}"; n="${n# }"; export SLURM_TRAIN_LINK="${n:-1}" ;;',
+        '  *) exit "${link#exit }" ;;',
+        "esac",
+        "link_end() {",
+        "  link_rc=$?",
+        f'  {exe} -m jobs.chain link-end {run} --job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
+        "}",
+        "trap link_end EXIT",
+    ]

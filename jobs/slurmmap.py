@@ -180,7 +180,9 @@ ROWS: tuple[Row, ...] = (
         "--signal=SIGNAL@DELAY_S",
         lambda s: f"{s.requeue.signal}@{s.requeue.signal_delay_s}",
     ),
-    Row((), "requeue", "--requeue", lambda s: True),
+    # a chain of jobs (requeue.mode chain, jobs.chain) is never requeued: its next link resumes
+    Row((), "requeue", "--requeue", lambda s: None if s.requeue.mode == "chain" else True),
+    Row((), "no-requeue", "--no-requeue", lambda s: True if s.requeue.mode == "chain" else None),
     # Written by submitit from the number of tasks (its map_count) and array_parallelism.
     Row(("sweep", "sweep.max_parallel"), "array", "--array=0-N%MAX_PARALLEL", lambda s: None),
 )

@@ -7,9 +7,11 @@ are read from each task's run directory (``metrics.jsonl`` tail, ``events.jsonl`
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import IO, Any
 
 from cluster import JobInfo
+from jobs.goodputview import run_records
 from jobs.monitor import (
     describe_failure,
     events_summary,
@@ -64,13 +66,17 @@ def attempt_seconds(events: list[dict[str, Any]]) -> dict[int, float]:
 
 
 def run_elapsed(
-    info: JobInfo, events: list[dict[str, Any]], since: float = 0.0
+    info: JobInfo,
+    events: list[dict[str, Any]],
+    since: float = 0.0,
+    job_ids: Collection[str] = (),
 ) -> tuple[int | None, int]:
     """(seconds the whole run ran over all its attempts, how many attempts): Slurm's elapsed
     time of the attempt it knows (the newest) plus what the run's events say of the earlier
     ones; where Slurm says nothing (a local run), the events alone. Events before ``since``
-    (the submission) are an earlier run's that used the same directory."""
-    spans = attempt_seconds([e for e in events if (e.get("time") or 0.0) >= since])
+    (the submission) are an earlier run's that used the same directory, unless they carry one
+    of this run's ``job_ids`` (a node whose clock is behind: kept, as the ledger keeps them)."""
+    spans = attempt_seconds(run_records(events, since, job_ids))
     current = info.restarts if isinstance(info.restarts, int) else max(spans, default=0)
     earlier = sum(v for n, v in spans.items() if n < current)
     attempts = len({n for n in spans if n < current}) + 1
@@ -81,10 +87,11 @@ def run_elapsed(
     return round(sum(spans.values())), len(spans)
 
 
-def _run_elapsed(info: JobInfo, run_dir: str, since: float) -> tuple[int | None, int]:
+def _run_elapsed(r: RunRecord, info: JobInfo, run_dir: str) -> tuple[int | None, int]:
     from train.history import RunHistory
 
-    return run_elapsed(info, RunHistory(run_dir).events(), since)
+    ours = [*r.slurm_job_ids(), *r.job_ids()]
+    return run_elapsed(info, RunHistory(run_dir).events(), r.submitted_at, ours)
 
 
 def _elapsed_text(total: int | None, attempts: int) -> str:
@@ -112,9 +119,7 @@ def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[
             info = states.get(jid)
             if info is None:
                 continue
-            total, attempts = (
-                _run_elapsed(info, t.run_dir, r.submitted_at) if detail else (info.elapsed_s, 1)
-            )
+            total, attempts = _run_elapsed(r, info, t.run_dir) if detail else (info.elapsed_s, 1)
             tasks.append(
                 {
                     "job_id": jid,
@@ -176,11 +181,7 @@ def write_status(runs: list[RunRecord], states: dict[str, JobInfo], out: IO[str]
                 f"exit {info.exit_code}" if info.exit_code else "",
                 f"nodes {nodes}" if nodes else "",
                 _elapsed_text(
-                    *(
-                        _run_elapsed(info, t.run_dir, r.submitted_at)
-                        if detail
-                        else (info.elapsed_s, 1)
-                    )
+                    *(_run_elapsed(r, info, t.run_dir) if detail else (info.elapsed_s, 1))
                 ),
                 reason(info),
                 " ".join(f"{k}={v}" for k, v in t.values.items()),

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,8 +157,10 @@ def submit(
     executor: str = "auto",
     *,
     preflight: bool = True,
+    after: Sequence[str] = (),
 ) -> records.RunRecord:
     """Submit to Slurm (after the preflight) or run locally; ``auto``: Slurm when it answers.
+    ``after``: sbatch options of the run's first job (a pipeline's ``--dependency``).
 
     Slurm costs one ``sinfo`` (which also tells ``auto`` that Slurm answers) and one sbatch per
     array; the array limits come from :func:`jobs.preflight.cluster_limits` (cached).
@@ -183,6 +185,7 @@ def submit(
             print(msg, file=sys.stderr)
             return submit_local(loaded, plan)
     limit = None
+    auto = loaded.spec.requeue.mode == "auto" and not loaded.is_array
     if preflight:
         from jobs.preflight import (
             array_limit,
@@ -207,11 +210,61 @@ def submit(
         if loaded.is_array:
             limits = cluster_limits(client, records.state_dir())
             limit = array_limit(len(loaded.tasks), limits, loaded.where)
-    return submit_slurm(loaded, plan, client, array_limit=limit)
+        loaded = _chain_or_requeue(loaded, client, partition)
+    try:
+        return submit_slurm(loaded, plan, client, array_limit=limit, after=after)
+    except SubmitError as exc:
+        from jobs.chain import requeue_refused, with_mode
+
+        # a site that refuses --requeue (a job submit plugin): the run as a chain (mode auto)
+        if auto and loaded.spec.requeue.mode != "chain" and requeue_refused(str(exc)):
+            _chain_note(loaded, f"sbatch refused --requeue ({exc})")
+            return submit_slurm(
+                with_mode(loaded, "chain"), plan, client, array_limit=limit, after=after
+            )
+        raise
+
+
+def _chain_note(loaded: LoadedSpec, why: str) -> None:
+    depth = loaded.spec.requeue.chain_depth
+    print(
+        f"jobs: requeue does not work here: {why}; the run goes as a chain of jobs, each "
+        f"resuming from the last checkpoint ({depth} queued ahead; requeue.mode: requeue to "
+        "submit it as one job anyway)",
+        file=sys.stderr,
+    )
+
+
+def _chain_or_requeue(loaded: LoadedSpec, client: Slurm, partition: str) -> LoadedSpec:
+    """``requeue.mode`` auto resolved by the preflight: chain where requeue does not work for
+    this partition (jobs.chain.requeue_support), else requeue."""
+    from jobs.chain import requeue_support, with_mode
+
+    mode = loaded.spec.requeue.mode
+    if mode == "chain" and loaded.is_array:
+        raise SubmitError(
+            f"{loaded.where(('requeue', 'mode'))}: requeue.mode: a sweep cannot run as a chain "
+            "of jobs yet (submit its points as separate specs, or requeue.mode: requeue)"
+        )
+    if mode != "auto":
+        return loaded
+    why = requeue_support(client, partition, records.state_dir())
+    if why is None or loaded.is_array:
+        if why is not None:
+            print(f"jobs: requeue does not work here ({why}); a sweep cannot be a chain yet: "
+                  "a preempted task is not resumed", file=sys.stderr)  # fmt: skip
+        return with_mode(loaded, "requeue")
+    _chain_note(loaded, why)
+    return with_mode(loaded, "chain")
 
 
 def submit_slurm(
-    loaded: LoadedSpec, plan: Plan, client: Slurm, *, array_limit: int | None = None
+    loaded: LoadedSpec,
+    plan: Plan,
+    client: Slurm,
+    *,
+    array_limit: int | None = None,
+    after: Sequence[str] = (),
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
@@ -236,16 +289,23 @@ def submit_slurm(
     groups = [files[i : i + size] for i in range(0, len(files), size)]
     pending = folder / ".pending"
     job_ids: list[str] = []
+    # a chain (jobs.chain): its first link and chain_depth links queued behind it, the same
+    # script, each starting only when the one before did not complete
+    chain = loaded.spec.requeue.mode == "chain" and not loaded.is_array
+    if chain:
+        groups = groups[:1] * (1 + loaded.spec.requeue.chain_depth)
     try:
         for k, group in enumerate(groups):
             pickles = _dump_launches(loaded, group, pending)
             count = len(group) if loaded.is_array else None
-            script = sbatch_script(loaded.spec, plan.run_dir, count)
-            path = plan.run_dir / ("sbatch.sh" if k == 0 else f"sbatch-{k}.sh")
-            runfiles.atomic_write(path, script, durable=False)
-            after = [f"--dependency=afterany:{job_ids[-1]}"] if job_ids else []
+            path = plan.run_dir / ("sbatch.sh" if k == 0 or chain else f"sbatch-{k}.sh")
+            if k == 0 or not chain:  # a chain's links share the one script
+                script = sbatch_script(loaded.spec, plan.run_dir, count)
+                runfiles.atomic_write(path, script, durable=False)
+            dependency = "afternotok" if chain else "afterany"
+            deps = [f"--dependency={dependency}:{job_ids[-1]}"] if job_ids else list(after)
             # sbatch from the caller's directory, as submitit did: the job's working directory.
-            job_ids.append(client.submit(path, after))
+            job_ids.append(client.submit(path, deps))
             for i, pkl in enumerate(pickles):
                 jid = f"{job_ids[-1]}_{i}" if loaded.is_array else job_ids[-1]
                 runfiles.rename(pkl, submitted_pickle(folder, jid))
@@ -266,7 +326,9 @@ def submit_slurm(
     record = new_record(loaded, plan, "slurm", files)
     record.job_id = job_ids[0]
     record.cluster = client.cluster_name()
-    if len(job_ids) > 1:
+    if chain:
+        record.chain_job_ids = job_ids
+    elif len(job_ids) > 1:
         record.array_job_ids = job_ids
         record.array_chunk = size
     _save(record)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from train.env import DistEnv
 from train.errors import EntrypointError
+from train.report import last_reported_step
 from train.session import RunSession
 from train.spec import RunConfig
 from train.stop import PreemptionGuard
@@ -215,7 +216,14 @@ def run_entrypoint(
         process_group=entry.command is None,
     )
     with session:
-        session.started(None, entrypoint=entry.function or entry.command)
+        progress: dict[str, Any] = {}
+        if env.is_main and env.resumed and session.resume_from is None:
+            # a restart with no checkpoint of ours: the command's own progress (train.report)
+            # is what the no-progress stop compares (train.history.budget_counts)
+            reported = last_reported_step(session.run_dir)
+            if reported is not None:
+                progress["reported_step"] = reported
+        session.started(None, entrypoint=entry.function or entry.command, **progress)
         if entry.command is not None:
             from train.command import run_command as supervise_command
 

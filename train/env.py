@@ -27,6 +27,8 @@ from train.errors import EnvError
 __all__ = [
     "DUMMY_GPUS_ENV",
     "IN_PLACE_ENV",
+    "LINK_ENV",
+    "SUBMISSION_ENV",
     "DistEnv",
     "attempt_key",
     "master_port_for_job",
@@ -44,6 +46,12 @@ PORT_SPAN = 12000
 DUMMY_GPUS_ENV = "SLURM_TRAIN_DUMMY_GPUS"
 #: The restart-in-place count of this step (the batch script's own variable, not Slurm's).
 IN_PLACE_ENV = "SLURM_TRAIN_IN_PLACE"
+#: Set (to the link's place, 1, 2, ...) by the batch script of a chain's link that continues
+#: the run of the links before it (jobs.chain): a resume, like a requeued job's.
+LINK_ENV = "SLURM_TRAIN_LINK"
+#: The local executor's submission (its job id, ``local-N``): events carry it, so that budgets
+#: per submission hold without Slurm's job id (jobs/localrun.py sets it).
+SUBMISSION_ENV = "SLURM_TRAIN_SUBMISSION"
 
 
 def master_port_for_job(job_id: str | None) -> int:
@@ -133,6 +141,12 @@ class DistEnv:
     in_place: int = 0
     #: A batch script restarts this job's failed steps in place (``SLURM_TRAIN_IN_PLACE`` set).
     in_place_supervised: bool = False
+    #: A link of a chain that continues the run of the links before it (``SLURM_TRAIN_LINK``,
+    #: jobs.chain): each link is a new Slurm job, its restart count 0.
+    link: int = 0
+    #: The local executor's submission id (``SLURM_TRAIN_SUBMISSION``: ``local-N``), None under
+    #: Slurm (the job id is the submission there): the events carry it as ``submission``.
+    submission: str | None = None
     launcher: Launcher = "single"
     #: GPUs Slurm allocated on this node (SLURM_GPUS_ON_NODE / _PER_NODE), None if none asked.
     gpus_on_node: int | None = None
@@ -153,8 +167,9 @@ class DistEnv:
 
     @property
     def resumed(self) -> bool:
-        """Whether this process continues an earlier attempt (requeued or restarted in place)."""
-        return self.restart_count > 0 or self.in_place > 0
+        """Whether this process continues an earlier attempt (requeued, restarted in place, or
+        a later link of a chain)."""
+        return self.restart_count > 0 or self.in_place > 0 or self.link > 0
 
     @property
     def is_main(self) -> bool:
@@ -191,6 +206,8 @@ class DistEnv:
             dummy_gpus=environ.get(DUMMY_GPUS_ENV, "").strip() == "1",
             in_place=_int(environ, IN_PLACE_ENV, 0) or 0,
             in_place_supervised=IN_PLACE_ENV in environ,
+            link=_int(environ, LINK_ENV, 0) or 0,
+            submission=environ.get(SUBMISSION_ENV) or None,
         )
         in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
         torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ

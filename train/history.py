@@ -163,15 +163,20 @@ def attempt_completed_at(
     return None
 
 
-def _submission(events: list[dict[str, Any]], job_id: object) -> list[dict[str, Any]]:
-    """The events of the current submission (``job_id``'s): the newest ones back to another job
-    id, or back to where the restart count fell (a new submission starts at 0 again: the local
-    executor's runs have no job id)."""
+def _submission(
+    events: list[dict[str, Any]], job_id: object, submission: str | None = None
+) -> list[dict[str, Any]]:
+    """The events of the current submission (``job_id``'s; the local executor's runs have no
+    job id: ``submission``'s, the ``local-N`` their events carry): the newest ones back to
+    another job id or submission, or back to where the restart count fell (a new submission
+    starts at 0 again: events written before submissions were recorded)."""
     start = len(events)
     later = None
     for i in range(len(events) - 1, -1, -1):
         e = events[i]
         if not _same_job(e.get("job_id"), job_id):
+            break
+        if submission is not None and e.get("submission") != submission:
             break
         count = _count(e.get("restart_count"))
         if later is not None and count > later:
@@ -181,7 +186,11 @@ def _submission(events: list[dict[str, Any]], job_id: object) -> list[dict[str, 
 
 
 def budget_counts(
-    events: Iterable[Mapping[str, Any]], *, job_id: object, restart_count: int
+    events: Iterable[Mapping[str, Any]],
+    *,
+    job_id: object,
+    restart_count: int,
+    submission: str | None = None,
 ) -> dict[str, int]:
     """The counts the stop decision checks the budgets against, each over its scope
     (:data:`BUDGET_SCOPES`): the stops of the current submission (``preempted``, ``timeout``,
@@ -190,7 +199,7 @@ def budget_counts(
     consecutive restarts of this submission resumed from the same checkpoint step
     (``stalled_step``, -1 when no restart resumed from a known step)."""
     listed = [dict(e) for e in events]
-    mine = _submission(listed, job_id)
+    mine = _submission(listed, job_id, submission)
     counts = dict.fromkeys((*EVENTS, *(f"failure_{c}" for c in FAILURE_CLASSES)), 0)
     for e in mine:
         name = str(e.get("event"))
@@ -202,7 +211,7 @@ def budget_counts(
         for e in mine
         if e.get("event") == "restart_in_place" and _count(e.get("restart_count")) == restart_count
     )
-    steps = [e.get("step") for e in mine if e.get("event") == "resume"]
+    steps = [_resumed_from(e) for e in mine if _restarted(e)]
     stalled, at = 0, -1
     if steps and isinstance(steps[-1], int) and not isinstance(steps[-1], bool):
         at = steps[-1]
@@ -212,6 +221,19 @@ def budget_counts(
             stalled += 1
     counts["stalled_restarts"], counts["stalled_step"] = stalled, at
     return counts
+
+
+def _restarted(e: Mapping[str, Any]) -> bool:
+    """A restart's start: a ``resume``, or a command's ``start`` that carries the step it had
+    reported (``reported_step``: it keeps no checkpoint of ours)."""
+    return e.get("event") == "resume" or (e.get("event") == "start" and "reported_step" in e)
+
+
+def _resumed_from(e: Mapping[str, Any]) -> object:
+    """Where a restart resumed: its checkpoint's step, else the step its command had reported
+    with ``train.report`` (train.stop.facts.progress_step: the same measure at the stop)."""
+    step = e.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else e.get("reported_step")
 
 
 def _count(value: Any) -> int:
@@ -249,9 +271,13 @@ class RunHistory:
                 counts[key] += 1
         return counts
 
-    def budget_counts(self, job_id: object, restart_count: int) -> dict[str, int]:
+    def budget_counts(
+        self, job_id: object, restart_count: int, submission: str | None = None
+    ) -> dict[str, int]:
         """:func:`budget_counts` of the recorded events (what the stop decision reads)."""
-        return budget_counts(self.events(), job_id=job_id, restart_count=restart_count)
+        return budget_counts(
+            self.events(), job_id=job_id, restart_count=restart_count, submission=submission
+        )
 
     def check_budget(self, requeue_config: RequeueConfig) -> str | None:
         """Why the run must stop instead of being requeued, or None when within budget

@@ -24,7 +24,7 @@ from typing import SupportsFloat
 
 from train.runfiles import METRICS_FILE, open_fd
 
-__all__ = ["REPORT_KIND", "report"]
+__all__ = ["REPORT_KIND", "last_reported_step", "report"]
 
 REPORT_KIND = "report"
 _RESERVED = frozenset({"kind", "time", "step", "scalars"})
@@ -69,3 +69,39 @@ def report(step: int, **scalars: object) -> None:
         if not _failed:
             _failed = True
             print(f"train.report: cannot write to {run_dir}: {exc}", file=sys.stderr)
+
+
+#: how much of the end of ``metrics.jsonl`` :func:`last_reported_step` reads (one read per stop)
+_TAIL_BYTES = 64 * 1024
+
+
+def last_reported_step(run_dir: str | os.PathLike[str]) -> int | None:
+    """The step of the newest ``report`` line in ``RUN_DIR/metrics.jsonl`` (a command's own
+    progress, where it keeps no checkpoint of ours), or None. Reads only the file's last
+    64 KiB, once (a stop's decision, a start's event); a damaged or foreign line is skipped,
+    a link is not followed."""
+    try:
+        fd = open_fd(os.path.join(run_dir, METRICS_FILE), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - _TAIL_BYTES), os.SEEK_SET)
+        data = os.read(fd, _TAIL_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for raw in reversed(data.split(b"\n")):
+        if REPORT_KIND.encode() not in raw:
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue  # a torn first or last line, a foreign one
+        if not isinstance(line, dict):
+            continue
+        step = line.get("step")
+        if line.get("kind") == REPORT_KIND and type(step) is int and step >= 0:
+            return step
+    return None

@@ -306,6 +306,10 @@ EVENT_KINDS: tuple[EventKind, ...] = (
         count_key="restarts_in_place",
         summary="restarted in place",
     ),
+    # a link of a chain of jobs (jobs.chain) started: its job id, place, the checkpoint step
+    EventKind("link_started", asks_slurm=True),
+    # the chain is over: completed, a spent budget, no checkpoint progress (the last word)
+    EventKind("chain_ended", final=True, settles=True, asks_slurm=True),
 )
 
 

@@ -149,9 +149,29 @@ EVENT = Schema(
         "via": "str",
         "test_accuracy": "float",
         "stderr_tail": "list[str]",
+        "traceback": "list[str]",  # a failure in training: the last lines of its traceback
         "skipped": "str",
         "exit_code": "int",
         "first_output_at": "time",  # a command's first write in this process run
+        # the stop's facts and decision (train.stop.act.record)
+        "kind": "str",
+        "action": "str",
+        "failure_class": "str",
+        "cause": "str",  # the rule that sorted a failure (train.stop.causes)
+        "signature": "str",  # a failure's exception and location: a deterministic crash
+        "root_rank": "count",  # the rank whose failure was the root (its cascade on others)
+        "cascade": "dict",  # this rank's own failure when it was the root's cascade
+        "observed": "list[dict]",  # a hang: what the watcher saw of each rank
+        "by": "str",  # who recorded it (rank, batch_script)
+        "tries": "count",
+        "then": "str",
+        "after": "str",  # restart_in_place: the event it follows
+        "in_place": "count",
+        "next_in_place": "count",
+        "submission": "str",  # the local executor's submission (local-N)
+        "exact": "bool",
+        "reported_step": "count",  # a command's restart: the step it had reported
+        "config_changed": "list[str]",
     },
     by="event",
     # where readers name the hosts

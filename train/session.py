@@ -55,6 +55,7 @@ from train.stop import (
     end_time,
     ended_elsewhere,
     explain_previous_attempt,
+    failure_details,
     needed_lead_s,
     request_requeue,
 )
@@ -302,6 +303,7 @@ class RunSession:
                 restart_count=self.env.restart_count,
                 job_id=self.env.job_id,
                 **({"in_place": self.env.in_place} if self.env.in_place else {}),
+                **({"submission": self.env.submission} if self.env.submission else {}),
                 **fields,
             )
 
@@ -438,8 +440,9 @@ class RunSession:
         what = describe_failure(exc, where)
         self.stopped = "failure"
         return request_requeue(
-            self.env, self.run_dir, self.requeue, "failure", step=step, error=what
-        )
+            self.env, self.run_dir, self.requeue, "failure", step=step, error=what,
+            details=failure_details(exc),
+        )  # fmt: skip
 
     def complete(self, step: int | None, **fields: Any) -> None:
         """Record that the run finished."""

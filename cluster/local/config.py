@@ -183,6 +183,12 @@ def render_slurm_conf(layout: Layout, hostname: str, slurm: str = HOST_SLURM) ->
         f"PartitionName=urgent Nodes={node_list} Default=NO MaxTime={URGENT_MAX_TIME} State=UP "
         "PriorityTier=2 PreemptMode=OFF"
     )
+    # The same nodes where a preempted job is cancelled, never requeued (sites that preempt
+    # with PreemptMode=CANCEL): jobs submit runs a job there as a chain (jobs.chain).
+    cancel = (
+        f"PartitionName=cancel Nodes={node_list} Default=NO MaxTime={DEBUG_MAX_TIME} State=UP "
+        f"PriorityTier=1 PreemptMode=CANCEL GraceTime={GRACE_TIME_S}"
+    )
     first_job = f"FirstJobId={layout.first_job_id}\n" if layout.first_job_id > 1 else ""
     # 25.11+: a job submitted with --requeue=expedite and requeued after a node failure starts
     # again at once, at top priority (no wait for its old credential to expire)
@@ -221,7 +227,8 @@ SlurmdTimeout=300
 GresTypes=gpu
 # Marks every task as running on this dev cluster (dummy GPUs): see render_task_prolog.
 TaskProlog={layout.task_prolog}
-# Preemption on demand: a job in `urgent` requeues jobs in `debug`; the job's --signal is
+# Preemption on demand: a job in `urgent` requeues jobs in `debug` (cancels those in
+# `cancel`); the job's --signal is
 # sent at preemption too, so training can checkpoint within GraceTime.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
@@ -236,6 +243,7 @@ JobAcctGatherFrequency=30
 {nodes}
 {debug}
 {urgent}
+{cancel}
 """
 
 

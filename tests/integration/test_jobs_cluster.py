@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from jobs.statecache import TTL_S
+
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "jobs"))
 import env_probe
@@ -426,7 +428,10 @@ def test_following_and_status_ask_slurm_rarely(env: dict[str, str], tmp_path: Pa
         assert jobs(env, "status").returncode == 0
     listed = jobs(env, "list")
     assert listed.returncode == 0 and "COMPLETED" in listed.stdout
-    assert len(calls(log, mark)) <= 1, calls(log, mark)
+    # one query per lifetime of the shared cache (5 s): four commands on a loaded machine may
+    # outlast one (seen: the fourth 5.6 s after the first, at a load of 20 on 2 cores)
+    windows = 1 + int((time.time() - mark) // TTL_S)
+    assert len(calls(log, mark)) <= windows, calls(log, mark)
 
 
 def test_status_and_list_of_many_runs_is_one_query(env: dict[str, str], tmp_path: Path) -> None:

@@ -125,3 +125,44 @@ def test_a_requeue_slurm_refuses_is_retried_by_the_batch_script(run: ByoRun) -> 
     assert got[-1] == ("complete", None), got
     assert count.read_text().strip() == "3"  # the rank's try, the script's refused one, taken
     assert run.client.show_job(run.job_id).get("Restarts") == "1"
+
+
+# Round 2 item 1: a command that saves on the signal and exits 0 AT ONCE (no pause for its
+# supervisor): seen recorded `complete` after USR2, the job then ended with its work left.
+SAVES_AND_EXITS_AT_ONCE = """\
+import os, signal, sys, time
+
+if int(os.environ.get("TRAIN_RESTART_COUNT", "0")) > 0:
+    print("resumed: done", flush=True)
+    sys.exit(0)
+def save(signum, frame):
+    print("saved on", signal.Signals(signum).name, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR2, save)
+signal.signal(signal.SIGTERM, save)
+while True:
+    print("training", flush=True)
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.long(60)
+@pytest.mark.parametrize("sig", ["USR2", "TERM"])
+def test_a_command_that_saves_on_the_stop_signal_is_requeued_not_completed(
+    run: ByoRun, sig: str
+) -> None:
+    """USR2 (item 1: exit 0 the moment the signal arrives is a stop, not the run's end) and an
+    operator's ``scancel --signal=TERM`` (item 2: under the in-place batch script, with no rank's
+    command failed, a stop saved and requeued, not the step ending): both requeued, resumed,
+    COMPLETED."""
+    script = run.tmp / "saves_at_once.py"
+    script.write_text(SAVES_AND_EXITS_AT_ONCE)
+    run.submit(_spec(f"saves-on-{sig.lower()}", ["python", str(script)]))
+    run.wait("the command to run", lambda: "training" in run.log(), 60)
+    run.client.cancel([run.job_id], signal=sig)
+    run.release_when_requeued(timeout=60)
+    assert run.wait_final(timeout=90) == "COMPLETED", run.log()
+    names = [e["event"] for e in run.events()]
+    assert names[:3] == ["start", "preempted", "requeue"], names
+    assert "complete" not in names[:3] and names[-1] == "complete", names
+    assert run.client.show_job(run.job_id).get("Restarts") == "1"

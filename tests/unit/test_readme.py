@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", "ARCHITECTURE.md", "sbatch_templates/README.md", "bench/README.md"]
+DOCS = [
+    "README.md",
+    "ARCHITECTURE.md",
+    "sbatch_templates/README.md",
+    "bench/README.md",
+    *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")),
+]
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _SPAN = re.compile(r"`([^`\n]+)`")
 _PROGRAMS = re.compile(
@@ -169,3 +175,32 @@ def test_each_named_command_exists_as_written(
     for arg in args:  # a spec or script the command names is in the repository
         if arg.endswith((".yaml", ".yml", ".py")) and "/" in arg and not arg.startswith("/"):
             assert (REPO / arg).exists(), f"{where}: {arg} is not in the repository"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)  # headings inside code: none
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, flags=re.M)}
+
+
+LINKS = [
+    (doc, target)
+    for doc in DOCS
+    for target in re.findall(r"\]\(([^)\s]+)\)", (REPO / doc).read_text(encoding="utf-8"))
+    if not target.startswith(("http://", "https://", "mailto:"))
+]
+
+
+@pytest.mark.parametrize(("doc", "target"), LINKS, ids=[f"{d}->{t}" for d, t in LINKS])
+def test_each_link_between_the_documents_arrives(doc: str, target: str) -> None:
+    """The README is split into documents (issue 45): a link to a moved section must follow."""
+    path, _, anchor = target.partition("#")
+    file = (REPO / doc).parent / path if path else REPO / doc
+    assert file.exists(), f"{doc}: link to {target}: no such file"
+    if anchor and file.suffix == ".md":
+        assert anchor in _anchors(file), f"{doc}: link to {target}: no such heading there"

@@ -390,6 +390,38 @@ def test_a_refused_requeue_is_retried_and_recorded(h: Harness, name: str) -> Non
     assert (last["event"], last["via"], last["tries"]) == ("requeue", "batch_script", 2), last
 
 
+@pytest.mark.parametrize(
+    ("sig", "state", "expected"),
+    [
+        (signal.SIGUSR2, "RUNNING", ["preempted", "requeue_failed", "requeue"]),
+        (signal.SIGTERM, "COMPLETING", ["cancelled"]),
+    ],
+)
+def test_a_step_killed_after_the_signal_is_decided_recorded_and_requeued(
+    h: Harness, sig: signal.Signals, state: str, expected: list[str]
+) -> None:
+    """Issue 44: the requeue template's signal path (the step killed before it could answer,
+    exit above 128) goes through train.stop.step like the others: the stop decided as the
+    ranks would have (Slurm says why), recorded, a refused requeue retried; a cancel stays
+    cancelled. It ran a bare `scontrol requeue` and recorded nothing."""
+    env = {"STUB_MODE": "signal", "STUB_SIGNAL_RC": "137", "STUB_SCONTROL_FAILS": "1",
+           "STUB_JOB_STATE": state}  # fmt: skip
+    proc = h.popen("requeue", "spec.yaml", env=env)
+    try:
+        _wait_for(h.stubs / "srun.started")
+        os.kill(proc.pid, sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    (events,) = h.project.rglob("events.jsonl")
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["event"] for e in records] == expected, out
+    assert (records[0]["by"], records[0]["signal"]) == ("batch_script", f"SIG{sig.name[3:]}")
+    requeues = ["requeue", "123", "requeue", "123"] if state == "RUNNING" else []
+    assert h.scontrol_calls() == requeues, out
+
+
 def test_requeue_container_prefix(h: Harness) -> None:
     env = {"SRUN_PREFIX": "apptainer exec --nv img.sif"}
     assert h.run("requeue", "spec.yaml", env=env).returncode == 0

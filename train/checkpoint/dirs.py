@@ -304,3 +304,23 @@ def latest_valid(root: str | os.PathLike[str], line: Line | None = None) -> Path
             continue
         return p
     return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m train.checkpoint.dirs RUN_DIR``: the path of the run's newest valid
+    checkpoint on its current line (a pipeline's ``${stages.NAME.checkpoint}``, jobs.pipeline),
+    or RUN_DIR itself when it has none (a command keeps its own files there)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m train.checkpoint.dirs RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    found = latest_valid(run_dir / "checkpoints")
+    print(found if found is not None else run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

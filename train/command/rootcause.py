@@ -23,7 +23,7 @@ from typing import Any
 
 from train.runfiles import FAILURES, atomic_write, make_dirs
 
-__all__ = ["READ_LIMIT", "read_reports", "report_dir", "write_report"]
+__all__ = ["READ_LIMIT", "failed_before_term", "read_reports", "report_dir", "write_report"]
 
 log = logging.getLogger("train.command.supervisor")
 
@@ -43,12 +43,21 @@ def write_report(
     exited_at: float,
     error: str,
     lines: list[str],
+    signal: str | None = None,
 ) -> None:
     """This rank's report (written whole: a temporary file renamed); a failure to write is
-    logged, never raised (the failure is recorded either way)."""
+    logged, never raised (the failure is recorded either way). ``signal``: the signal that
+    killed the command (``SIGTERM``), if one did."""
     folder = report_dir(run_dir, job_id, attempt)
     name = f"{round(exited_at * 1000):015d}-{rank}.json"
-    data = {"rank": rank, "time": exited_at, "error": error, "stderr_tail": lines[-40:]}
+    data: dict[str, Any] = {
+        "rank": rank,
+        "time": exited_at,
+        "error": error,
+        "stderr_tail": lines[-40:],
+    }
+    if signal:
+        data["signal"] = signal
     try:
         make_dirs(run_dir, FAILURES, folder.name)  # never through a planted link
         atomic_write(folder / name, json.dumps(data), durable=False)
@@ -75,3 +84,11 @@ def read_reports(
         if isinstance(data, dict) and isinstance(data.get("rank"), int):
             out.append(data)
     return out
+
+
+def failed_before_term(run_dir: Path, job_id: str | None, attempt: int | str) -> bool:
+    """Whether a rank's command of the attempt failed other than by a TERM (one listing): a
+    rank reports before its task ends, so before srun's TERM to the others; a command killed by
+    a TERM (srun's, or an operator's ``scancel --signal=TERM``) is that TERM's effect, not the
+    failure it would answer."""
+    return any(r.get("signal") != "SIGTERM" for r in read_reports(run_dir, job_id, attempt))

@@ -30,6 +30,7 @@ from train.command.processes import (
     stop_group,
     wait_exit,
 )
+from train.command.rootcause import failed_before_term
 from train.env import DistEnv
 from train.history import RunHistory
 from train.procfs import process_tree
@@ -93,6 +94,9 @@ class StopHandling:
     def _decide(self, trigger: int) -> tuple[Decision, StopFacts]:
         """Rank 0: the facts of this stop (one ``scontrol show job``) and the decision."""
         asked = AskedOnce(self._client()) if self.env.job_id else None
+        claimed = bool(self.env.job_id) and failure_claimed(
+            self.run_dir, self.env.job_id, self.env.attempt
+        )
         facts = gather(
             "signal",
             job_id=self.env.job_id,
@@ -104,11 +108,13 @@ class StopHandling:
             client=asked,
             in_place=self.env.in_place_supervised,
             signal=signal_name(trigger),
-            failure_claimed=bool(self.env.job_id)
-            and failure_claimed(self.run_dir, self.env.job_id, self.env.attempt),
+            failure_claimed=claimed,
+            no_rank_failed=not claimed and not self._rank_failed(),
         )
         assert self.history is not None
-        counts = self.history.budget_counts(self.env.job_id, self.env.restart_count)
+        counts = self.history.budget_counts(
+            self.env.job_id, self.env.restart_count, self.env.submission
+        )
         decision = decide("signal", facts, counts, self.config.requeue)
         record(decision, self.history, self._base(), facts, signal=signal_name(trigger))
         if decision.kind == "preemption" and asked is not None:
@@ -156,6 +162,14 @@ class StopHandling:
                 self._wait_ranks(at + self.grace_s)
         assert self.history is not None
         return carry_out(decision, self.history, self._base(), self.run_dir, client=self.client)
+
+    def _rank_failed(self) -> bool:
+        """Whether a rank's command of this attempt failed other than by a TERM (its report):
+        a rank's supervisor reports before its task ends, so before srun's TERM to the rest.
+        Without one, a TERM is an operator's stop (README), saved like the requeue signal."""
+        if not self.env.job_id or self.env.world_size <= 1:
+            return False
+        return failed_before_term(self.run_dir, self.env.job_id, self.env.attempt)
 
     def _fit_grace(self, slurm_grace_s: int | None) -> None:
         """A preempted job is killed GraceTime seconds after the signal: stop the command (and

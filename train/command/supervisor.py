@@ -98,6 +98,9 @@ _QUIET_LOOK_S = 5.0
 class CommandRun(StopHandling):
     """One task's supervision of the command (see the module docstring)."""
 
+    #: after the command exited, how long a stop signal may take to reach us too
+    stop_beat_s = 1.0
+
     def __init__(
         self,
         config: RunConfig,
@@ -273,16 +276,28 @@ class CommandRun(StopHandling):
                     # cascade) find it when they decide (train.command.rootcause)
                     self._report(exited_at, code, tail.lines())
                 # Slurm's signal reaches the command and us at the same moment: a command killed
-                # by it (or by the TERM after it) was stopped, not failed. Give our handler a beat.
-                deadline = time.monotonic() + 1.0
-                while not self.stops and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if self.stops:
+                # by it (or by the TERM after it) was stopped, not failed
+                if self._stop_arrives():
                     return self._after_stop(proc, tail)
                 return self._failed(code, tail)
+            # A command that saves on the stop signal exits 0 the moment it gets it, and may
+            # be seen gone before our own copy of that signal is handled: it stopped, it did
+            # not complete (recorded `complete`, the run would end with its work left). Rank 0
+            # (the one that records) gives the signal the same beat before `complete`.
+            if self.history is not None and self._stop_arrives():
+                return self._after_stop(proc, tail)
             if self.history is not None:
                 self._append("complete", exit_code=0)
             return 0
+
+    def _stop_arrives(self) -> bool:
+        """The command has exited: whether a stop signal reached us too, within
+        :attr:`stop_beat_s` (the step's signal reaches every process of it within
+        milliseconds)."""
+        deadline = time.monotonic() + self.stop_beat_s
+        while not self.stops and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return bool(self.stops)
 
     def _rank0_completed_at(self) -> float | None:
         """When rank 0 recorded this attempt's run complete (None: not yet). Reads
@@ -339,7 +354,13 @@ class CommandRun(StopHandling):
     def _report(self, exited_at: float, code: int, lines: list[str]) -> None:
         env = self.env
         error = self._error(code, lines)
-        write_report(self.run_dir, env.job_id, env.attempt, env.rank, exited_at, error, lines)
+        # a shell that ran the command ends with 128+N for a signal N
+        killed_by = (
+            signal_name(-code if code < 0 else code - 128) if code < 0 or code > 128 else None
+        )
+        write_report(
+            self.run_dir, env.job_id, env.attempt, env.rank, exited_at, error, lines, killed_by
+        )
 
     @staticmethod
     def _error(code: int, lines: list[str]) -> str:

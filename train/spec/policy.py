@@ -104,6 +104,23 @@ class RequeueConfig(StrictModel):
               "after the built-in evidence of the machines (a device, the node's driver, the "
               "environment missing on the node), before the built-in rest (train.stop.causes)"),
     ] = []  # fmt: skip  # noqa: RUF012
+    mode: Annotated[
+        Literal["auto", "requeue", "chain"],
+        Field(description="how a stopped run comes back: requeue (the same Slurm job, "
+              "scontrol requeue), chain (a chain of jobs, each resuming from the last "
+              "checkpoint: for sites where requeue is off or a preempted job is cancelled), "
+              "auto (chain where jobs submit's preflight finds requeue does not work)"),
+    ] = "auto"  # fmt: skip
+    chain_depth: Annotated[
+        int,
+        Field(description="chain mode: links queued ahead of the running one, each starting "
+              "only when the one before did not complete (afternotok)", ge=1, le=10),
+    ] = 2  # fmt: skip
+    chain_stall_links: Annotated[
+        int,
+        Field(description="chain mode: end the chain when this many links in a row ended "
+              "without a new checkpoint", ge=1),
+    ] = 3  # fmt: skip
     max_hangs: Annotated[
         int,
         Field(description="requeues after a hang (the hang watchdog) before giving up, per "

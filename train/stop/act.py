@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -18,9 +20,10 @@ from typing import TYPE_CHECKING, Any, cast
 from cluster import BadInputError
 from train.history import RunHistory
 from train.runfiles import FAILURES, make_dirs
-from train.stop.causes import rules_of
+from train.stop.causes import decide_cause, rules_of, signature
 from train.stop.claims import hang_claimed
 from train.stop.decision import (
+    CHAIN_NOTE,
     REQUEUE_EXIT_CODE,
     Decision,
     Trigger,
@@ -40,6 +43,7 @@ __all__ = [
     "describe_failure",
     "ended_elsewhere",
     "failure_claimed",
+    "failure_details",
     "record",
     "request_requeue",
     "stop_attempt",
@@ -62,6 +66,39 @@ def describe_failure(exc: BaseException, where: str) -> str:
     what = f"{type(exc).__name__}: {exc}"
     log.error("%s: %s", where, what, exc_info=log.isEnabledFor(logging.DEBUG))
     return what
+
+
+def failure_details(exc: BaseException) -> dict[str, Any]:
+    """The event fields of a failure in training beyond its one line: the last lines of its
+    traceback (``traceback``: where it was raised, read line by line for its cause) and its
+    ``signature`` (exception and location: a deterministic crash is the same one again)."""
+    lines = [
+        ln for chunk in traceback.format_exception(exc) for ln in chunk.splitlines() if ln.strip()
+    ][-30:]
+    return {"traceback": lines, "signature": signature([f"{type(exc).__name__}: {exc}", lines])}
+
+
+#: how long a rank whose failure is only a peer's death (connection closed, a collective timed
+#: out: the cascade) leaves the claim to the root, before it claims the failure itself
+ROOT_WAIT_S = 10.0
+
+
+def _left_to_the_root(env: StopEnv, run_dir: Path | str, texts: tuple[object, ...],
+                      rules: Any) -> bool:  # fmt: skip
+    """A failing rank of several whose own texts are only the symptoms of a peer's death: wait
+    (within :data:`ROOT_WAIT_S`) for the root, still alive when it claims, to claim the
+    attempt's failure; True once another rank did (this one records nothing: its failure is
+    the cascade, never the cause recorded). A root that died without a claim (killed) leaves it
+    to this rank after the wait, unless srun's kill ends it first (the batch script then
+    records the step's end)."""
+    if not (env.job_id and env.world_size > 1) or not decide_cause(texts, rules).cascade:
+        return False
+    deadline = time.monotonic() + ROOT_WAIT_S
+    while time.monotonic() < deadline:
+        if failure_claimed(run_dir, env.job_id, env.attempt):
+            return True
+        time.sleep(0.1)
+    return failure_claimed(run_dir, env.job_id, env.attempt)
 
 
 def _failure_marker(run_dir: Path | str, job_id: str | None, attempt: int | str) -> Path:
@@ -118,6 +155,8 @@ def attempt_fields(env: StopEnv, step: int | None) -> dict[str, Any]:
     base: dict[str, Any] = {"step": step, "restart_count": env.restart_count, "job_id": env.job_id}
     if env.in_place:
         base["in_place"] = env.in_place
+    if env.submission:
+        base["submission"] = env.submission
     return base
 
 
@@ -191,6 +230,10 @@ def carry_out(
     elif decision.action == "restart_in_place":
         log.warning("%s: the batch script restarts the step in this allocation (no requeue)",
                     decision.event)  # fmt: skip
+    elif decision.action == "exit_requeue" and decision.note == CHAIN_NOTE:
+        history.append("requeue", **base, via="chain")
+        log.warning("a link of a chain: exiting %d, the next link resumes the run",
+                    REQUEUE_EXIT_CODE)  # fmt: skip
     elif decision.action == "exit_requeue":
         # what happens here: exit 75 hands the restart to the launcher (no Slurm job: the
         # local executor restarts on it; jobs follow says so)
@@ -239,8 +282,16 @@ def stop_attempt(
     if ended == "hang":
         log.warning("stop after a hang of this attempt: already recorded and requeued")
         return (1 if failed else 0), None
+    details = dict(details or {})
+    texts = (error, details.get("stderr_tail"), details.get("traceback"))
+    rules = rules_of(requeue_config.failure_rules)
+    if failed and ended is None and _left_to_the_root(env, run_dir, texts, rules):
+        log.warning("%s: the cascade of another rank's failure (recorded by that rank)", error)
+        return 1, None
     if not acts_for_attempt(env, run_dir, trigger):
         return (1 if failed else 0), None
+    if failed and "signature" not in details:
+        details["signature"] = signature(texts)
     history = RunHistory(run_dir)
     facts = gather(
         trigger,
@@ -251,9 +302,9 @@ def stop_attempt(
         hosts=env.hosts,
         node=env.node_name,
         client=client,
-        error_texts=(error, (details or {}).get("stderr_tail")),
+        error_texts=texts,
         suspects=suspects,
-        rules=rules_of(requeue_config.failure_rules),
+        rules=rules,
         failure_claimed=ended == "failure",
         in_place=env.in_place_supervised,
         signal=signal,
@@ -261,12 +312,15 @@ def stop_attempt(
         peers_met=trigger not in ("failure", "hang"),
     )
     decision = decide(
-        trigger, facts, history.budget_counts(env.job_id, env.restart_count), requeue_config
+        trigger,
+        facts,
+        history.budget_counts(env.job_id, env.restart_count, env.submission),
+        requeue_config,
     )
     if on_decision is not None:
         on_decision(decision)
     base = attempt_fields(env, step)
-    extra = {**(details or {}), **({"error": error[:300]} if error else {})}
+    extra = {**details, **({"error": error[:300]} if error else {})}
     if decision.event == "node_fail" and error:
         extra = {"error": error[:300]}
     record(decision, history, base, facts, **extra)

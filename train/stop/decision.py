@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUDGET_EXHAUSTED_EXIT_CODE",
+    "CHAIN_NOTE",
     "EVENT_OF_KIND",
     "REQUEUE_EXIT_CODE",
     "Action",
@@ -32,6 +33,8 @@ __all__ = [
 
 # EX_TEMPFAIL: "stopped on purpose, run me again". Batch scripts and launchers requeue on it.
 REQUEUE_EXIT_CODE = 75
+#: The note of an exit_requeue in a link of a chain (jobs.chain): the next link resumes the run.
+CHAIN_NOTE = "chain: the next link resumes the run"
 # A requeue budget is spent: stop for good (never requeue on this code).
 BUDGET_EXHAUSTED_EXIT_CODE = 3
 
@@ -91,11 +94,13 @@ def _step_ending(trigger: Trigger, facts: StopFacts) -> bool:
     batch script that restarts failed steps, decided before the ranks could meet (a command's
     supervisor): srun is ending the step because a rank died (--kill-on-bad-exit), not a
     preemption. Where every rank met at a barrier after the signal (the run session decides
-    after its save) no rank died: such a TERM (an operator's ``scancel --signal=TERM``) is a
-    stop like the requeue signal, saved and requeued (README)."""
+    after its save) no rank died, and so where a command's supervisor finds no rank's report of
+    a failed command (``no_rank_failed``): such a TERM (an operator's ``scancel --signal=TERM``)
+    is a stop like the requeue signal, saved and requeued (README)."""
     return (
         trigger == "signal"
         and not facts.peers_met
+        and not facts.no_rank_failed
         and facts.executor == "slurm"
         and facts.in_place
         and facts.signal == "SIGTERM"
@@ -134,8 +139,10 @@ def decide(
     failure already claimed, a stop signal  (none)        none (1)
     TERM, job running, not preempted,       (none)        none (1): a rank died, srun ends the
       under an in-place batch script,                     step; the batch script decides
-      the ranks have not met since
-    ... the ranks met after it (saved)      preempted     requeue (0): an operator's TERM
+      the ranks have not met since,
+      a command: a rank reported a failure
+    ... the ranks met after it (saved), or  preempted     requeue (0): an operator's TERM
+      no command reported a failure
     Slurm failed our nodes (NODE_FAIL)      node_fail     none: Slurm requeued (0); exclude them
     a failure, a node of ours down already  node_fail     requeue (0), excluding it
     cancel (scancel, local cancel)          cancelled     none (0); a command is stopped, no save
@@ -148,6 +155,8 @@ def decide(
       is the one the last N restarts          exhausted     progress consecutive restarts made
       resumed from                                          no checkpoint progress
     ... already requeued (command, Slurm)   + requeue     none (0; 1 for a failure)
+    ... a link of a chain (requeue.mode     its event     exit_requeue (75): the next link of
+      chain), Slurm                                       the chain resumes (no scontrol)
     failure / hang under an in-place        its event     restart_in_place while
       batch script, no node to exclude                    requeue.max_restarts_in_place lasts
     ======================================  ============  ======================================
@@ -253,6 +262,10 @@ def decide(
             kind, event, "none", 1 if failed else 0, requeued_by=facts.requeued_by,
             exclude=exclude, exclude_reason=why,
         )  # fmt: skip
+    if facts.executor == "slurm" and budgets.mode == "chain":
+        # a link of a chain (jobs.chain): no scontrol requeue; the link exits 75 and the next
+        # link, queued behind it (afternotok), resumes the run from its last checkpoint
+        return Decision(kind, event, "exit_requeue", REQUEUE_EXIT_CODE, note=CHAIN_NOTE)
     if facts.executor == "slurm":
         return Decision(
             kind, event, "requeue", 1 if failed else 0, exclude=exclude, exclude_reason=why

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from cluster import Slurm
 
+from train.report import last_reported_step
 from train.runfiles import LOCAL_STOP
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "newest_checkpoint_step",
     "node_failure",
     "preemption_grace_s",
+    "progress_step",
 ]
 
 StopKind = Literal["preemption", "timeout", "cancel", "signal", "failure", "node_fail"]
@@ -224,8 +226,13 @@ class StopFacts:
     # every rank met at a barrier after the stop signal (the session decides after its save):
     # no rank died, so a TERM is not srun ending the step of a dead rank
     peers_met: bool = False
-    # the newest committed checkpoint's step (RUN_DIR/checkpoints/step-N with its manifest):
-    # where a restart would resume; None when none is seen
+    # a command's supervisor: no rank's command reported a failed exit this attempt (nor claimed
+    # the failure), so a TERM is not srun ending the step of a dead rank (train.command.rootcause:
+    # a failing rank reports before its task ends, so before srun's TERM to the others)
+    no_rank_failed: bool = False
+    # the newest committed checkpoint's step (RUN_DIR/checkpoints/step-N with its manifest),
+    # else a command's last train.report step: where a restart would resume (progress_step);
+    # None when none is seen
     checkpoint_step: int | None = None
 
 
@@ -263,6 +270,13 @@ def newest_checkpoint_step(run_dir: Path | str) -> int | None:
         if not d.is_symlink() and (d / "manifest.json").is_file():
             steps.append(int(m.group(1)))
     return max(steps, default=None)
+
+
+def progress_step(run_dir: Any) -> int | None:
+    """Where a restart would resume: the newest committed checkpoint of ours, else (a command
+    that keeps its own checkpoints) the last step it reported with ``train.report``."""
+    step = newest_checkpoint_step(run_dir)
+    return step if step is not None else last_reported_step(run_dir)
 
 
 def failure_cause(
@@ -311,6 +325,7 @@ def gather(
     in_place: bool = False,
     signal: str | None = None,
     peers_met: bool = False,
+    no_rank_failed: bool = False,
 ) -> StopFacts:
     """The facts of one stop, by the one process that decides it (rank 0, the first failing
     rank, the watcher, the supervisor's rank 0): at most one ``scontrol show job``.
@@ -340,7 +355,8 @@ def gather(
             in_place=in_place,
             signal=signal,
             peers_met=peers_met,
-            checkpoint_step=newest_checkpoint_step(run_dir) if restarting else None,
+            no_rank_failed=no_rank_failed,
+            checkpoint_step=progress_step(run_dir) if restarting else None,
             **more,
         )
 

@@ -25,7 +25,9 @@ exited with afterwards (:func:`train.history.attempt_completed_at`: the one defi
 command supervisor and the local executor use too). Exit 75 is a requeue Slurm refused to the
 ranks (``scontrol requeue`` failed): it is retried here with back-off, and the event says what
 happened (``requeue`` via ``batch_script``, or ``requeue_failed``). Everything else (requeued,
-cancelled, a budget spent, bad input) ends the script with the step's exit code.
+cancelled, a budget spent, bad input) ends the script with the step's exit code. In a link of a
+chain of jobs (``requeue.mode: chain``, jobs.chain) exit 75 ends the script with 75: the next
+link resumes the run.
 """
 
 from __future__ import annotations
@@ -91,11 +93,14 @@ def after_step(
     hosts: tuple[str, ...] | None = None,
     client: Slurm | None = None,
     restarts: bool = True,
+    stop_signal: str | None = None,
 ) -> int | None:
     """None: restart the step in place; otherwise the batch script's exit code. ``hosts``: the
     allocation's nodes (default: the batch script's ``SLURM_JOB_NODELIST``); a step that died
     while one of them is down is a node failure, requeued off it, not restarted in place.
-    ``restarts``: the batch script restarts a step (False: a template that runs one step)."""
+    ``restarts``: the batch script restarts a step (False: a template that runs one step).
+    ``stop_signal``: the stop signal the batch script got (``USR2``, ``TERM``) before the step ended
+    without answering it (killed: an exit code above 128): see :func:`_after_signal`."""
     if exit_code == 0 or not job_id:
         return exit_code
     history = RunHistory(run_dir)
@@ -111,10 +116,14 @@ def after_step(
     # the allocation's nodes are its hosts
     env = Decider(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts)
     mine = _mine(history, env)
+    if exit_code == REQUEUE_EXIT_CODE and requeue.mode == "chain":
+        return exit_code  # a link of a chain (jobs.chain): the next link resumes, no requeue
     if exit_code == REQUEUE_EXIT_CODE or _refused(mine):
         # a requeue the ranks decided and Slurm refused them: carried out here, whatever
         # code srun ended with (a rank killed meanwhile ends it with 137, not 75)
         return requeue_after_step(history, job_id, restart_count, in_place, client=client)
+    if stop_signal:
+        return _after_signal(run_dir, history, env, mine, requeue, exit_code, stop_signal, client)
     if exit_code in _FINAL_CODES:
         return exit_code
     if any(e["event"] in _SETTLED for e in mine):
@@ -150,6 +159,40 @@ def after_step(
     )
     log.warning("restarting in place (%d): a new step in this allocation", in_place + 1)
     return None
+
+
+def _after_signal(
+    run_dir: Path,
+    history: RunHistory,
+    env: Decider,
+    mine: list[dict[str, Any]],
+    requeue: RequeueConfig,
+    exit_code: int,
+    signal_name: str,
+    client: Slurm | None,
+) -> int:
+    """The batch script got a stop signal and the step ended without answering it (killed
+    before it could save and requeue). What the ranks recorded and carried out stands (the
+    requeue done: 0; the run ended: the step's code); a stop they recorded but did not carry
+    out (no requeue since) is requeued here; with nothing recorded the stop is decided here as
+    the ranks would have (Slurm says why: one ``scontrol show job``; a cancel stays cancelled),
+    recorded (``by: batch_script``) and carried out, a refused requeue retried."""
+    settled = [e["event"] for e in mine if e["event"] in _SETTLED]
+    if settled:
+        return 0 if "requeue" in settled else exit_code
+    stopped = next((e for e in reversed(mine) if e["event"] in ("preempted", "timeout")), None)
+    job_id = str(env.job_id)
+    if stopped is not None:
+        return requeue_after_step(history, job_id, env.restart_count, env.in_place,
+                                  client=client)  # fmt: skip
+    details = {"signal": f"SIG{signal_name.removeprefix('SIG')}", "by": "batch_script",
+               "exit_code": exit_code}  # fmt: skip
+    code, _ = stop_attempt(env, run_dir, requeue, "signal", client=client,
+                           details=details)  # fmt: skip
+    if code == REQUEUE_EXIT_CODE:  # Slurm refused the requeue: tried again with back-off
+        return requeue_after_step(history, job_id, env.restart_count, env.in_place,
+                                  client=client)  # fmt: skip
+    return code
 
 
 def requeue_after_step(
@@ -226,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-place", type=int, default=0)
     p.add_argument("--no-restart", action="store_true",
                    help="the batch script runs one step (never answers restart)")  # fmt: skip
+    p.add_argument("--signal", default=None,
+                   help="the stop signal the batch script got before the step ended")  # fmt: skip
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[after step] %(message)s", stream=sys.stderr)
     try:
@@ -244,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             in_place=ns.in_place,
             exit_code=ns.exit_code,
             restarts=not ns.no_restart,
+            stop_signal=ns.signal,
         )
     except Exception as exc:  # the script must go on: end with the step's own code
         log.error("cannot decide after the step (%s: %s)", type(exc).__name__, exc)

@@ -47,6 +47,12 @@ class StopEnv(Protocol):
         ...
 
     @property
+    def submission(self) -> str | None:
+        """The local executor's submission id (``local-N``; None under Slurm, whose job id is
+        the submission): events carry it, budgets per submission count by it."""
+        ...
+
+    @property
     def attempt(self) -> str:
         """The attempt's key (``2``, ``2.1``): claims and markers of one attempt use it."""
         ...
@@ -73,6 +79,7 @@ class Decider:
     restart_count: int
     in_place: int = 0
     in_place_supervised: bool = False
+    submission: str | None = None
     world_size: int = 1
     hosts: tuple[str, ...] = ()
     node_name: str | None = None

@@ -233,3 +233,29 @@ class _RunningJob:
 
     def show_job(self, job_id: str) -> dict[str, str]:
         return {"JobState": "RUNNING", "Restarts": "0", "StartTime": "Unknown"}
+
+
+# the fields the stop path writes (train.stop.act.record, the supervisor's root, the hang
+# watcher, the batch script's retry, the local executor's submission): typed for readers
+STOP_FIELDS: dict[str, Any] = {
+    "kind": "failure", "action": "requeue", "failure_class": "infra",
+    "cause": "infra: a device (rule device)", "signature": "RuntimeError: x @ a.py:3:f",
+    "root_rank": 1, "cascade": {"rank": 2, "error": "connection closed"},
+    "observed": [{"rank": 0, "idle_s": 30.0}], "by": "batch_script", "tries": 2,
+    "then": "exit 75", "after": "failure", "in_place": 1, "next_in_place": 2,
+    "submission": "local-3", "exact": False, "config_changed": ["train.lr"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [("root_rank", "1"), ("cascade", "rank 2"), ("observed", {"rank": 0}), ("by", 3),
+     ("cause", ["x"]), ("signature", 5), ("submission", 7), ("in_place", -1), ("tries", "2"),
+     ("exact", "no"), ("config_changed", "train.lr"), ("failure_class", 1)],
+)  # fmt: skip
+def test_the_stop_paths_event_fields_are_typed(name: str, bad: Any) -> None:
+    """Issue 44: readers get typed values of the stop path's fields; one that does not fit is
+    a damaged record (skipped and reported), never a value a reader trips on."""
+    good = {"event": "failure", "time": 5.0, "step": 3, **STOP_FIELDS}
+    assert train.schema.EVENT.problem(good) is None
+    assert (train.schema.EVENT.problem({**good, name: bad}) or "").startswith(f"{name}:")

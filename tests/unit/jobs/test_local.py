@@ -194,6 +194,9 @@ def test_a_failing_local_run_is_restarted_within_its_failure_budget(tmp_path: Pa
     events = [e["event"] for e in RunHistory(record.run_dir).events()]
     assert events.count("failure") == 2 and events[-1] == "budget_exhausted", events
     assert "requeue" in events  # the first failure was within the budget: restarted once
+    # every event carries the submission (no Slurm job id here): budgets per submission hold
+    ids = {e.get("submission") for e in RunHistory(record.run_dir).events()}
+    assert ids == {job_id}, ids
     logs = io.StringIO()
     assert main(["logs", job_id], logs) == 0
     assert "attempt 0" in logs.getvalue() and "attempt 1" in logs.getvalue()

@@ -180,6 +180,9 @@ class SubmitClient(FakeClient):
     def limits(self) -> ClusterLimits:
         return ClusterLimits(3, 100)
 
+    def requeue_settings(self, partition: str) -> tuple[str, str]:
+        return "1", "REQUEUE"  # JobRequeue, PreemptMode: requeue works (jobs.chain)
+
     def sbatch_options(self) -> frozenset[str]:
         from cluster.parse import parse_sbatch_help
 
@@ -197,7 +200,9 @@ def routes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
     monkeypatch.setattr(
         mod,
         "submit_slurm",
-        lambda loaded, plan, client, array_limit=None: taken.append(("slurm", array_limit)),
+        lambda loaded, plan, client, array_limit=None, after=(): taken.append(
+            ("slurm", array_limit)
+        ),
     )
     return taken
 

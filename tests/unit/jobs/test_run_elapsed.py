@@ -63,6 +63,21 @@ def test_an_earlier_run_in_the_same_directory_is_not_counted() -> None:
     assert run_elapsed(info, [*earlier, *EVENTS])[0] != 600  # what the filter is for
 
 
+def test_a_skewed_nodes_events_before_the_submission_are_kept_by_job_id() -> None:
+    """A node whose clock is behind the controller's stamps this run's events before its
+    submission: they are this run's (its job id), kept as the ledger keeps them; an earlier
+    run's events in the same directory (another job id) are still left out."""
+    earlier = [{"event": "start", "time": 10.0, "restart_count": 0, "job_id": "3"},
+               {"event": "complete", "time": 400.0, "restart_count": 0, "job_id": "3"}]  # fmt: skip
+    mine = [{**e, "job_id": "8"} for e in EVENTS]
+    info = JobInfo("8", "RUNNING", elapsed_s=100, restarts=2)
+    # submitted at 1200 by the controller's clock; the node's clock is 250 s behind
+    assert run_elapsed(info, [*earlier, *mine], since=1250.0, job_ids=["8"]) == (600, 3)
+    local = [{**e, "submission": "local-5"} for e in EVENTS]
+    info = JobInfo("local-5", "COMPLETED", source="local")
+    assert run_elapsed(info, [*earlier, *local], since=1250.0, job_ids=["local-5"]) == (580, 3)
+
+
 def test_status_shows_the_whole_runs_elapsed_time(
     tmp_path: Path, stub_slurm: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

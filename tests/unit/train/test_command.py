@@ -8,6 +8,7 @@ process) AND to the command's processes.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -21,8 +22,9 @@ import pytest
 
 from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.command.processes import parse_sigmask, topmost
+from train.command.rootcause import write_report
 from train.env import DistEnv
-from train.history import RunHistory
+from train.history import RunHistory, attempt_completed_at
 from train.spec.config import RunConfig
 from train.stop import REQUEUE_EXIT_CODE
 
@@ -194,6 +196,54 @@ def test_completes_and_records(tmp_path: Path) -> None:
     assert _events(tmp_path) == ["complete"]
 
 
+# A command that saves on USR2 and exits 0 at once (its stop_signal: Slurm's USR2 reaches it)
+SAVES_ON_USR2 = r"""
+import os, signal, sys, time
+out = os.environ["OUT"]
+def save(s, f):
+    open(out + ".saved", "w").write("1")
+    sys.exit(0)
+signal.signal(signal.SIGUSR2, save)
+open(out + ".pid", "w").write(str(os.getpid()))
+for _ in range(600):
+    time.sleep(0.05)
+"""
+
+
+def test_a_command_that_exits_0_on_the_stop_signal_is_stopped_not_complete(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The race seen on the cluster: the command saves on Slurm's signal and exits 0 before the
+    supervisor's own copy of that signal is handled. Recorded ``complete``, the run would end
+    with its work left; it is a stop (requeued), as the local executor and the after-step then
+    agree (no ``complete`` for this attempt: train.history.attempt_completed_at)."""
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    script = tmp_path / "saver2.py"
+    script.write_text(SAVES_ON_USR2)
+    config = _config(["python", str(script)], stop_signal="USR2")
+    run = CommandRun(config, DistEnv(), tmp_path, None)
+    run.stop_beat_s = 20.0  # the beat under test, long enough for a loaded machine
+
+    def slurm() -> None:  # the command gets the signal first; ours comes after its exit
+        os.kill(int(_wait_file(Path(f"{out}.pid"))), USR2)
+        _wait_file(Path(f"{out}.saved"))
+        time.sleep(0.5)
+        os.kill(os.getpid(), USR2)
+
+    previous = signal.signal(USR2, lambda s, f: None)  # a late USR2 must not end pytest
+    try:
+        t = threading.Thread(target=slurm, daemon=True)
+        t.start()
+        code = run.run()
+        t.join()
+    finally:
+        signal.signal(USR2, previous)
+    assert _events(tmp_path) == ["preempted", "requeue"]
+    assert code == REQUEUE_EXIT_CODE  # outside Slurm: the launcher requeues on 75
+    assert attempt_completed_at(RunHistory(tmp_path).events(), job_id=None, restart_count=0) is None
+
+
 def test_the_commands_first_output_is_on_its_events(tmp_path: Path) -> None:
     """Its first write (here after 0.6 s of silence: its "imports") is on the events rank 0
     records after it, for the goodput ledger's start-up; a silent command has none."""
@@ -356,6 +406,43 @@ def test_saver_under_slurm_is_requeued_by_us(tmp_path: Path, monkeypatch: Any) -
     assert code == 0 and slurm.requeues == ["77"]
     assert [e["event"] for e in events] == ["preempted", "requeue"]
     assert events[-1]["via"] == "scontrol"
+
+
+SAVES_ON_TERM = SAVES_ON_USR2.replace("SIGUSR2", "SIGTERM")
+
+
+@pytest.mark.parametrize("a_rank_failed", [False, True])
+def test_an_operators_term_to_a_command_run_saves_and_requeues(
+    tmp_path: Path, monkeypatch: Any, a_rank_failed: bool
+) -> None:
+    """Item 7 for entrypoint.command: ``scancel --signal=TERM`` while Slurm runs the job on,
+    under a batch script that restarts steps in place. No rank's command reported a failure:
+    an operator's stop, recorded and requeued like the requeue signal (README); a rank's
+    command that failed first (not by a TERM): srun is ending the step, nothing recorded."""
+    if a_rank_failed:
+        write_report(tmp_path, "77", 0, 1, time.time(), "command exited 1: boom", ["boom"])
+    write_report(tmp_path, "77", 0, 1, time.time() + 1, "command killed by SIGTERM", [],
+                 "SIGTERM")  # fmt: skip
+    out = tmp_path / "c"
+    monkeypatch.setenv("OUT", str(out))
+    script = tmp_path / "saver_term.py"
+    script.write_text(SAVES_ON_TERM)
+    slurm = FakeSlurm(tmp_path / "never")
+    env = DistEnv(job_id="77", world_size=2, in_place_supervised=True)
+    run = CommandRun(_config(["python", str(script)]), env, tmp_path, None, client=slurm)
+    run.stop_beat_s = 20.0
+    previous = signal.signal(TERM, lambda s, f: None)  # a late TERM must not end pytest
+    try:
+        t = _slurm_signal_later(Path(f"{out}.pid"), TERM)
+        code = run.run()
+        t.join()
+    finally:
+        signal.signal(TERM, previous)
+    events = [e["event"] for e in RunHistory(tmp_path).events()]
+    if a_rank_failed:
+        assert (code, events, slurm.requeues) == (1, [], [])
+    else:
+        assert (code, events, slurm.requeues) == (0, ["preempted", "requeue"], ["77"])
 
 
 class SlowController(FakeSlurm):
@@ -759,3 +846,18 @@ def test_a_launchers_own_writes_are_not_progress(tmp_path: Path) -> None:
     assert written_bytes(10, proc) == 507  # no progress
     _fake_process(tmp_path / "p2", 20, 1, ["python", "train.py"], 42)  # no launcher: itself
     assert written_bytes(20, tmp_path / "p2") == 42
+
+
+def test_a_commands_restart_records_the_step_it_had_reported(tmp_path: Path) -> None:
+    """Round 2 item 6: a command that keeps no checkpoint of ours but reports its steps
+    (train.report): its restart's start event carries the last reported step, the progress the
+    no-progress stop compares (train.history.budget_counts)."""
+    from train.entry import run_entrypoint
+    from train.report import REPORT_KIND
+
+    line = {"kind": REPORT_KIND, "time": 1.0, "step": 42, "scalars": {}}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    config = _config([sys.executable, "-c", "pass"])
+    assert run_entrypoint(config, DistEnv(restart_count=1), tmp_path, True) == 0
+    start = RunHistory(tmp_path).events()[0]
+    assert (start["event"], start.get("reported_step")) == ("start", 42), start

@@ -89,6 +89,8 @@ def test_failures_requeue_until_the_budget_is_spent(
     events = [e["event"] for e in history.events()]
     assert events == ["start", "failure", "requeue", "resume", "failure", "budget_exhausted"]
     assert "injected failure at step 3" in history.events()[1]["error"]
+    # round 2 item 3: the traceback reaches the record: the signature names where it was raised
+    assert " @ test_session_failure.py:" in history.events()[1]["signature"]
     assert "failed 2x" in history.summary() and "max_failures=1" in history.summary()
 
     # a later manual resume (budget raised) finishes with the uninterrupted run's parameters

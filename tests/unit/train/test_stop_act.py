@@ -349,3 +349,45 @@ def test_signal_during_startup_is_kept_for_the_guard() -> None:
         for s, h in previous.items():
             signal.signal(s, h)
         preempt._EARLY.clear()
+
+
+def test_a_cascade_leaves_the_claim_to_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 2 item 3 (root first for the built-in trainer): rank 1 lost its peer (gloo's
+    "Connection closed by peer") and raises first; rank 0, the root, raises its own error a
+    moment later. The cascade waits; the root claims and records its own error and traceback
+    location; the cascade records nothing (it was: the cascade claimed first, its symptom
+    recorded as the failure's cause)."""
+    import threading
+
+    import train.stop.act
+
+    monkeypatch.setattr(train.stop.act, "ROOT_WAIT_S", 30.0, raising=False)
+    client = FakeClient()
+    cfg = RequeueConfig(max_failures=3)
+    from train.stop import failure_details
+
+    def root_fails() -> None:
+        time.sleep(0.3)
+        try:
+            raise ValueError("bad batch shape (3, 4)")
+        except ValueError as exc:
+            details = failure_details(exc)
+        request_requeue(FakeEnv(is_main=True, world_size=2), tmp_path, cfg, "failure", step=7,
+                        error="ValueError: bad batch shape (3, 4)", details=details,
+                        client=client)  # fmt: skip
+
+    root = threading.Thread(target=root_fails)
+    root.start()
+    cascade = "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500"
+    code = request_requeue(FakeEnv(is_main=False, world_size=2), tmp_path, cfg, "failure",
+                           step=7, error=cascade, client=client)  # fmt: skip
+    root.join()
+    assert code == 1
+    (failure,) = [e for e in RunHistory(tmp_path).events() if e["event"] == "failure"]
+    assert failure["error"].startswith("ValueError: bad batch shape")
+    sig = failure["signature"]
+    assert sig.startswith("ValueError: bad batch shape") and sig.endswith(":root_fails"), sig
+    assert "@ test_stop_act.py:" in sig
+    assert client.requeued == ["42"]

@@ -3,6 +3,7 @@ locally, within and over its budget, and what the facts change (issue 24)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,10 @@ CASES = [
     ("requeue-signal-in-place", "signal",
      _facts(SLURM, in_place=True, signal="SIGUSR2", slurm_kind="preemption"), NONE,
      ("preempted", "requeue", 0, False, ())),
+    # a command's supervisor: no rank's command reported a failure (an operator's TERM)
+    ("term-no-command-failed", "signal",
+     _facts(SLURM, in_place=True, signal="SIGTERM", slurm_kind="preemption",
+            no_rank_failed=True), NONE, ("preempted", "requeue", 0, False, ())),
     ("term-without-in-place", "signal", _facts(SLURM, signal="SIGTERM", slurm_kind="preemption"),
      NONE, ("preempted", "requeue", 0, False, ())),
     ("stop-after-a-claimed-failure", "signal", _facts(SLURM, failure_claimed=True), NONE,
@@ -203,6 +208,52 @@ def test_the_budget_text_names_the_field_to_raise() -> None:
     assert d.exhausted is not None and "requeue.max_hangs=1" in d.exhausted
 
 
+CHAIN = RequeueConfig(max_preemptions=2, max_timeouts=2, max_failures=2, mode="chain")
+
+
+@pytest.mark.parametrize(
+    ("trigger", "facts", "counts", "expected"),
+    [
+        pytest.param("signal", _facts(SLURM, slurm_kind="preemption"), NONE,
+                     ("preempted", "exit_requeue", REQUEUE_EXIT_CODE, False), id="preemption"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="timeout"), NONE,
+                     ("timeout", "exit_requeue", REQUEUE_EXIT_CODE, False), id="time-limit"),
+        pytest.param("failure", SLURM, NONE,
+                     ("failure", "exit_requeue", REQUEUE_EXIT_CODE, False), id="failure"),
+        pytest.param("failure", _facts(SLURM, in_place=True), NONE,
+                     ("failure", "restart_in_place", 1, False), id="failure-in-place-first"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="cancel"), NONE,
+                     ("cancelled", "none", 0, False), id="cancel-ends-it"),
+        pytest.param("signal", _facts(SLURM, slurm_kind="preemption"), SPENT,
+                     ("preempted", "none", BUDGET_EXHAUSTED_EXIT_CODE, True), id="over-budget"),
+    ],
+)  # fmt: skip
+def test_a_link_of_a_chain_exits_for_the_next_link_instead_of_requeueing(
+    trigger: Any, facts: StopFacts, counts: dict[str, int], expected: tuple[Any, ...]
+) -> None:
+    """requeue.mode chain (jobs.chain): where the decision would requeue the Slurm job, the
+    link exits 75 and the next link of the chain resumes the run; budgets count the same."""
+    d = decide(trigger, facts, counts, CHAIN)
+    assert (d.event, d.action, d.exit_code, d.exhausted is not None) == expected
+
+
+def test_a_link_of_a_chain_records_its_requeue_and_exits_75(tmp_path: Any) -> None:
+    """The link exits 75 (the batch script ends with it, the job is not COMPLETED, the next
+    link's afternotok is met) and records a requeue via the chain, never scontrol requeue."""
+    from train.history import RunHistory
+    from train.stop.act import carry_out
+
+    class NoSlurm:
+        def requeue(self, job_id: str) -> None:
+            raise AssertionError("a chain never requeues its job")
+
+    d = decide("signal", _facts(SLURM, slurm_kind="preemption"), NONE, CHAIN)
+    history = RunHistory(tmp_path)
+    base = {"step": 7, "restart_count": 0, "job_id": "42"}
+    assert carry_out(d, history, base, tmp_path, client=NoSlurm()) == REQUEUE_EXIT_CODE
+    assert [(e["event"], e.get("via")) for e in history.events()] == [("requeue", "chain")]
+
+
 # -- issue 44: budgets kept over their scope (train.history.budget_counts), no progress, TERM ----
 def _ev(event: str, job: str | None = "7", restart: int = 0, **fields: Any) -> dict[str, Any]:
     if event == "failure":  # infrastructure failures (budget 10) unless a row says otherwise
@@ -239,6 +290,14 @@ SCOPED = [
      [_ev("failure", None, r, failure_class="unknown") for r in (0, 1, 2)]
      + [_ev("start", None, 0)], (None, 0),
      ("failure", "none", 1, False, ())),
+    # round 2 item 5: local events carry their submission (local-N): an earlier submission's
+    # failures at restart 0 (each cancelled then) are not this one's, though no count fell
+    ("local-submission-by-its-id", "failure", LOCAL,
+     [e for s in ("local-1", "local-2")
+      for e in (_ev("failure", None, 0, failure_class="unknown", submission=s),
+                _ev("cancelled", None, 0, submission=s))]
+     + [_ev("start", None, 0, submission="local-3")], (None, 0, "local-3"),
+     ("failure", "none", 1, False, ())),
     ("local-failures-spent-in-this-submission", "failure", LOCAL,
      [_ev("failure", None, r, failure_class="unknown") for r in (0, 1)], (None, 2),
      ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
@@ -254,6 +313,18 @@ SCOPED = [
     ("a-preemption-saves-its-own-progress", "signal",
      _facts(SLURM, slurm_kind="preemption", checkpoint_step=40), _STALLED, ("7", 3),
      ("preempted", "requeue", 0, False, ())),
+    # round 2 item 6: a command with no checkpoint of ours: its train.report step is its
+    # progress (the restarts' start events carry it; the facts' checkpoint_step is it now)
+    ("command-no-reported-progress", "failure", _facts(IN_PLACE, checkpoint_step=40),
+     [_ev("start"), _ev("failure")] + [
+         e for r in (1, 2, 3)
+         for e in (_ev("start", restart=r, reported_step=40), _ev("failure", restart=r))],
+     ("7", 3), ("failure", "none", BUDGET_EXHAUSTED_EXIT_CODE, True, ())),
+    ("command-reported-progress", "failure", _facts(IN_PLACE, checkpoint_step=55),
+     [_ev("start"), _ev("failure")] + [
+         e for r in (1, 2, 3)
+         for e in (_ev("start", restart=r, reported_step=40), _ev("failure", restart=r))],
+     ("7", 3), ("failure", "restart_in_place", 1, False, ())),
     # item 7: a TERM decided after every rank saved and met (an operator's scancel
     # --signal=TERM): a stop like the requeue signal, never "the step is ending"
     ("term-after-the-ranks-met", "signal",
@@ -270,12 +341,15 @@ def test_the_decision_table_with_budgets_over_their_scope(
     trigger: Any,
     facts: StopFacts,
     events: list[dict[str, Any]],
-    attempt: tuple[str | None, int],
+    attempt: tuple[Any, ...],
     expected: tuple[Any, ...],
 ) -> None:
     from train.history import budget_counts
 
-    counts = budget_counts(events, job_id=attempt[0], restart_count=attempt[1])
+    submission = attempt[2] if len(attempt) > 2 else None
+    counts = budget_counts(
+        events, job_id=attempt[0], restart_count=attempt[1], submission=submission
+    )
     d = decide(trigger, facts, counts, BUDGETS)
     event, action, code, spent, exclude = expected
     assert (d.event, d.action, d.exit_code, d.exhausted is not None, d.exclude) == (
@@ -407,6 +481,28 @@ def test_a_decider_and_a_rank_reach_the_same_decision(tmp_path: Path) -> None:
         assert (event["restart_count"], event["in_place"]) == (1, 1)
     assert decisions[0] == decisions[1]
     assert decisions[0][2] == "restart_in_place"
+
+
+def test_a_commands_progress_is_its_last_reported_step(tmp_path: Path) -> None:
+    """Round 2 item 6: a command that keeps no checkpoint of ours but reports its steps
+    (train.report: metrics.jsonl lines of kind report): the stop's progress is its last
+    reported step; a checkpoint of ours wins where there is one."""
+    from train.stop.facts import gather
+
+    def progress() -> int | None:
+        facts = gather("failure", job_id=None, restart_count=1, run_dir=tmp_path,
+                       signal_delay_s=60)  # fmt: skip
+        return facts.checkpoint_step
+
+    assert progress() is None
+    lines = [{"kind": "report", "time": 1.0, "step": s, "scalars": {}} for s in (10, 20)]
+    lines.append({"kind": "report", "time": 2.0, "step": "30"})  # foreign: skipped
+    text = "".join(json.dumps(x) + "\n" for x in lines) + '{"kind": "rep'  # torn last line
+    (tmp_path / "metrics.jsonl").write_text(text)
+    assert progress() == 20
+    (tmp_path / "checkpoints" / "step-5").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-5" / "manifest.json").write_text("{}")
+    assert progress() == 5
 
 
 def test_every_budget_of_the_table_is_a_field_of_the_requeue_config() -> None:

@@ -172,3 +172,15 @@ def test_a_refused_requeue_is_retried_whatever_code_the_step_ended_with(tmp_path
     assert after_step(tmp_path, BUDGETS, job_id="7", restart_count=0, in_place=0,
                       exit_code=137, client=client) == 137  # fmt: skip
     assert client.requeued == ["7"]
+
+
+def test_a_link_of_a_chain_that_exits_75_ends_for_the_next_link(tmp_path: Path) -> None:
+    """requeue.mode chain (issue 48, jobs.chain): the link's exit 75 ends the batch script with
+    75 at once (the job FAILED, the next link's afternotok met), no scontrol requeue tried."""
+    RunHistory(tmp_path).append("requeue", step=9, restart_count=0, job_id="7", via="chain")
+    client = _Slurm()
+    chain = RequeueConfig(max_restarts_in_place=2, mode="chain")
+    code = after_step(tmp_path, chain, job_id="7", restart_count=0, in_place=0,
+                      exit_code=REQUEUE_EXIT_CODE, client=client)  # fmt: skip
+    assert code == REQUEUE_EXIT_CODE and client.asked == []
+    assert _names(tmp_path) == ["requeue"]
