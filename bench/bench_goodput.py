@@ -12,6 +12,9 @@ StartTime=now`` (:meth:`cluster.client.SlurmClient.release`, after its settle of
 - ``ours: built-in trainer``: ``python -m jobs submit`` of a spec (tinycnn, synthetic data,
   each step padded by ``bench/goodput_hook``);
 - ``ours: entrypoint.command``: the README's recipe for a plain script, under ``jobs submit``;
+- ``ours: plain script, no recipe``: the same script with torch's own DDP and optimizer, its
+  own ``torch.save``, a flag set by its signal handler (``goodput_work bare``), under
+  ``jobs submit``;
 - ``Lightning auto_requeue``: plain sbatch, ``srun python ...``, ``--signal=SIGUSR1@90``,
   ``SLURMEnvironment(auto_requeue=True)`` (as its documentation shows);
 - ``submitit Checkpointable``: ``submitit.AutoExecutor``, a ``Checkpointable`` that saves in
@@ -84,6 +87,12 @@ class Row:
     restart_s: list[float] = field(default_factory=list)
     preempted: int = 0
     note: str = ""
+    #: per preemption (issue 46): signal -> the job leaves RUNNING (the stop), -> RUNNING again
+    #: (Slurm: requeue, the hold released at once, the start), -> the first step (the start);
+    #: each as the bench sees it (squeue every 0.25 s)
+    split: list[tuple[float, float, float]] = field(default_factory=list)
+    #: submit -> the first step of the first attempt
+    first_step_s: float | None = None
 
 
 class Bench:
@@ -93,6 +102,8 @@ class Bench:
         self.opts, self.client, self.env, self.sched = opts, client, env, sched
         self.root = opts.workdir / "goodput"
         self.root.mkdir(parents=True, exist_ok=True)
+        #: per job, per preemption: when it was preempted, seen leaving RUNNING, RUNNING again
+        self.marks: dict[str, list[dict[str, float]]] = {}
 
     def state(self, job_id: str) -> tuple[str, str]:
         info = self.client.poll_states([job_id]).get(job_id)
@@ -126,6 +137,7 @@ class Bench:
     def drive(self, job_id: str, run: Path, timeout: float) -> list[float]:
         """Apply the schedule to ``job_id``, wait for its end; the preemption times."""
         preempts: list[float] = []
+        marks = self.marks.setdefault(job_id, [])
         deadline = time.monotonic() + timeout
         while True:
             if time.monotonic() > deadline:
@@ -137,6 +149,8 @@ class Bench:
                 with contextlib.suppress(Exception):  # not requeued yet: next poll
                     self.client.release(job_id, settle_s=SETTLE_S)
                 _wait_not(self, job_id, "PENDING", 30)
+                if marks and "back" not in marks[-1]:
+                    marks[-1]["back"] = time.time()
                 continue
             if state == "RUNNING" and len(preempts) < self.sched.preemptions:
                 seen = time.monotonic()
@@ -157,6 +171,7 @@ class Bench:
                     60,
                     poll=0.25,
                 )
+                marks.append({"preempt": preempts[-1], "left": time.time()})
                 continue
             time.sleep(0.25)
 
@@ -184,9 +199,12 @@ class Bench:
         if row.completed and steps:
             row.wall_s = max(float(r["time"]) for r in steps) - submitted
             row.goodput = self.sched.steps * STEP_S / row.wall_s
+        if steps:
+            row.first_step_s = min(float(r["time"]) for r in steps) - submitted
+        marks = {m["preempt"]: m for m in self.marks.get(job_id, [])}
         if first is not None and last is not None:
             row.note = f"Slurm: Submit -> End {last - first:.0f} s"
-        for t in preempts:
+        for i, t in enumerate(preempts):
             later = [float(r["time"]) for r in steps if float(r["time"]) > t]
             # the first step of the next attempt (steps of the stopping attempt come first)
             after = [
@@ -196,6 +214,14 @@ class Bench:
             ]
             if after:
                 row.restart_s.append(after[0] - t)
+                m = dict(marks.get(t, {}))
+                # back: Slurm's own start of the next attempt (sacct -D, whole seconds), not
+                # the bench's poll, which a loaded machine delays past the first step
+                nxt = attempts[i + 1].start if len(attempts) > i + 1 else None
+                if nxt is not None and "left" in m:
+                    m["back"] = max(m["left"], nxt)
+                if "left" in m and "back" in m:
+                    row.split.append((m["left"] - t, m["back"] - m["left"], after[0] - m["back"]))
             elif later:
                 row.note = "a preemption did not restart the job"
         if not row.completed:
@@ -334,7 +360,7 @@ train:
 """
 OURS_COMMAND = """\
 entrypoint:
-  command: [{python}, -m, bench.goodput_work, plain, "{run}", --steps, "{steps}",
+  command: [{python}, -m, bench.goodput_work, {habit}, "{run}", --steps, "{steps}",
             --step-time, "{step_s}"]
   stop_signal: USR1
 """
@@ -345,8 +371,9 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
     if what == "trainer":
         text += OURS_TRAIN.format(steps=b.sched.steps, save_every=SAVE_EVERY)
     else:
+        habit = "bare" if what == "bare" else "plain"
         text += OURS_COMMAND.format(
-            python=sys.executable, run=run / "task", steps=b.sched.steps, step_s=STEP_S
+            python=sys.executable, habit=habit, run=run / "task", steps=b.sched.steps, step_s=STEP_S
         )
     spec = run / "spec.yaml"
     spec.write_text(text, encoding="utf-8")
@@ -358,7 +385,7 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
         raise Skip(f"jobs submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
     sub = json.loads(proc.stdout.strip().splitlines()[-1])
     job, run_dir = str(sub["job_id"]), Path(sub["run_dir"])
-    if what == "command":
+    if what != "trainer":
         (run / "task").mkdir(exist_ok=True)
         link = run / "task"
     else:
@@ -393,6 +420,8 @@ def _import_torch(env: dict[str, str]) -> float:
 ROWS: dict[str, Callable[[Bench, Path], tuple[str, list[float]]]] = {
     "ours: built-in trainer": lambda b, r: _ours(b, r, "trainer"),
     "ours: entrypoint.command": lambda b, r: _ours(b, r, "command"),
+    # issue 46: a plain script that follows no recipe of ours (torch's DDP and optimizer)
+    "ours: plain script, no recipe": lambda b, r: _ours(b, r, "bare"),
     "Lightning auto_requeue": row_lightning,
     "submitit Checkpointable": row_submitit,
     "sbatch trap": row_trap,
@@ -400,14 +429,20 @@ ROWS: dict[str, Callable[[Bench, Path], tuple[str, list[float]]]] = {
 
 
 def _table(rows: list[Row], limit: Row) -> str:
-    head = "| row | completed | goodput | wall s | steps redone | preemption -> training (s) |"
-    out = [head, "|---|---|---|---|---|---|"]
+    head = (
+        "| row | completed | goodput | wall s | steps redone | preemption -> training (s) "
+        "| per preemption: stop / Slurm / start (s) | submit -> first step (s) |"
+    )
+    out = [head, "|---|---|---|---|---|---|---|---|"]
     for r in [*rows, limit]:
         g = f"{r.goodput:.3f}" if r.goodput is not None else "-"
         w = f"{r.wall_s:.0f}" if r.wall_s is not None else "-"
         rs = ", ".join(f"{x:.1f}" for x in r.restart_s) or "-"
+        sp = "; ".join(" / ".join(f"{x:.1f}" for x in parts) for parts in r.split) or "-"
+        fs = f"{r.first_step_s:.1f}" if r.first_step_s is not None else "-"
         out.append(
-            f"| {r.name} | {'yes' if r.completed else 'no'} | {g} | {w} | {r.redone} | {rs} |"
+            f"| {r.name} | {'yes' if r.completed else 'no'} | {g} | {w} | {r.redone} | {rs} "
+            f"| {sp} | {fs} |"
         )
     return "\n".join(out)
 

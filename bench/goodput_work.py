@@ -127,14 +127,16 @@ def _attempt(env: dict[str, str]) -> int:
     return int(env.get("TRAIN_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT") or 0)
 
 
-def run_plain(run: Path, steps: int, step_s: float) -> int:
+def run_plain(run: Path, steps: int, step_s: float, *, recipe: bool = True) -> int:
     """The README's recipe for ``entrypoint.command``: a flag set by the signal, agreed on by
     a lagged all-reduce (started after step k, read after step k+1: it overlaps the step, so
     it costs nothing measurable), then save and exit 0; the supervisor requeues. Its DDP and
     optimizer are ``eager_ddp`` and ``eager`` (the recipe's one import from this project);
-    every peer's row keeps torch's."""
+    every peer's row keeps torch's. ``recipe=False`` (habit ``bare``, issue 46): a script that
+    follows no recipe of ours: torch's own DDP and optimizer, its own ``torch.save``, a flag
+    set by its signal handler, and the interpreter's exit as it comes (no ``gc.freeze``)."""
     signal.signal(signal.SIGUSR1, _on_stop)
-    loop = Loop(run, step_s, _attempt(dict(os.environ)), eager=True)
+    loop = Loop(run, step_s, _attempt(dict(os.environ)), eager=recipe)
     torch, dist = loop.torch, loop.dist
     pending: Any = None
     flag = torch.zeros(1)
@@ -154,7 +156,8 @@ def run_plain(run: Path, steps: int, step_s: float) -> int:
     loop.save()
     loop.record(event="saved" if loop.step < steps else "done")
     loop.close()
-    gc.freeze()  # the interpreter's exit then skips collecting torch's objects: 0.4 -> 0.1 s
+    if recipe:
+        gc.freeze()  # the interpreter's exit then skips collecting torch's objects: 0.4 -> 0.1 s
     return 0
 
 
@@ -265,14 +268,14 @@ def run_lightning(run: Path, steps: int, step_s: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.goodput_work")
-    p.add_argument("habit", choices=("plain", "trap", "lightning", "nosignal"))
+    p.add_argument("habit", choices=("plain", "bare", "trap", "lightning", "nosignal"))
     p.add_argument("run", type=Path)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--step-time", type=float, default=0.1)
     p.add_argument("--save-every", type=int, default=50)
     a = p.parse_args(argv)
-    if a.habit == "plain":
-        return run_plain(a.run, a.steps, a.step_time)
+    if a.habit in ("plain", "bare"):
+        return run_plain(a.run, a.steps, a.step_time, recipe=a.habit == "plain")
     if a.habit == "lightning":
         return run_lightning(a.run, a.steps, a.step_time)
     return run_periodic(a.run, a.steps, a.step_time, a.save_every if a.habit == "trap" else 0)

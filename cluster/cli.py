@@ -54,8 +54,46 @@ def _parser() -> argparse.ArgumentParser:
         "up", parents=[after], help="start the cluster (idempotent) and wait for idle nodes"
     )
     up.add_argument("--timeout", type=float, default=120.0)
+    up.add_argument(
+        "--hosts",
+        choices=("shared", "net"),
+        default=None,
+        help="shared: every node on this machine as it is (the default); net: each node a host "
+        "of its own (network, UTS and mount namespaces: its address, host name, /dev/shm and "
+        "/tmp) and a login host. Without it: the layout the state dir records",
+    )
+    up.add_argument(
+        "--share",
+        action="append",
+        metavar="PATH",
+        default=None,
+        help="with --hosts net: a path under /tmp every host sees as this machine's (run "
+        "directories there); repeatable. The checkout, /home, /root and /var/tmp are shared",
+    )
     sub.add_parser("down", parents=[after], help="stop every process the cluster started")
     sub.add_parser("status", parents=[after], help="daemons, nodes and partitions")
+    sub.add_parser(
+        "env",
+        parents=[after],
+        help="print the export lines that point plain Slurm commands (sbatch, squeue) at the "
+        'cluster: eval "$(python -m cluster env)"',
+    )
+    shell = sub.add_parser(
+        "shell",
+        parents=[after],
+        help="run a command (or a shell) on a host of a --hosts net cluster",
+        description="Run CMD (default: an interactive shell) on HOST (login, n1, n2, n3) of a "
+        "cluster brought up with --hosts net, in the directory it was called from, with the "
+        "cluster's environment (SLURM_CONF, the release's PATH): sbatch, srun and python -m "
+        "jobs work there as for a user of that host.",
+    )
+    shell.add_argument("host", metavar="HOST")
+    shell.add_argument(
+        "--user", default="trainee", help="who runs it (default: trainee; root: as we are)"
+    )
+    shell.add_argument(
+        "argv", nargs="*", metavar="CMD", help="after --: the command and its arguments"
+    )
     return p
 
 
@@ -95,15 +133,17 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     from cluster.local.paths import PORT_OFFSET_ENV, STATE_ENV, state_dir
     from cluster.local.release import release
 
+    hosts = getattr(args, "hosts", None)
+    share = getattr(args, "share", None)
     if args.slurm is None:
-        return LocalCluster(args.state_dir, port_offset=args.port_offset)
+        return LocalCluster(args.state_dir, port_offset=args.port_offset, hosts=hosts, shared=share)
     rel = release(args.slurm)
     root, offset = args.state_dir, args.port_offset
     if root is None and not os.environ.get(STATE_ENV):
         root = rel.default_state_dir(state_dir())
         if offset is None and not os.environ.get(PORT_OFFSET_ENV):
             offset = rel.port_offset
-    return LocalCluster(root, port_offset=offset, slurm=rel.name)
+    return LocalCluster(root, port_offset=offset, slurm=rel.name, hosts=hosts, shared=share)
 
 
 def _exports(lc: LocalCluster) -> list[str]:
@@ -118,8 +158,41 @@ def _exports(lc: LocalCluster) -> list[str]:
     return lines
 
 
+def _shell(lc: LocalCluster, host: str, user: str, argv: list[str]) -> int:
+    """Run ``argv`` (a login shell without one) on ``host`` as ``user``; its exit status."""
+    import pwd
+    import subprocess
+
+    from cluster.errors import LocalClusterError
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise LocalClusterError(
+            f"--user {user}: no such user on this machine (scripts/setup.sh adds trainee; "
+            "--user root runs as root)"
+        ) from None
+    env = lc.client_environ()
+    env.update(HOME=entry.pw_dir, USER=user, LOGNAME=user)
+    argv = argv or [entry.pw_shell or "/bin/sh"]
+    cmd = lc.shell_command(host, argv, os.getcwd(), None if entry.pw_uid == 0 else user)
+    try:
+        return subprocess.run(cmd, env=env, check=False).returncode
+    except FileNotFoundError as exc:
+        raise LocalClusterError(f"cluster shell: {exc.filename} not found") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `shell HOST -- CMD ...`: what follows the first `--` is the command, untouched (argparse
+    # would read its options as ours)
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
+    if command and args.command != "shell":
+        _parser().error(f"`-- {command[0]} ...` belongs to `shell` only")
     try:
         lc = _cluster(args)
         if args.command == "up":
@@ -136,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in _exports(lc):
                 print(line)
             return 0
+        if args.command == "shell":
+            return _shell(lc, args.host, args.user, args.argv + command)
         if args.command == "down":
             stopped = lc.down()
             left = lc.leftovers()
@@ -143,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
             if left:
                 print(f"error: processes still running: {left}", file=sys.stderr)
                 return 1
+            return 0
+        if args.command == "env":  # the lines `up` ends with; nothing is started or asked
+            for line in _exports(lc):
+                print(line)
             return 0
         ok = _print_status(lc)
         return 0 if ok else 1

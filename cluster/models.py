@@ -136,6 +136,8 @@ class JobInfo:
     name: str = ""
     source: str = "sacct"
     restarts: int | None = None  # Slurm's RestartCnt (squeue only; sacct has no such field)
+    #: a pending job's expected start (squeue's StartTime; a BeginTime hold's end), epoch s
+    start_at: float | None = None
 
     @property
     def terminal(self) -> bool:

@@ -406,8 +406,9 @@ def parse_sacct_attempts(text: str) -> list[JobAttempt]:
 # status (code << 8 | signal), which the short -o format cannot print.
 SQUEUE_FIELDS = ("JobArrayID", "Name", "State", "Reason", "NodeList", "Partition", "TimeUsed",
                  "exit_code")  # fmt: skip
-# Asked for too, last (older recordings lack it): how often Slurm restarted (requeued) the job.
-SQUEUE_OPTIONAL = ("RestartCnt",)
+# Asked for too, last (older recordings lack them): how often Slurm restarted (requeued) the
+# job; when it starts (a pending job's expected start: the end of a BeginTime hold).
+SQUEUE_OPTIONAL = ("RestartCnt", "StartTime")
 SQUEUE_FORMAT = ",".join(f"{f}:|" for f in (*SQUEUE_FIELDS, *SQUEUE_OPTIONAL))
 
 
@@ -434,8 +435,9 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
         job_id, name, state, reason, nodelist, partition, elapsed, status = (
             f.strip() for f in fields[: len(SQUEUE_FIELDS)]
         )
-        extra = fields[len(SQUEUE_FIELDS)].strip() if len(fields) > len(SQUEUE_FIELDS) else ""
-        restarts = int(extra) if extra.isdigit() else None
+        extra = [f.strip() for f in fields[len(SQUEUE_FIELDS) :]]
+        restarts = int(extra[0]) if extra and extra[0].isdigit() else None
+        start_at = _sacct_timestamp(extra[1]) if len(extra) > 1 and extra[1][:1].isdigit() else None
         try:
             elapsed_s = parse_slurm_time(elapsed) if elapsed and elapsed != "INVALID" else None
         except SlurmTimeError:
@@ -455,5 +457,6 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
                 name=name,
                 source="squeue",
                 restarts=restarts,
+                start_at=start_at if base == "PENDING" else None,
             )
     return jobs

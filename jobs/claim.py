@@ -75,6 +75,12 @@ def _owner_data(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {}
 
 
+def owner_id(run_dir: Path) -> str:
+    """The run id of ``run_dir``'s claim ("" when there is none or it names no run)."""
+    data = _owner_data(run_dir)
+    return str(data.get("run_id") or "") if data else ""
+
+
 def _record(run_dir: Path) -> tuple[RunRecord | None, str | None]:
     """``run.json`` and why it cannot be trusted (None: it can; (None, None): there is none)."""
     if not os.path.lexists(run_dir / RECORD):

@@ -92,6 +92,9 @@ class DrillReport:
     # after the restart, and how many steps apart its reports are (the error of the rows above)
     first_step_after_restart: int | None = None
     report_interval: int | None = None
+    # Slurm's requeue hold (BeginTime, cred_expire: 120-148 s on idle nodes) the drill released:
+    # what a real stop waits on top of the restart (issue 46)
+    held_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +118,7 @@ class DrillReport:
             ("first step after", self.first_step_after_restart, ""),
             ("steps lost", self.steps_lost, approx),
             ("restart to first step", self.restart_to_first_step_s, " s"),
+            ("Slurm's requeue hold", self.held_s, " s (released by the drill)"),
         ]
         out = [f"drill {self.kind} of {self.run_id} (job {self.job_id}): {self.outcome}"]
         # a row the drill cannot know is not printed (a command that reports no steps)
@@ -232,6 +236,7 @@ class Drill:
             else:
                 self.wait("the job to be requeued", lambda: self._requeued(restarts))
                 self._restore_time_limit()
+                self._note_hold()
                 self.client.release(self.job_id)
                 self.say("requeued; released from its BeginTime wait")
                 self.wait("the job to train again", lambda: self._resumed(t0, restarts) is not None)
@@ -441,6 +446,26 @@ class Drill:
         return next((e for e in self.events(since) if e["event"] == "restart_in_place"), None)
 
     # -- measuring ---------------------------------------------------------------------------
+    def _note_hold(self) -> None:
+        """How long Slurm would hold the requeued job (its BeginTime: StartTime, one
+        ``scontrol show job``): released by the drill, waited by a real stop."""
+        info = self.job()
+        until = _slurm_time(info.get("StartTime")) if info.get("Reason") == "BeginTime" else None
+        if until is None:
+            return
+        self.report.held_s = round(max(0.0, until - time.time()), 1)
+
+    def _cost_note(self) -> None:
+        r = self.report
+        if r.held_s is None or r.restart_to_first_step_s is None:
+            return
+        held, restart = r.held_s, r.restart_to_first_step_s
+        r.notes.append(
+            f"a real stop also waits Slurm's requeue hold: about {held + restart:.0f} s from the "
+            f"requeue to training ({held:.0f} s held + {restart:.1f} s restart); the drill "
+            "released the hold at once"
+        )
+
     def _measure(self, t0: float, restarts: int) -> None:
         r = self.report
         events = self.events(t0 - 1)
@@ -487,6 +512,7 @@ class Drill:
             )
         if self.in_place:
             r.outcome += " (restarted in place, the same allocation)"
+        self._cost_note()
         if self.kind == "fail" and r.stop_event is None:
             r.notes.append(
                 "a hard kill records nothing: the last completed step is the newest "

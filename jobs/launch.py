@@ -57,6 +57,9 @@ class TrainLaunch:
     ``signal_name`` is the spec's requeue signal (USR2 by default); it is released from
     submitit as well as USR2 and TERM. ``resolved`` (JSON) is the task's validated spec when
     it was not written at submission (big sweeps): the task writes ``config`` from it first.
+    ``command`` (with its ``stop_signal``): the spec's ``entrypoint.command`` when it can start
+    before the spec is read again (:func:`command_first`): the task starts it first
+    (:mod:`train.command.prestart`), its supervisor takes it over.
     """
 
     config: str
@@ -64,6 +67,8 @@ class TrainLaunch:
     signal_name: str = "USR2"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     resolved: str = ""
+    command: tuple[str, ...] = ()
+    stop_signal: str = "auto"
 
     def materialize(self) -> None:
         """Write ``config`` from ``resolved`` unless it exists (every rank may race: atomic)."""
@@ -84,6 +89,11 @@ class TrainLaunch:
 
     def __call__(self) -> int:
         release_submitit_signals(("USR2", "TERM", self.signal_name))
+        if self.command and not self.extra_args:
+            # the user's command first, before the spec models and the session (issue 46)
+            from train.command import start_first
+
+            start_first(self.command, Path(self.run_dir), self.signal_name, self.stop_signal)
         quiet_submitit_logging()
         # submitit requeues on its own only for checkpointable callables after a timeout; we are
         # not one (no .checkpoint), and train decides about requeues through its budgets.
@@ -94,7 +104,13 @@ class TrainLaunch:
         pause_collector()  # until the run starts (train.startup says why)
         from train.cli import main  # torch is imported here, inside the allocation only
 
-        code = int(main(self.argv()) or 0)
+        try:
+            code = int(main(self.argv()) or 0)
+        finally:
+            if self.command:
+                from train.command import abandon_started_first
+
+                abandon_started_first()  # the run did not take it: never unsupervised
         if code == 0:
             # Done (or requeued): a stop signal from now on (a preemption as the tasks exit) must
             # not kill the task while Python shuts down -- it restores SIG_DFL for its own
@@ -108,6 +124,19 @@ class TrainLaunch:
             # Slurm job) ends with train's exit code instead of a generic failure.
             raise SystemExit(code)
         return code
+
+
+def command_first(command: tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    """The spec's ``entrypoint.command`` when the task may start it before the spec is read
+    again: nothing in it that only the allocation tells (``${NAME}``, a torchrun launch told
+    the nodes); else ``()`` (the supervisor starts it)."""
+    from train.spec import launches_torchrun
+
+    if not command or any("$" in arg for arg in command):
+        return ()
+    if launches_torchrun(list(command)) is not None:
+        return ()
+    return tuple(command)
 
 
 def after_step(argv: list[str] | None = None) -> int:

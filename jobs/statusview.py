@@ -32,6 +32,18 @@ def _elapsed(seconds: int | None) -> str:
     return format_slurm_time(seconds) if seconds else ""
 
 
+def held(info: JobInfo, now: float | None = None) -> str:
+    """``held by Slurm until 20:34:29 (BeginTime: requeue hold), about 130 s``: a pending job
+    Slurm holds until a begin time (issue 46: after a requeue, ``cred_expire``: 120-148 s on
+    idle nodes), from the same one squeue (its ``StartTime``); "" for any other job."""
+    if info.state != "PENDING" or info.reason != "BeginTime" or info.start_at is None:
+        return ""
+    what = "requeue hold" if (info.restarts or 0) > 0 else "its begin time"
+    left = max(0, round(info.start_at - (time.time() if now is None else now)))
+    until = time.strftime("%H:%M:%S", time.localtime(info.start_at))
+    return f"held by Slurm until {until} (BeginTime: {what}), about {left} s"
+
+
 def _slurm_restarts(info: JobInfo, run_dir: str) -> str:
     """``restarted Nx (Slurm)`` when Slurm restarted the job but the run wrote no event of it
     (a command entrypoint that does not record its restarts); from the same one squeue."""
@@ -126,6 +138,7 @@ def status_json(runs: list[RunRecord], states: dict[str, JobInfo]) -> list[dict[
                     "state": info.state,
                     "exit_code": info.exit_code,
                     "reason": reason(info),
+                    "held_until": info.start_at if held(info) else None,
                     "nodelist": info.nodelist,
                     "elapsed_s": info.elapsed_s,  # the attempt Slurm knows (the newest)
                     "run_elapsed_s": total,  # the whole run: every attempt
@@ -183,7 +196,7 @@ def write_status(runs: list[RunRecord], states: dict[str, JobInfo], out: IO[str]
                 _elapsed_text(
                     *(_run_elapsed(r, info, t.run_dir) if detail else (info.elapsed_s, 1))
                 ),
-                reason(info),
+                held(info) or reason(info),
                 " ".join(f"{k}={v}" for k, v in t.values.items()),
                 describe_progress(progress.get(t.run_dir, {})),
                 history.get(t.run_dir, ""),

@@ -343,15 +343,24 @@ def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) ->
     import cloudpickle
     from submitit.helpers import DelayedSubmission
 
-    from jobs.launch import TrainLaunch
+    from jobs.launch import TrainLaunch, command_first
 
     minutes = timeout_min(loaded.spec)
     signal_name = loaded.spec.requeue.signal
     runfiles.make_dirs(pending.parent, pending.name)
     paths = []
     for f in group:
+        entry = f.task.spec.entrypoint
+        command = command_first(entry.command if entry is not None else None)
         delayed = DelayedSubmission(
-            TrainLaunch(str(f.config), str(f.run_dir), signal_name, resolved=f.pending)
+            TrainLaunch(
+                str(f.config),
+                str(f.run_dir),
+                signal_name,
+                resolved=f.pending,
+                command=command,
+                stop_signal=str(entry.stop_signal) if command and entry is not None else "auto",
+            )
         )
         delayed.set_timeout(minutes, 0)  # 0 timeouts: submitit never requeues by itself
         paths.append(pending / f"{f.task.index}.pkl")

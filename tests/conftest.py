@@ -9,6 +9,10 @@
   cluster that ``make demo`` uses.
   ``SLURM_TRAIN_TEST_SLURM=24.11`` (``make test SLURM=24.11``) brings them up on that Slurm
   release (cluster.local.release; 22.05, the host's, by default).
+  ``SLURM_TRAIN_TEST_HOSTS=net`` brings them up with each node a host of its own
+  (cluster.local.hosts; ``shared``, every node on this machine, by default), sharing the
+  session's temporary folder with every host (run directories there); where network
+  namespaces cannot be made, the integration tests skip and say why.
 - ``slurm_env``: ``os.environ`` plus ``SLURM_CONF`` pointing at that cluster, and ``PATH`` with
   the release's commands first, for subprocesses.
 - ``slurm_client``: a :class:`cluster.client.SlurmClient` for that cluster.
@@ -81,6 +85,14 @@ def worker_cluster(worker: str | None) -> tuple[Path, int]:
 SLURM_RELEASE_ENV = "SLURM_TRAIN_TEST_SLURM"
 
 
+#: The hosts layout of the test workers' clusters (cluster.local.hosts): shared or net.
+HOSTS_LAYOUT_ENV = "SLURM_TRAIN_TEST_HOSTS"
+
+
+def hosts_layout_under_test() -> str:
+    return os.environ.get(HOSTS_LAYOUT_ENV) or "shared"
+
+
 def slurm_release_under_test() -> str:
     from cluster.local.release import HOST_RELEASE
 
@@ -88,10 +100,14 @@ def slurm_release_under_test() -> str:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[object]:
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from cluster.local.hosts import netns_problem
     from cluster.local.manager import LocalCluster
 
     reason = _skip_reason()
+    hosts = hosts_layout_under_test()
+    if reason is None and hosts == "net":
+        reason = netns_problem()
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"integration tests must run in CI: {reason}")
@@ -102,7 +118,14 @@ def slurm_cluster() -> Iterator[object]:
     # at once, never derive one rendezvous port (jobs share the machine's ports). The one
     # there is brought down with the release it runs, the new one up with the release asked.
     LocalCluster(root, port_offset=offset).down()
-    lc = LocalCluster(root, port_offset=offset, slurm=slurm_release_under_test())
+    lc = LocalCluster(
+        root,
+        port_offset=offset,
+        slurm=slurm_release_under_test(),
+        hosts=hosts,
+        # the tests' run directories (tmp_path) are under it: every host sees the machine's
+        shared=[str(tmp_path_factory.getbasetemp())],
+    )
     shutil.rmtree(root, ignore_errors=True)
     lc.up()
     yield lc

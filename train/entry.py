@@ -205,6 +205,11 @@ def run_entrypoint(
     # A command: this guard only holds the job's signal and TERM while the run is set up;
     # train.command.supervisor then supervises the child (which signal it gets, requeue, failures).
     guard = PreemptionGuard((config.requeue.signal, "TERM")) if entry.command is not None else None
+    first = False
+    if entry.command is not None:
+        from train.command import started_first
+
+        first = started_first()  # the command started before us: its resume is decided
     session = RunSession(
         config.train,
         config.requeue,
@@ -214,6 +219,7 @@ def run_entrypoint(
         guard=guard,
         allow_config_change=allow_config_change,
         process_group=entry.command is None,
+        prestarted=first,
     )
     with session:
         progress: dict[str, Any] = {}

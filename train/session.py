@@ -94,8 +94,11 @@ class RunSession:
         devices: DeviceInfo | None = None,
         allow_config_change: bool = False,
         process_group: bool = True,
+        prestarted: bool = False,
     ) -> None:
         self.train, self.requeue, self.env = train, requeue, env
+        #: a command started before the session (train.command.prestart): its resume decided
+        self.prestarted = prestarted and not process_group
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.allow_config_change = allow_config_change or train.allow_config_change
@@ -146,7 +149,11 @@ class RunSession:
         plan = ResumePlan()
         # Without a process group (a command entrypoint: its child creates one) every rank
         # reads the same directory and comes to the same decision.
-        if env.is_main or not self.process_group:
+        if self.prestarted:
+            # the command started first (train.command.prestart): the decision was made then,
+            # before anything of ours existed in checkpoints/ -- nothing to resume from
+            self._ckpt = self._manager(tidy=False)
+        elif env.is_main or not self.process_group:
             plan = plan_resume(
                 want,
                 self.run_dir,
@@ -228,10 +235,10 @@ class RunSession:
         self._ckpt.follow(line)
         return self._ckpt.latest_valid()
 
-    def _manager(self) -> CheckpointManager:
+    def _manager(self, tidy: bool = True) -> CheckpointManager:
         env = self.env
         manager = CheckpointManager.for_run(
-            self.run_dir, self.train, rank=env.rank, world_size=env.world_size
+            self.run_dir, self.train, rank=env.rank, world_size=env.world_size, tidy=tidy
         )
         # rank 0 waiting for the other ranks' files within a save it declared (a background
         # save's wait leaves the training phase alone)

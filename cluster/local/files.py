@@ -11,14 +11,20 @@ from __future__ import annotations
 import hashlib
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster.local import config as cfg
 from cluster.local.daemons import read_text
 
+if TYPE_CHECKING:
+    from cluster.local.hosts import Network
+
 __all__ = ["is_stale", "stamp", "write_config"]
 
 
-def write_config(layout: cfg.Layout, hostname: str, slurm: str = cfg.HOST_SLURM) -> set[Path]:
+def write_config(
+    layout: cfg.Layout, hostname: str, slurm: str = cfg.HOST_SLURM, net: Network | None = None
+) -> set[Path]:
     """Create the state directories and write every config file whose text differs, for
     Slurm release ``slurm``.
 
@@ -36,7 +42,7 @@ def write_config(layout: cfg.Layout, hostname: str, slurm: str = cfg.HOST_SLURM)
         L.db_password.chmod(0o600)
     password = L.db_password.read_text().strip()
     files = {
-        L.slurm_conf: (cfg.render_slurm_conf(L, hostname, slurm), 0o644),
+        L.slurm_conf: (cfg.render_slurm_conf(L, hostname, slurm, net), 0o644),
         L.gres_conf: (cfg.render_gres_conf(L), 0o644),
         L.cgroup_conf: (cfg.render_cgroup_conf(slurm), 0o644),
         L.task_prolog: (cfg.render_task_prolog(), 0o755),

@@ -18,7 +18,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,15 @@ from cluster.local.daemons import (
     wait_until,
 )
 from cluster.local.files import is_stale, stamp, write_config
+from cluster.local.hosts import (
+    DEFAULT_LAYOUT,
+    LOGIN,
+    Network,
+    check_layout,
+    enter_command,
+    is_shareable,
+    shared_from_json,
+)
 from cluster.local.paths import port_offset as default_port_offset
 from cluster.local.paths import state_dir as default_state_dir
 from cluster.local.release import HOST_RELEASE, Release, Root, release
@@ -82,17 +91,46 @@ class LocalCluster:
         hostname: str | None = None,
         port_offset: int | None = None,
         slurm: str | None = None,
+        hosts: str | None = None,
+        shared: Sequence[str] | None = None,
     ) -> None:
         """``root`` and ``port_offset`` default to what the environment says
         (SLURM_TRAIN_CLUSTER_DIR, SLURM_TRAIN_CLUSTER_PORT_OFFSET), else the default cluster.
         ``slurm``: the release (:data:`cluster.local.release.RELEASES`); by default the one the
-        state directory records, else the host's."""
+        state directory records, else the host's. ``hosts``: the hosts layout
+        (:mod:`cluster.local.hosts`: ``shared`` or ``net``), by default the recorded one, else
+        ``shared``; ``shared``: the paths under /tmp every host of ``net`` sees as the
+        machine's (by default the recorded ones)."""
         offset = default_port_offset() if port_offset is None else port_offset
         self.layout = cfg.Layout((root or default_state_dir()).resolve(), offset)
         self.hostname = hostname or socket.gethostname().split(".", 1)[0]
         recorded = self.recorded_release()
         self.release: Release = release(slurm or recorded or HOST_RELEASE)
         self.slurm = Root(self.release)
+        self.hosts_layout = check_layout(hosts or self.recorded_hosts_layout() or DEFAULT_LAYOUT)
+        if shared is None:
+            shared_paths = shared_from_json(read_text(self.layout.hosts_json))
+        else:
+            bad = [p for p in shared if not is_shareable(p)]
+            if bad:
+                raise LocalClusterError(
+                    f"--share {bad[0]!r}: give an absolute path under /tmp (the rest of the "
+                    "machine's file system is shared already)"
+                )
+            shared_paths = tuple(shared)
+        self.net: Network | None = None
+        if self.hosts_layout == "net" and not self.release.on_host:
+            raise LocalClusterError(
+                f"--hosts net runs Slurm {HOST_RELEASE} only (the host's release), not "
+                f"{self.release.name}: use --hosts shared for it"
+            )
+        if self.hosts_layout == "net":
+            self.net = Network(self.layout.port_offset, cfg.NODES, self.layout.hosts_dir,
+                               shared_paths)  # fmt: skip
+
+    def recorded_hosts_layout(self) -> str | None:
+        """The hosts layout the state directory's cluster was last brought up with."""
+        return read_text(self.layout.hosts_layout_file) or None
 
     def recorded_release(self) -> str | None:
         """The release the state directory's cluster was last brought up with (None: none)."""
@@ -135,9 +173,17 @@ class LocalCluster:
         out += [
             (f"slurmd-{n}", L.run / f"slurmd-{n}.pid", L.log / f"slurmd-{n}.log") for n in cfg.NODES
         ]
+        if self.net is not None:
+            # the login host's first process (``sleep``), whose namespaces `cluster shell` joins
+            out.append((LOGIN, L.pid_file(LOGIN), L.log_file(LOGIN)))
         if self.login_server() is not None:  # the login node of --remote (cluster/local/sshd.py)
             out.append(("sshd", L.pid_file("sshd"), L.log_file("sshd")))
         return out
+
+    @staticmethod
+    def _program(daemon: str) -> str:
+        """The program a daemon's pid runs (its /proc/PID/comm)."""
+        return "sleep" if daemon == LOGIN else daemon.split("-", 1)[0]
 
     def login_server(self) -> sshd.LoginServer | None:
         """The cluster's sshd, None where openssh-server or the login user is missing."""
@@ -164,7 +210,7 @@ class LocalCluster:
         out = []
         for name, pid_file, log in self.daemons():
             pid = read_pid(pid_file)
-            out.append(DaemonStatus(name, pid, pid_runs(pid, name.split("-", 1)[0]), log))
+            out.append(DaemonStatus(name, pid, pid_runs(pid, self._program(name)), log))
         return out
 
     def healthy(self) -> bool:
@@ -192,10 +238,16 @@ class LocalCluster:
     def _up(self, timeout: float) -> UpResult:
         self.check_installed()
         self._check_release()
-        changed = write_config(self.layout, self.hostname, self.release.name)
+        self._check_hosts_layout()
+        changed = write_config(self.layout, self.hostname, self.release.name, self.net)
         self.layout.release_file.write_text(f"{self.release.name}\n")
-        self._write_bin_file()
-        self._ensure_hosts()
+        self.layout.hosts_layout_file.write_text(f"{self.hosts_layout}\n")
+        if self.net is None:
+            self.layout.hosts_json.unlink(missing_ok=True)
+            self._ensure_hosts()
+        else:
+            self.layout.hosts_json.write_text(self.net.to_json())
+            self._ensure_network()
         self.slurm.prepare()
         started: list[str] = []
         running: list[str] = []
@@ -206,6 +258,8 @@ class LocalCluster:
             ("slurmdbd", self._start_slurmdbd),
             ("slurmctld", self._start_slurmctld),
         ] + [(f"slurmd-{n}", lambda n=n: self._start_slurmd(n)) for n in cfg.NODES]
+        if self.net is not None:
+            steps.append((LOGIN, self._start_login))
         login = self.login_server()
         if login is not None:
             login.write(sshd.login_user() or sshd.DEFAULT_USER)
@@ -250,6 +304,87 @@ class LocalCluster:
                 f"{self.release.name}: use another --state-dir, or bring it down "
                 f"(python -m cluster --state-dir {self.layout.root} down) and remove it"
             )
+
+    def _check_hosts_layout(self) -> None:
+        """A running cluster keeps its hosts layout (its nodes' addresses are in the
+        controller's state)."""
+        recorded = self.recorded_hosts_layout()
+        running = any(d.alive for d in self.status())
+        if running and recorded and recorded != self.hosts_layout:
+            raise LocalClusterError(
+                f"{self.layout.root} runs a cluster with --hosts {recorded}: bring it down "
+                f"(python -m cluster --state-dir {self.layout.root} down) before --hosts "
+                f"{self.hosts_layout}"
+            )
+
+    def _ensure_network(self) -> None:
+        """The bridge, each host's namespace, link and address, and its /etc/hosts
+        (``/etc/netns/NS/hosts``, which ``ip netns exec`` shows as /etc/hosts). Made afresh
+        unless all of it is there."""
+        net = self.net
+        assert net is not None
+        for h in net.hosts:
+            path = net.etc_hosts(h)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            text = net.hosts_file(self.hostname)
+            if read_text(path, strip=False) != text:
+                path.with_name("hosts.tmp").write_text(text)
+                path.with_name("hosts.tmp").replace(path)
+            net.host_dir(h).mkdir(parents=True, exist_ok=True)
+        complete = Path(f"/sys/class/net/{net.bridge}").exists() and all(
+            Path(f"/run/netns/{net.netns(h)}").exists() for h in net.hosts
+        )
+        if complete:
+            return
+        self._remove_network(keep_files=True)
+        for argv in net.setup_commands():
+            run_checked(argv, env=self.env(), what="the hosts' network (--hosts net)")
+
+    def _remove_network(self, keep_files: bool = False) -> None:
+        """The namespaces (their veth pairs go with them) and the bridge, if there."""
+        if self.net is None:
+            return
+        for argv in self.net.teardown_commands():
+            run_ok(argv, self.env())
+        if not keep_files:
+            for h in self.net.hosts:
+                shutil.rmtree(self.net.etc_hosts(h).parent, ignore_errors=True)
+
+    def _as_host(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` as the first process of ``host`` (as it is in the shared layout)."""
+        return argv if self.net is None else self.net.host_command(host, argv)
+
+    def _start_login(self) -> None:
+        L = self.layout
+        pid_file, log = L.pid_file(LOGIN), L.log_file(LOGIN)
+        pid = spawn_detached(self._as_host(LOGIN, ["sleep", "infinity"]), env=self.env(), log=log)
+        pid_file.write_text(f"{pid}\n")
+        wait_until(
+            lambda: pid_runs(pid, "sleep"), timeout=20, what="the login host", log=log,
+            pid_file=pid_file,
+        )  # fmt: skip
+
+    def host_pid(self, host: str) -> int:
+        """The first process of ``host`` (a node's slurmd, the login host's sleep)."""
+        if self.net is None:
+            raise LocalClusterError(
+                f"{self.layout.root} runs every node on this machine (--hosts shared): there "
+                "is no host to enter; bring it up with --hosts net"
+            )
+        if host not in self.net.hosts:
+            raise LocalClusterError(f"host {host!r}: choose one of {', '.join(self.net.hosts)}")
+        name = LOGIN if host == LOGIN else f"slurmd-{host}"
+        pid_file = dict((d, p) for d, p, _ in self.daemons())[name]
+        pid = read_pid(pid_file)
+        if pid is None or not pid_runs(pid, self._program(name)):
+            raise LocalClusterError(
+                f"host {host} is not running: python -m cluster --state-dir {self.layout.root} up"
+            )
+        return pid
+
+    def shell_command(self, host: str, argv: list[str], cwd: str, user: str | None) -> list[str]:
+        """``argv`` on ``host`` in ``cwd`` as ``user`` (None: root, as we are)."""
+        return enter_command(self.host_pid(host), cwd, argv, user)
 
     def _ensure_hosts(self) -> None:
         """Node names must resolve (they become MASTER_ADDR): missing ones get a line."""
@@ -401,7 +536,10 @@ class LocalCluster:
         L = self.layout
         pid_file, log = L.run / f"slurmd-{node}.pid", L.log / f"slurmd-{node}.log"
         pid_file.unlink(missing_ok=True)
-        run_checked(self._cmd("slurmd", "-N", node), env=self.env(), what=f"slurmd {node}", log=log)
+        run_checked(
+            self._as_host(node, self._cmd("slurmd", "-N", node)),
+            env=self.env(), what=f"slurmd {node}", log=log,
+        )  # fmt: skip
         wait_until(
             lambda: pid_alive(read_pid(pid_file)),
             timeout=30, what=f"slurmd {node}", log=log, pid_file=None,
@@ -471,7 +609,7 @@ class LocalCluster:
                 run_ok(self._cmd("scancel", *jobs), self.env())
         for name, pid_file, _ in reversed(self.daemons()):
             pid = read_pid(pid_file)
-            if pid is not None and pid_runs(pid, name.split("-", 1)[0]):
+            if pid is not None and pid_runs(pid, self._program(name)):
                 stop_pid(pid)
                 stopped.append(name)
             pid_file.unlink(missing_ok=True)
@@ -479,6 +617,7 @@ class LocalCluster:
         for pid in marked_processes(self.layout.root):
             stop_pid(pid, timeout=5)
         self.layout.mysql_socket.unlink(missing_ok=True)
+        self._remove_network()
         return stopped
 
     def leftovers(self) -> list[int]:

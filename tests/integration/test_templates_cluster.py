@@ -132,7 +132,12 @@ class Jobs:
 
 @pytest.fixture
 def jobs(slurm_env: dict[str, str], slurm_client: Any, tmp_path: Path) -> Iterator[Jobs]:
-    j = Jobs(slurm_env, slurm_client, tmp_path)
+    # the runs the templates register go to this test's own index and runs folder
+    own = {
+        "SLURM_TRAIN_STATE_DIR": str(tmp_path / "state"),
+        "SLURM_TRAIN_RUNS_DIR": str(tmp_path / "runs"),
+    }
+    j = Jobs({**slurm_env, **own}, slurm_client, tmp_path)
     try:
         yield j
     finally:
@@ -173,9 +178,11 @@ def test_ddp_template_two_nodes(jobs: Jobs, tmp_path: Path) -> None:
         env={"RUN_DIR": str(run_dir)},
     )
     jobs.wait(job, {"COMPLETED"})
-    # One log per rank, named by job name, job id and task id (srun --output=%x-%j-rank%t.out).
-    logs = sorted(p.name for p in (run_dir / "logs").glob("*.out"))
-    assert logs == [f"train-ddp-{job}-rank0.out", f"train-ddp-{job}-rank1.out"], logs
+    # One log per rank in RUN_DIR/slurm, where `jobs logs` reads them (JOBID_RANK_log.out).
+    logs = sorted(p.name for p in (run_dir / "slurm").glob("*_log.out"))
+    assert logs == [f"{job}_0_log.out", f"{job}_1_log.out"], logs
+    record = json.loads((run_dir / "run.json").read_text())  # registered (issue 45)
+    assert (record["job_id"], record["run_id"]) == (job, f"tpl-it-job{job}"), record
     assert "complete" in _kinds(run_dir), jobs.logs()
     assert _checkpoints(run_dir), "no checkpoint written"
     manifest = json.loads((_checkpoints(run_dir)[-1] / "manifest.json").read_text())
@@ -199,7 +206,7 @@ def test_dataparallel_template_checkpoint_loads_into_bare_model(jobs: Jobs, tmp_
     batch_log = next(tmp_path.glob(f"slurm-*-{job}.out")).read_text()
     assert "gpus=2" in batch_log
     # One task saw both (dummy) GPUs and said that it falls back to the CPU.
-    rank_log = (run_dir / "logs" / f"train-dp-{job}-rank0.out").read_text()
+    rank_log = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
     assert "tinycnn/dp on cpu" in rank_log, rank_log
 
     import torch
@@ -378,7 +385,7 @@ def test_rendered_template_from_jobs_cli(
     submitted = subprocess.run(
         ["sbatch", "--parsable", f"--output={tmp_path / 'slurm-%x-%j.out'}", str(script)],
         cwd=tmp_path,
-        env={**slurm_env, "RUN_DIR": str(run_dir)},
+        env={**slurm_env, "RUN_DIR": str(run_dir), "SLURM_TRAIN_STATE_DIR": str(tmp_path / "st")},
         capture_output=True,
         text=True,
         timeout=60,
@@ -390,8 +397,8 @@ def test_rendered_template_from_jobs_cli(
     jobs.wait(job, {"COMPLETED"})
     done = [e for e in _events(run_dir) if e["event"] == "complete"]
     assert done and done[-1]["step"] == 3, _events(run_dir)
-    logs = sorted(p.name for p in (run_dir / "logs").glob("*.out"))
-    assert logs == [f"tpl-rendered-{job}-rank0.out", f"tpl-rendered-{job}-rank1.out"], logs
+    logs = sorted(p.name for p in (run_dir / "slurm").glob("*_log.out"))
+    assert logs == [f"{job}_0_log.out", f"{job}_1_log.out"], logs
 
 
 def _rank_pid(job: str) -> int | None:

@@ -71,8 +71,9 @@ def _commands(doc: str) -> Iterator[tuple[str, int, str, bool]]:
             continue
         line = raw.strip().removeprefix("$ ")
         line = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
-        for part in re.split(r"\s*(?:&&|;|\|\|)\s*", line):
+        for part in re.split(r"\s*(?:&&|;|\|\|?)\s*", line):  # a pipe's commands one by one
             part = re.sub(r"^(?:[A-Z_]+=\S*\s+)+", "", part.strip())  # VAR=x cmd
+            part = re.sub(r'^eval "\$\((.*)\)"$', r"\1", part)  # eval "$(cmd)": cmd
             if _PROGRAMS.match(part) and not _PLACEHOLDER.search(part):
                 yield doc, number, part, True
     yield from mentions()

@@ -76,7 +76,7 @@ class Harness:
             exe.write_text(text)
             exe.chmod(0o755)
         self.spec = self.project / "spec.yaml"
-        self.spec.write_text("train: {model: tinycnn}\n")
+        self.spec.write_text("name: t\ntrain: {model: tinycnn}\n")
         self.env = {
             "PATH": f"{self.bin}:/usr/bin:/bin",
             "HOME": str(tmp),
@@ -188,15 +188,18 @@ def test_template_shape(name: str) -> None:
 
 # -- ddp ----------------------------------------------------------------------------------------
 def test_ddp_command_line(h: Harness) -> None:
+    before = sorted(p.name for p in h.project.iterdir())
     proc = h.run("ddp", "spec.yaml", "--set", "train.max_steps=3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     args = h.srun_args()
-    log_dir = h.project / "logs"
+    # the run directory: not in the submission folder, in the state folder's runs/ (issue 45)
+    run_dir = h.tmp / ".local" / "state" / "slurm-train" / "runs" / "t-job123"
+    log_dir = run_dir / "slurm"
     assert args[:4] == [
         "--kill-on-bad-exit=1",
         "--unbuffered",
         "--open-mode=append",
-        f"--output={log_dir}/%x-%j-rank%t.out",
+        f"--output={log_dir}/%j_%t_log.out",  # where `jobs logs` reads them
     ]
     assert _after(args, h.python) == [
         h.python,
@@ -204,10 +207,13 @@ def test_ddp_command_line(h: Harness) -> None:
         "train",
         "--config",
         str(h.spec),
+        "--run-dir",
+        str(run_dir),
         "--set",
         "train.max_steps=3",
     ]
     assert log_dir.is_dir()
+    assert sorted(p.name for p in h.project.iterdir()) == before  # nothing written there
     assert "restart_count=0" in proc.stdout
     assert h.scontrol_calls() == []
 
@@ -217,7 +223,7 @@ def test_ddp_run_dir_and_log_dir(h: Harness) -> None:
     proc = h.run("ddp", "spec.yaml", env={"RUN_DIR": str(run_dir)})
     assert proc.returncode == 0, proc.stderr
     args = h.srun_args()
-    assert f"--output={run_dir}/logs/%x-%j-rank%t.out" in args
+    assert f"--output={run_dir}/slurm/%j_%t_log.out" in args
     assert args[-2:] == ["--run-dir", str(run_dir)]
 
 
@@ -284,6 +290,8 @@ def test_dataparallel_classic_srun_line(h: Harness) -> None:
         str(h.spec),
         "--set",
         "train.strategy=dp",
+        "--run-dir",  # not a whole job spec (dp without GPUs): named by the job
+        str(h.tmp / ".local" / "state" / "slurm-train" / "runs" / "train-test-job123"),
         "--set",
         "train.max_steps=2",
     ]
@@ -385,7 +393,7 @@ def test_a_refused_requeue_is_retried_and_recorded(h: Harness, name: str) -> Non
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert h.scontrol_calls() == ["requeue", "123", "requeue", "123"]
     assert "failed (try 1)" in proc.stderr
-    (events,) = h.project.rglob("events.jsonl")
+    (events,) = h.tmp.rglob("events.jsonl")
     last = json.loads(events.read_text().splitlines()[-1])
     assert (last["event"], last["via"], last["tries"]) == ("requeue", "batch_script", 2), last
 
@@ -610,6 +618,8 @@ def test_render_fills_options_from_spec(h: Harness, name: str) -> None:
         str((h.project / "s.yaml").resolve()),
         "--set",
         "train.max_steps=5",
+        "--run-dir",
+        str(h.tmp / ".local" / "state" / "slurm-train" / "runs" / "tpl-test-job123"),
         "--set",
         "train.seed=7",
     ]
@@ -764,3 +774,12 @@ def test_templates_module_does_not_import_torch() -> None:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_run_dir_among_trains_options_is_not_refused_as_anothers(h: Harness) -> None:
+    """Issue 45: `sbatch ddp.sbatch spec.yaml --run-dir DIR`: the batch script names DIR on its
+    command line; the claim of its own registration must not take it for another run's."""
+    run_dir = h.tmp / "mine"
+    proc = h.run("ddp", "spec.yaml", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == "t-job123"

@@ -75,6 +75,7 @@ class CheckpointManager:
         marker_timeout_s: float = 600.0,
         run_id: str | None = None,
         line: Line | None = None,
+        tidy: bool = True,
     ) -> None:
         if keep_last < 1:
             raise CheckpointError(f"keep_last must be >= 1, got {keep_last}")
@@ -109,7 +110,7 @@ class CheckpointManager:
         self.line = line if line is not None else _branches.current(self.root, scan=rank == 0)
         if async_save:  # start the worker now, not on the training path of the first save
             self._saver_pool().submit(lambda: None).result()
-        if rank == 0:
+        if rank == 0 and tidy:  # not under a command started first: its saves, not leftovers
             _dirs.remove_leftovers(self.root)
 
     @classmethod
@@ -121,6 +122,7 @@ class CheckpointManager:
         rank: int,
         world_size: int,
         run_id: str | None = None,
+        tidy: bool = True,
     ) -> Self:
         """The manager of ``RUN_DIR/checkpoints`` with the spec's checkpoint settings."""
         from train.spec import config_hash
@@ -134,6 +136,7 @@ class CheckpointManager:
             async_save=config.checkpoint.async_save,
             spec_hash=config_hash(config),
             run_id=run_id,
+            tidy=tidy,
         )
 
     # -- saving ------------------------------------------------------------------------------

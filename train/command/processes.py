@@ -196,6 +196,38 @@ def resolve_argv(argv: Sequence[str], executable: str = sys.executable) -> list[
     return list(argv)
 
 
+def shields(job_signal: int, stop_signal: str) -> bool:
+    """Whether the command starts with the job's signal ignored (Slurm sends it to every
+    process of the step): not for TERM, not when it is the command's stop signal, and not
+    for USR1 under ``auto``, which Lightning listens for (it installs its handler only where
+    the signal is not ignored) -- there the command gets Slurm's USR1 itself, once."""
+    name = signal_name(job_signal).removeprefix("SIG")
+    if job_signal == signal.SIGTERM or stop_signal == name:
+        return False
+    return not (stop_signal == "auto" and job_signal == signal.SIGUSR1)
+
+
+def spawn(
+    argv: Sequence[str], environ: Mapping[str, str], job_signal: int, stop_signal: str
+) -> subprocess.Popen[bytes]:
+    """Start the command (the user's own argv, no shell) in its own session (we stop all of
+    it at once), its stderr piped (its tail), the job's signal ignored where :func:`shields`
+    says so (only a signal disposition in the child, then exec). OSError when it cannot."""
+    shield = shields(job_signal, stop_signal)
+
+    def before_exec() -> None:
+        if shield:
+            signal.signal(job_signal, signal.SIG_IGN)
+
+    return subprocess.Popen(
+        list(argv),
+        env=dict(environ),
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=before_exec,
+    )
+
+
 def child_environ(
     base: Mapping[str, str],
     env: DistEnv,

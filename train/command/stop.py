@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,15 +152,16 @@ class StopHandling:
         if seen == "command":  # the command requeued the job itself: recorded when seen
             return decision.exit_code if decision.exhausted else 0
         if decision.action != "none":
-            # a command we had to stop did not requeue the job after its last look: a requeue
-            # seen now is Slurm's (a preemption's grace that ended while it was being stopped)
-            by = self._requeued_by_others(forwarded and seen != "stopped")
-            if by is not None:
-                decision = replace(decision, action="none", requeued_by=by)
-            else:
-                self._wait_ranks(at + self.grace_s)
+            self._wait_ranks(at + self.grace_s)
         assert self.history is not None
-        return carry_out(decision, self.history, self._base(), self.run_dir, client=self.client)
+        # No look at Slurm before the requeue (issue 46: the job leaves its nodes one call after
+        # the command's exit): a job the command (or Slurm) requeued already is refused a
+        # second requeue, and only then is asked who did it. A command we had to stop did not
+        # requeue the job after its last look: a requeue seen then is Slurm's (a preemption's
+        # grace that ended while it was being stopped).
+        commanded = forwarded and seen != "stopped"
+        return carry_out(decision, self.history, self._base(), self.run_dir, client=self.client,
+                         requeued_by=lambda: self._requeued_by_others(commanded))  # fmt: skip
 
     def _rank_failed(self) -> bool:
         """Whether a rank's command of this attempt failed other than by a TERM (its report):

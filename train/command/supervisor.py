@@ -40,13 +40,16 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from train.command.launchers import TorchrunNode, expand_vars, torchrun_argv
+from train.command.prestart import abandon_started_first, take_started_first
 from train.command.processes import (
     StderrTail,
     child_environ,
     resolve_argv,
+    shields,
     signal_group,
     signal_name,
     signum_of,
+    spawn,
     stop_group,
     wait_exit,
     written_bytes,
@@ -154,19 +157,8 @@ class CommandRun(StopHandling):
         self._previous.clear()
 
     def shielded(self) -> bool:
-        """Whether the command starts with the job's signal ignored (Slurm sends it to every
-        process of the step): not for TERM, not when it is the command's stop signal, and not
-        for USR1 under ``auto``, which Lightning listens for (it installs its handler only where
-        the signal is not ignored) -- there the command gets Slurm's USR1 itself, once."""
-        name = signal_name(self.job_signal).removeprefix("SIG")
-        if self.job_signal == signal.SIGTERM or self.stop_signal == name:
-            return False
-        return not (self.stop_signal == "auto" and self.job_signal == signal.SIGUSR1)
-
-    def _shield(self) -> None:
-        """In the child, before exec (see :meth:`shielded`)."""
-        if self.shielded():
-            signal.signal(self.job_signal, signal.SIG_IGN)
+        """Whether the command starts with the job's signal ignored (:func:`shields`)."""
+        return shields(self.job_signal, self.stop_signal)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -175,8 +167,6 @@ class CommandRun(StopHandling):
             log.info("running %s", " ".join(self.argv))
         self._install()
         try:
-            if self.stops:  # stopped while we were starting: nothing to run, only to requeue
-                return self._after_stop(None, None)
             env = child_environ(
                 os.environ,
                 self.env,
@@ -188,18 +178,23 @@ class CommandRun(StopHandling):
             argv = self.command_line(env)
             if argv != self.argv:
                 log.info("as %s", " ".join(argv))
-            try:
-                proc = subprocess.Popen(  # the user's own argv, no shell
-                    argv,
-                    env=env,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # its own group: we can stop all of it at once
-                    preexec_fn=self._shield,  # only a signal disposition, then exec
-                )
-            except OSError as exc:
-                raise EntrypointError(
-                    f"entrypoint.command {self.argv[0]!r}: {exc.strerror or exc}"
-                ) from exc
+            # started before us (train.command.prestart): the same argv, told the same
+            first = take_started_first(argv) if self.resume_from is None else None
+            abandon_started_first()  # one that is not this command's must not run unsupervised
+            if first is None and self.stops:
+                # stopped while we were starting: nothing to run, only to requeue
+                return self._after_stop(None, None)
+            if first is not None:
+                proc = first.proc
+                log.debug("the command started %.3f s before its supervisor",
+                          time.time() - first.started_at)  # fmt: skip
+            else:
+                try:
+                    proc = spawn(argv, env, self.job_signal, self.stop_signal)
+                except OSError as exc:
+                    raise EntrypointError(
+                        f"entrypoint.command {self.argv[0]!r}: {exc.strerror or exc}"
+                    ) from exc
             assert proc.stderr is not None
             tail = StderrTail(proc.stderr)
             try:

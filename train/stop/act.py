@@ -201,9 +201,15 @@ def carry_out(
     run_dir: Path | str,
     *,
     client: Slurm | None = None,
+    requeued_by: Callable[[], str | None] | None = None,
 ) -> int:
     """Requeue as decided (after :func:`record`, once the run has saved and its processes are
-    done), keep the job off the decided nodes; returns the deciding process's exit code."""
+    done), keep the job off the decided nodes; returns the deciding process's exit code.
+
+    ``requeued_by``: asked only when Slurm refuses the requeue, who requeued the job already
+    (a command that requeues itself, Lightning; Slurm): Slurm refuses a second requeue of a
+    requeued job ("Job is pending execution", its restart count unchanged), so no query is
+    needed before the requeue, and the job leaves its nodes one Slurm call after the stop."""
     job_id = base.get("job_id")
     if decision.event == "cancelled":
         log.warning("job %s was cancelled: checkpoint kept at step %s, not requeuing",
@@ -216,17 +222,23 @@ def carry_out(
             client = _client(client)
             client.requeue(str(job_id))
         except Exception as exc:
-            # what happened, not what is hoped: the batch script retries after the step
-            # (train.stop.step: the requeue, or requeue_failed again) on this exit code
-            log.warning("scontrol requeue %s failed (%s); exiting %d for the batch script to "
-                        "requeue", job_id, exc, REQUEUE_EXIT_CODE)  # fmt: skip
-            history.append("requeue_failed", **base, by="rank", error=str(exc)[:200],
-                           then=f"exit {REQUEUE_EXIT_CODE}")  # fmt: skip
-            return REQUEUE_EXIT_CODE
-        history.append("requeue", **base, via="scontrol")
-        step = base.get("step")
-        log.warning("job %s requeued after %s%s", job_id, decision.event,
-                    "" if step is None else f" at step {step}")  # fmt: skip
+            by = requeued_by() if requeued_by is not None else None
+            if by is None:
+                # what happened, not what is hoped: the batch script retries after the step
+                # (train.stop.step: the requeue, or requeue_failed again) on this exit code
+                log.warning("scontrol requeue %s failed (%s); exiting %d for the batch script "
+                            "to requeue", job_id, exc, REQUEUE_EXIT_CODE)  # fmt: skip
+                history.append("requeue_failed", **base, by="rank", error=str(exc)[:200],
+                               then=f"exit {REQUEUE_EXIT_CODE}")  # fmt: skip
+                return REQUEUE_EXIT_CODE
+            log.warning("job %s was requeued already (by the %s): not requeuing it again",
+                        job_id, by)  # fmt: skip
+            history.append("requeue", **base, via=by)
+        else:
+            history.append("requeue", **base, via="scontrol")
+            step = base.get("step")
+            log.warning("job %s requeued after %s%s", job_id, decision.event,
+                        "" if step is None else f" at step {step}")  # fmt: skip
     elif decision.action == "restart_in_place":
         log.warning("%s: the batch script restarts the step in this allocation (no requeue)",
                     decision.event)  # fmt: skip

@@ -373,3 +373,25 @@ def test_a_preempt_drill_that_cannot_write_its_script_does_nothing(
     ):
         Drill(_record(tmp_path), fake, "preempt", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
     assert [c for c in fake.calls if c[0] == "submit"] == []
+
+
+class HeldCluster(FakeCluster):
+    """Slurm's requeue hold: the requeued job waits in BeginTime until 130 s from now."""
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        info = super().show_job(job_id)
+        if self.state == "PENDING":
+            held = time.localtime(time.time() + 130)
+            info.update(Reason="BeginTime", StartTime=time.strftime("%Y-%m-%dT%H:%M:%S", held))
+        return info
+
+
+def test_a_drill_says_what_a_real_stop_would_cost_the_hold_included(tmp_path: Path) -> None:
+    # Issue 46: the drill releases the hold (3 s, goodput 0.94) where a real preemption of the
+    # same script waits 120-148 s more: it says so, with the hold it released
+    fake = HeldCluster(tmp_path, "preempt")
+    report = Drill(_record(tmp_path), fake, "preempt", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert report.held_s is not None and 125 <= report.held_s <= 130
+    assert ("release",) in fake.calls
+    assert any("a real stop also waits Slurm's requeue hold" in n for n in report.notes)
+    assert any(ln.strip().startswith("Slurm's requeue hold") for ln in report.lines())

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from cluster.errors import ClusterError
 from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
 from train.command.processes import parse_sigmask, topmost
 from train.command.rootcause import write_report
@@ -333,17 +334,30 @@ def test_grace_time_then_stopped(tmp_path: Path, monkeypatch: Any) -> None:
 
 
 class FakeSlurm:
-    """What ``scontrol show job`` says; the job counts as requeued once ``flag`` exists."""
+    """What ``scontrol show job`` says; the job counts as requeued once ``flag`` exists. As
+    Slurm 22.05 does (checked on the local cluster), a second requeue of a requeued job is
+    refused ("Job is pending execution"; its Restarts unchanged)."""
 
     def __init__(self, flag: Path) -> None:
         self.flag = flag
         self.requeues: list[str] = []
+        self.calls: list[str] = []  # in order: "show_job", "requeue"
+
+    def restarts(self) -> str:
+        return "1" if self.flag.exists() else "0"
 
     def show_job(self, job_id: str) -> dict[str, str]:
-        restarts = "1" if self.flag.exists() else "0"
-        return {"JobState": "RUNNING", "EndTime": "2099-01-01T00:00:00", "Restarts": restarts}
+        self.calls.append("show_job")
+        return {
+            "JobState": "RUNNING",
+            "EndTime": "2099-01-01T00:00:00",
+            "Restarts": self.restarts(),
+        }
 
     def requeue(self, job_id: str) -> None:
+        self.calls.append("requeue")
+        if self.restarts() != "0":
+            raise ClusterError(f"Job is pending execution for job {job_id}")
         self.requeues.append(job_id)
 
 
@@ -376,15 +390,12 @@ class SlurmRequeuesOnceTheCommandIsGone(FakeSlurm):
     """A preemption's grace ending while a stuck command is being stopped: Slurm requeues the
     job (``Restarts`` 1) once the command's process (its pid in ``pid_file``) is gone."""
 
-    def show_job(self, job_id: str) -> dict[str, str]:
-        info = super().show_job(job_id)
+    def restarts(self) -> str:
         try:
             os.kill(int(self.flag.read_text()), 0)
         except (OSError, ValueError):
-            info["Restarts"] = "1" if self.flag.exists() else "0"
-        else:
-            info["Restarts"] = "0"
-        return info
+            return "1" if self.flag.exists() else "0"
+        return "0"
 
 
 def test_a_requeue_after_the_command_was_stopped_is_slurms_not_the_commands(
@@ -398,6 +409,43 @@ def test_a_requeue_after_the_command_was_stopped_is_slurms_not_the_commands(
     assert code == 0 and slurm.requeues == []
     assert [e["event"] for e in events] == ["preempted", "requeue"]
     assert events[-1]["via"] == "slurm"
+
+
+class SlurmSeesTheCommand(FakeSlurm):
+    """Which calls come while the command (its pid in ``pid_file``) is still there."""
+
+    def __init__(self, flag: Path, pid_file: Path) -> None:
+        super().__init__(flag)
+        self.pid_file = pid_file
+        self.seen: list[tuple[str, bool]] = []
+
+    def _alive(self) -> bool:
+        try:
+            os.kill(int(self.pid_file.read_text()), 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        self.seen.append(("show_job", self._alive()))
+        return super().show_job(job_id)
+
+    def requeue(self, job_id: str) -> None:
+        self.seen.append(("requeue", self._alive()))
+        super().requeue(job_id)
+
+
+def test_the_requeue_is_the_one_call_after_the_commands_exit(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # Issue 46: the job leaves its nodes one Slurm call after the command exits: no look at
+    # Slurm between its exit and the requeue (the facts were gathered while it saved)
+    slurm = SlurmSeesTheCommand(tmp_path / "never", tmp_path / "c.pid")
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "saver", slurm)
+    assert code == 0 and slurm.requeues == ["77"]
+    after_exit = [call for call, alive in slurm.seen if not alive]
+    assert after_exit == ["requeue"]
+    assert [e["event"] for e in events] == ["preempted", "requeue"]
 
 
 def test_saver_under_slurm_is_requeued_by_us(tmp_path: Path, monkeypatch: Any) -> None:

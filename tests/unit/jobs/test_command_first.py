@@ -1,0 +1,125 @@
+"""Issue 46: the user's command starts first, before the spec models and the run session are
+imported and set up (jobs.launch.TrainLaunch + train.command.prestart), and only where the
+resume decision is known without them; its supervisor takes it over, never a second start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.launch import command_first
+from train.command.prestart import can_prestart
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Runs TrainLaunch in a fresh interpreter (as submitit's runtime would, no Slurm around) and
+# reports, for every process started, whether the spec models (pydantic) or train's CLI were
+# imported by then; last, whether a command started first is still running.
+_DRIVER = r"""
+import json, subprocess, sys
+seen = []
+_Popen = subprocess.Popen
+class Popen(_Popen):
+    def __init__(self, args, *a, **k):
+        seen.append({"argv": list(args), "pydantic": "pydantic" in sys.modules,
+                     "train.cli": "train.cli" in sys.modules})
+        super().__init__(args, *a, **k)
+subprocess.Popen = Popen
+from jobs.launch import TrainLaunch
+config, run_dir, command = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+code = 0
+try:
+    TrainLaunch(config, run_dir, command=tuple(command))()
+except SystemExit as exc:
+    code = exc.code
+from train.command import prestart
+alive = [s.proc.poll() is None for s in prestart._STARTED]
+print(json.dumps({"code": code, "seen": seen, "alive": alive}))
+"""
+
+
+def _spec(tmp_path: Path, command: list[str]) -> Path:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: t\n"
+        "resources: {partition: debug, nodes: 1, ntasks_per_node: 1, time: '00:10:00'}\n"
+        f"entrypoint: {{command: {json.dumps(command)}}}\n"
+    )
+    return spec
+
+
+def _launch(tmp_path: Path, config: Path, run_dir: Path, command: list[str]) -> dict[str, object]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", _DRIVER, str(config), str(run_dir), json.dumps(command)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_command_starts_before_the_spec_is_read_again(tmp_path: Path) -> None:
+    done = tmp_path / "done"
+    command = ["python", "-c", f"open({str(done)!r}, 'w').write('ran')"]
+    run_dir = tmp_path / "run"
+    result = _launch(tmp_path, _spec(tmp_path, command), run_dir, command)
+    assert result["code"] == 0
+    seen = result["seen"]
+    assert isinstance(seen, list)
+    assert len(seen) == 1  # started once: the supervisor took it over, no second start
+    assert seen[0]["argv"][1:] == command[1:]
+    assert seen[0]["pydantic"] is False and seen[0]["train.cli"] is False
+    assert done.read_text() == "ran"
+    events = [json.loads(ln)["event"] for ln in (run_dir / "events.jsonl").read_text().split("\n")
+              if ln]  # fmt: skip
+    assert events == ["start", "complete"]  # the records as for a command it started itself
+
+
+def test_checkpoints_of_ours_keep_the_decision_before_the_start(tmp_path: Path) -> None:
+    # A fresh run in a directory that holds checkpoints of an earlier run is refused: a
+    # command started first would have trained on it before the refusal.
+    done = tmp_path / "done"
+    command = ["python", "-c", f"open({str(done)!r}, 'w').write('ran')"]
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step-5").mkdir(parents=True)
+    result = _launch(tmp_path, _spec(tmp_path, command), run_dir, command)
+    assert result["code"] == 2
+    assert result["seen"] == [] and result["alive"] == []
+    assert not done.exists()
+
+
+def test_a_run_that_does_not_start_stops_the_command_started_first(tmp_path: Path) -> None:
+    command = ["python", "-c", "import time; time.sleep(120)"]
+    result = _launch(tmp_path, tmp_path / "missing.yaml", tmp_path / "run", command)
+    assert result["code"] == 2  # the spec is gone: one line, exit 2
+    assert result["alive"] == [False]  # never left training unsupervised
+
+
+@pytest.mark.parametrize(
+    ("command", "first"),
+    [
+        (["python", "train.py", "--lr", "0.1"], True),
+        (["python", "train.py", "--out", "${RUN_DIR}/x"], False),  # the allocation tells
+        (["torchrun", "--nproc-per-node", "2", "train.py"], False),  # told the nodes
+        (["python", "-m", "torch.distributed.run", "train.py"], False),
+    ],
+)
+def test_which_commands_start_first(command: list[str], first: bool) -> None:
+    assert command_first(command) == (tuple(command) if first else ())
+
+
+def test_only_a_run_directory_without_checkpoints_of_ours(tmp_path: Path) -> None:
+    assert can_prestart(tmp_path / "run")  # not made yet
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert can_prestart(tmp_path / "run")
+    (tmp_path / "run" / "checkpoints" / ".step-3.tmp").mkdir()  # an interrupted save
+    assert not can_prestart(tmp_path / "run")

@@ -1,0 +1,122 @@
+"""The user's command started first (issue 46): before the spec models, the run session and
+the supervisor are imported and set up, which the command does not wait for.
+
+:class:`jobs.launch.TrainLaunch` calls :func:`start_first` as the task starts, with the
+command's argv as ``jobs submit`` resolved it from the validated spec (a command that needs
+nothing of the allocation to be rendered: no ``${NAME}``, no torchrun; else nothing is
+started first and the supervisor starts it as before). Only stdlib and the torch-free, pydantic-free
+modules of ``train`` are imported here: the command's interpreter gets the cores while ours
+imports the rest.
+
+What the command is told must not change after it started, so it starts first only where the
+run's resume decision is known without the spec: this run directory holds no checkpoint
+folder entry of ours (``RUN_DIR/checkpoints`` missing or empty), so there is nothing for
+``TRAIN_RESUME_FROM`` and nothing interrupted to clear. The session then takes that decision
+as made (:func:`started_first`) instead of deciding again, and the supervisor supervises the
+process already started (:func:`take_started_first`) instead of starting one: the stop, the
+failures, the hang watch and the records are the supervisor's, as for a command it started
+itself. A run that does not start (bad input, a refused run directory) stops it
+(:func:`abandon_started_first`): it never trains unsupervised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.command.processes import child_environ, resolve_argv, signum_of, spawn
+from train.env import DistEnv
+from train.runfiles import CHECKPOINTS
+
+__all__ = [
+    "Prestarted",
+    "abandon_started_first",
+    "start_first",
+    "started_first",
+    "take_started_first",
+]
+
+log = logging.getLogger("train.command.supervisor")
+
+
+@dataclass
+class Prestarted:
+    """A command started before the supervisor: its process, its argv (as run) and when."""
+
+    proc: subprocess.Popen[bytes]
+    argv: list[str]
+    started_at: float
+    taken: bool = False
+
+
+_STARTED: list[Prestarted] = []  # at most one per process (the task's command)
+
+
+def can_prestart(run_dir: Path) -> bool:
+    """Nothing of ours to resume from and nothing interrupted to clear in ``run_dir``."""
+    try:
+        return not any(True for _ in (run_dir / CHECKPOINTS).iterdir())
+    except FileNotFoundError:
+        return True
+    except OSError:  # not a folder, not ours to read: the supervisor's full path says why
+        return False
+
+
+def start_first(
+    command: Sequence[str],
+    run_dir: Path,
+    job_signal: str,
+    stop_signal: str,
+    environ: Mapping[str, str] = os.environ,
+) -> Prestarted | None:
+    """Start ``command`` now when :func:`can_prestart`; None (nothing started) otherwise, or
+    when anything about it fails: the supervisor then starts it the usual way and says why."""
+    if _STARTED or not command:
+        return None
+    try:
+        if not can_prestart(run_dir):
+            return None
+        env = DistEnv.from_env(environ)
+        argv = resolve_argv(list(command))
+        child_env = child_environ(dict(environ), env, run_dir, None, stop_signal)
+        proc = spawn(argv, child_env, int(signum_of(job_signal)), stop_signal)
+    except Exception as exc:  # bad environment, missing program: the full path reports it
+        log.debug("the command was not started first: %s", exc)
+        return None
+    started = Prestarted(proc, argv, time.time())
+    _STARTED.append(started)
+    return started
+
+
+def started_first() -> bool:
+    """Whether a command was started first in this process (the resume decision made:
+    nothing of ours to resume from)."""
+    return bool(_STARTED)
+
+
+def take_started_first(argv: Sequence[str]) -> Prestarted | None:
+    """The command started first, for the supervisor of the same ``argv`` (once)."""
+    for started in _STARTED:
+        if not started.taken and started.argv == list(argv):
+            started.taken = True
+            return started
+    return None
+
+
+def abandon_started_first() -> None:
+    """Stop a command started first that no supervisor took (the run failed to set up: bad
+    input, a refused run directory): it must not train unsupervised."""
+    from train.command.processes import stop_group
+
+    for started in _STARTED:
+        if not started.taken:
+            started.taken = True
+            log.warning("the run did not start: stopping the command started first")
+            stop_group(started.proc)
+            if started.proc.stderr is not None:
+                started.proc.stderr.close()
