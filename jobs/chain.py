@@ -42,8 +42,7 @@ from train.history import RunHistory
 from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
-    from cluster import Slurm
-    from cluster.models import JobInfo
+    from cluster import JobInfo, Slurm
     from jobs.load import LoadedSpec
 
 SUPPORT_FILE = "requeue-support.json"
@@ -204,7 +203,7 @@ def _end_chain(record: records.RunRecord, job_id: str, reason: str, client: Slur
         client = client or _client()
         release_dependents(record, job_id, reason == "completed", reason, client)
     if later:
-        from cluster.errors import ClusterError
+        from cluster import ClusterError
 
         try:
             (client or _client()).cancel(list(reversed(later)), no_requeue=True)
@@ -247,7 +246,7 @@ def link_start(run_dir: Path, job_id: str, client: Slurm | None = None) -> str:
     queued = _later_links(record, job_id) if job_id in ids else []
     missing = config.chain_depth - len(queued)
     if missing > 0:
-        from cluster.errors import ClusterError
+        from cluster import ClusterError
 
         client = client or _client()
         try:

@@ -116,7 +116,7 @@ def _claim_live(data: dict[str, Any]) -> str | None:
 def _run_live(record: RunRecord, client: ClientFactory) -> str | None:
     """Why ``record``'s run is live or pending (one Slurm query, or its local processes), or
     None when it is over. Raises :class:`RunDirBusyError` when that cannot be proven."""
-    from cluster.errors import ClusterError
+    from cluster import ClusterError
     from jobs.monitor import OTHER_CLUSTER, live_ranks, states_many, supervisor
 
     if record.executor == "local":
@@ -179,7 +179,7 @@ def _signs_of_life(
     other = "or choose another train.run_dir"
     jobs = _named_jobs(run_dir)
     if jobs:
-        from cluster.errors import ClusterError
+        from cluster import ClusterError
         from jobs.statecache import slurm_states
 
         try:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from cluster.errors import BadInputError
+from cluster import BadInputError
 from jobs.errors import InputError, JobsError, UsageError
 from train.runfiles import EVENT_KINDS
 
@@ -537,7 +537,7 @@ def _number(value: object) -> float:
 
 def _run_states(records: list[RunRecord]) -> dict[str, str]:
     """Per run dir: its state (an array: ``RUNNING 2/6``), from ONE Slurm query for all."""
-    from cluster.errors import ClusterError
+    from cluster import ClusterError
     from jobs.monitor import states_many
 
     try:
@@ -714,8 +714,7 @@ def main(
     except Exception as exc:
         if debug:
             raise
-        from cluster.errors import ClusterError
-        from cluster.ssh import SshError
+        from cluster import ClusterError, SshError
 
         if isinstance(exc, SshError):  # ssh itself, not Slurm: what to do (jobs login HOST)
             print(f"jobs: {exc}", file=sys.stderr)

@@ -46,7 +46,7 @@ def release_dependents(
     complete, are cancelled with the reason recorded in their run directories."""
     if not record.dependents:
         return
-    from cluster.errors import ClusterError
+    from cluster import ClusterError
 
     if client is None:
         from cluster import slurm_client

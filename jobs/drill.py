@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from cluster.models import TERMINAL_STATES
+from cluster import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
 from jobs.records import RunRecord
 from train.history import RunHistory
@@ -250,7 +250,7 @@ class Drill:
         shared file system) is refused in one line before anything is done, rather than by
         Slurm halfway through (``scancel``/``scontrol`` refuse a job that is not the caller's:
         the time limit would be lowered, then unknown). Root may drill any job."""
-        from cluster.parse import parse_user_id
+        from cluster import parse_user_id
 
         me = os.geteuid()
         owner = parse_user_id(self.job().get("UserId", ""))
@@ -317,7 +317,7 @@ class Drill:
     # -- actions (only what a user may do to their own job) ----------------------------------------
     def _do_preempt(self) -> None:
         info = self.job()
-        from cluster.hostlist import expand_hostlist
+        from cluster import expand_hostlist
 
         node = expand_hostlist(info.get("NodeList", ""))[0]
         name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
@@ -398,8 +398,7 @@ class Drill:
         if self.kind != "timeout" or not original or self._restored:
             return
         self._restored = True
-        from cluster.errors import ClusterError
-        from cluster.timefmt import parse_slurm_time
+        from cluster import ClusterError, parse_slurm_time
 
         try:
             self.client.set_time_limit(self.job_id, original)

@@ -23,7 +23,7 @@ every package; ``main()`` exits 2 for it, 1 for any other error. The CLI also ca
 
 from __future__ import annotations
 
-from cluster.errors import BadInputError
+from cluster import BadInputError
 from train.errors import OverrideError, SpecError
 
 __all__ = [

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from cluster.models import JobInfo
+from cluster import JobInfo
 from jobs.records import RunRecord
 from train.runfiles import CHECKPOINTS, EVENTS_FILE, events_where
 from train.schema import EVENT, check_lines, report

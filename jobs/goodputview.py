@@ -2,7 +2,7 @@
 
 Reads each task's ``events.jsonl`` and ``metrics.jsonl`` (the tolerant reader: a damaged line
 is skipped) and Slurm's own times of every attempt: ONE ``sacct -D`` per run
-(:meth:`cluster.client.SlurmClient.attempt_times`; an array answers for all its tasks). Where
+(:meth:`cluster.Slurm.attempt_times`; an array answers for all its tasks). Where
 Slurm cannot be asked, the ledger says ``unaccounted`` for what only Slurm knows. The
 arithmetic is :func:`jobs.goodput.compute`.
 """
@@ -13,10 +13,9 @@ import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
-from cluster.errors import ClusterError
-from cluster.models import JobAttempt, JobInfo
+from cluster import ClusterError, JobAttempt, JobInfo, Slurm
 from jobs.goodput import Ledger, compute, sum_ledgers
 from jobs.records import RunRecord
 from train.runfiles import EVENTS_FILE, METRICS_FILE
@@ -25,12 +24,8 @@ from train.schema import EVENT, METRIC, read_records
 __all__ = ["dir_ledger", "run_ledger", "run_records", "task_ledgers", "write_goodput"]
 
 
-class AttemptSource(Protocol):
-    def attempt_times(self, job_id: str, sluid: bool = False) -> list[JobAttempt]: ...
-
-
 def _slurm_attempts(
-    record: RunRecord, client: Callable[[], AttemptSource] | None, sluid: bool = False
+    record: RunRecord, client: Callable[[], Slurm] | None, sluid: bool = False
 ) -> tuple[dict[str, list[JobAttempt]], str]:
     """Attempts per task job id (one ``sacct -D`` per array of the run), and a note when
     Slurm could not be asked. ``sluid``: the run's attempts recorded their SLUID (the release
@@ -39,11 +34,10 @@ def _slurm_attempts(
         return {}, ""
     by_job: dict[str, list[JobAttempt]] = {}
     try:
-        ask = getattr(client(), "attempt_times", None)
-        if ask is None:  # a client that cannot say (an older one, a stand-in)
-            return by_job, "no Slurm times (the client has no attempt_times)"
+        slurm = client()
         for array_id in record.slurm_job_ids():
-            for a in ask(array_id, sluid=True) if sluid else ask(array_id):
+            asked = slurm.attempt_times(array_id, sluid=True) if sluid else None
+            for a in asked if asked is not None else slurm.attempt_times(array_id):
                 for task_id in _task_ids(a.job_id):
                     by_job.setdefault(task_id, []).append(a)
     except (ClusterError, OSError, ValueError) as exc:
@@ -54,7 +48,7 @@ def _slurm_attempts(
 
 
 def _chain_attempts(
-    record: RunRecord, client: Callable[[], AttemptSource] | None
+    record: RunRecord, client: Callable[[], Slurm] | None
 ) -> tuple[dict[str, list[JobAttempt]], str, dict[str, int]]:
     """A chain's links as the attempts of its one task (ONE ``sacct -D`` for every link), in
     the order they started, and each link's place in that order."""
@@ -62,10 +56,7 @@ def _chain_attempts(
     if client is None:
         return {}, "", {}
     try:
-        ask = getattr(client(), "attempt_times", None)
-        if ask is None:  # a client that cannot say (an older one, a stand-in)
-            return {}, "no Slurm times (the client has no attempt_times)", {}
-        for a in ask(",".join(record.chain_job_ids)):
+        for a in client().attempt_times(",".join(record.chain_job_ids)):
             by_job.setdefault(a.job_id, []).append(a)
     except (ClusterError, OSError, ValueError) as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -146,7 +137,7 @@ def _never_started(
 
 def task_ledgers(
     record: RunRecord,
-    client: Callable[[], AttemptSource] | None,
+    client: Callable[[], Slurm] | None,
     now: float | None = None,
     states: Mapping[str, JobInfo] | None = None,
 ) -> list[Ledger]:
@@ -195,7 +186,7 @@ def task_ledgers(
 
 def run_ledger(
     record: RunRecord,
-    client: Callable[[], AttemptSource] | None,
+    client: Callable[[], Slurm] | None,
     now: float | None = None,
     states: Mapping[str, JobInfo] | None = None,
 ) -> Ledger:
@@ -204,7 +195,7 @@ def run_ledger(
 
 
 def dir_ledger(
-    run_dir: Path, client: Callable[[], AttemptSource] | None, now: float | None = None
+    run_dir: Path, client: Callable[[], Slurm] | None, now: float | None = None
 ) -> Ledger:
     """The ledger of the run in ``run_dir`` (its ``run.json``; a directory without one: from
     its files alone, Slurm's part unaccounted)."""

@@ -280,7 +280,7 @@ class Supervisor:
     def request_requeue(self, signum: int, frame: FrameType | None) -> None:
         self.requeue_asked = True
         for t in self.record.tasks:
-            name = getattr(self.budgets[t.index], "signal", "USR2")
+            name = self.budgets[t.index].signal
             sig = getattr(signal, f"SIG{name}", signal.SIGUSR2)
             for p in self.running.get(t.index, []):
                 if p.poll() is None:

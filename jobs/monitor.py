@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
-from cluster.models import JobInfo
+from cluster import JobInfo
 from jobs.pids import ProcHandle, cmdline, signal_if_ours
 from jobs.records import RunRecord
 
@@ -184,8 +184,7 @@ def cancelling(info: JobInfo, asked_at: float | None) -> JobInfo:
 
 def _cluster_name(client: ClientFactory) -> str:
     """The cluster the client talks to ("" when it cannot say)."""
-    name = getattr(client(), "cluster_name", None)
-    value = name() if callable(name) else ""
+    value = client().cluster_name()
     return value if isinstance(value, str) else ""
 
 

@@ -236,7 +236,7 @@ def submit_pipeline(
 ) -> list[records.RunRecord]:
     """Submit every stage (each after the stage before); a stage refused cancels the ones
     already submitted. Returns the stages' records."""
-    from cluster.errors import ClusterError
+    from cluster import ClusterError
     from jobs.submit import submit
 
     spec, stages = load_pipeline(path, overrides)

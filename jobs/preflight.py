@@ -19,16 +19,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from cluster.models import ClusterLimits
-from cluster.timefmt import format_slurm_time
+from cluster import ClusterLimits, format_slurm_time
 from jobs.errors import PreflightError
 from train.runfiles import atomic_write, private_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from cluster import Slurm
-    from cluster.models import ClusterState
+    from cluster import ClusterState, Slurm
     from jobs.spec import JobSpec
 
 Where = Callable[[tuple[str, ...]], str]
@@ -107,7 +105,7 @@ def sbatch_options(client: Slurm, cache_dir: Path) -> frozenset[str] | None:
     daemons restarted on an edited slurm.conf) and asked again at least daily
     (:data:`SBATCH_OPTIONS_TTL_S`); None when it cannot be asked (sbatch itself will then say
     what is wrong)."""
-    from cluster.errors import ClusterError
+    from cluster import ClusterError
 
     stamp = client.conf_stamp()
     path = cache_dir / SBATCH_OPTIONS_FILE

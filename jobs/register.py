@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.errors import BadInputError
+from cluster import BadInputError
 from jobs import records
 from jobs.claim import claim, owner_id
 from jobs.errors import JobsError, RunNotFoundError

@@ -38,7 +38,7 @@ from jobs.errors import InputError, JobsError, RunNotFoundError
 from train.schema import Schema, check_lines
 
 if TYPE_CHECKING:
-    from cluster.ssh import SshTarget
+    from cluster import SshTarget
 
 #: the local record of runs submitted to other machines (one JSON line each)
 REMOTE_INDEX = "remote.jsonl"
@@ -90,7 +90,7 @@ class Remote:
 
     def target(self) -> SshTarget:
         """``ssh -G HOST``, once per process (a --follow polls for days)."""
-        from cluster.ssh import resolve
+        from cluster import ssh_resolve as resolve
 
         if self.host not in _TARGETS:
             _TARGETS[self.host] = resolve(self.host)
@@ -112,7 +112,8 @@ class Remote:
         capture: bool = True,
     ) -> subprocess.CompletedProcess[str]:
         """ONE ssh command running the remote CLI; its checks' failures become one line."""
-        from cluster.ssh import SshConnectionError, classify
+        from cluster import SshConnectionError
+        from cluster import ssh_classify as classify
 
         target = self.target()
         cmd = ["ssh", *target.option_args(), "--", self.host, self.shell(argv, tail)]
@@ -296,7 +297,7 @@ def find_remote(query: str | None, host: str | None = None) -> RemoteRun | None:
 
 def host_remote(host: str, python: str | None = None) -> Remote:
     """How to reach ``host``: as its newest recorded run did (folder, setup, Python)."""
-    from cluster.ssh import check_host
+    from cluster import ssh_check_host as check_host
 
     check_host(host)
     newest = next((r for r in reversed(read_remote_index()) if r.remote.host == host), None)
@@ -319,7 +320,7 @@ class SubmitOptions:
 
 def submit(opts: SubmitOptions, out: IO[str]) -> tuple[int, RemoteRun | None]:
     """Check here, send the code, submit there (one ssh command), record here."""
-    from cluster.ssh import check_host
+    from cluster import ssh_check_host as check_host
     from jobs.load import load_spec
 
     check_host(opts.host)
@@ -437,7 +438,7 @@ def _rsync(host: str, src: Path, files0: bytes, dest: str) -> None:
         raise JobsError(f"{host}: rsync did not finish in 600 s") from None
     if done.returncode != 0:
         err = done.stderr.decode(errors="replace")
-        from cluster.ssh import classify
+        from cluster import ssh_classify as classify
 
         failed = (
             classify(host, 255, err)
@@ -504,7 +505,7 @@ def remote_states(runs: Sequence[RemoteRun]) -> dict[str, str]:
     for r in runs:
         by_host.setdefault(r.remote.host, []).append(r)
     states: dict[str, str] = {}
-    from cluster.errors import ClusterError
+    from cluster import ClusterError
 
     for host, group in by_host.items():
         try:
@@ -578,7 +579,7 @@ def follow(
 ) -> int:
     """Until every task is over for good: 0 iff all COMPLETED. A dropped connection is tried
     again with back-off (one line each time); it never ends or changes the run."""
-    from cluster.ssh import SshConnectionError
+    from cluster import SshConnectionError
     from jobs.follow import Poller
 
     poller = Poller()
@@ -719,8 +720,9 @@ def _learn(run: RemoteRun) -> RemoteRun:
 
 def login(host: str, out: IO[str]) -> int:
     """``jobs login HOST``: the one interactive connection; later commands share it."""
-    from cluster.ssh import login as ssh_login
-    from cluster.ssh import master_running, resolve
+    from cluster import ssh_login
+    from cluster import ssh_master_running as master_running
+    from cluster import ssh_resolve as resolve
 
     target = resolve(host)
     code = ssh_login(target)
@@ -740,7 +742,7 @@ def login(host: str, out: IO[str]) -> int:
 
 
 def _persist(target: SshTarget) -> str:
-    from cluster.ssh import CONTROL_PERSIST
+    from cluster import SSH_CONTROL_PERSIST as CONTROL_PERSIST
 
     own = target.options.get("controlpersist", "no")
     return CONTROL_PERSIST if "controlpath" not in target.options or own == "no" else own

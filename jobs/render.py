@@ -32,7 +32,7 @@ from jobs.slurmmap import RESOURCE_OPTIONS, sbatch_options, submitit_parameters
 from train.env import SLURM_RELEASE_ENV
 
 if TYPE_CHECKING:
-    from cluster.models import ClusterLimits
+    from cluster import ClusterLimits
     from jobs.spec import JobSpec
 
 # Where `jobs` (and `train`) live: exported so the tasks can unpickle jobs.launch.TrainLaunch

@@ -25,8 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from cluster.errors import SlurmTimeError
-from cluster.timefmt import parse_slurm_time
+from cluster import SlurmTimeError, parse_slurm_time
 from jobs.slurmmap import FIELD_OF_OPTION
 
 __all__ = [

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.timefmt import format_slurm_time
+from cluster import format_slurm_time
 
 #: A :class:`jobs.spec.JobSpec`: not imported, not even for types (jobs.spec imports this
 #: table to describe its fields; tests/unit/test_layering.py counts typing-only imports too).

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from cluster.timefmt import parse_slurm_time
+from cluster import parse_slurm_time
 from jobs.sbatchopts import check_sbatch_arg
 from jobs.slurmmap import describe
 from train.spec import (

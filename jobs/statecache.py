@@ -28,7 +28,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.models import JobInfo
+from cluster import JobInfo
 from jobs.records import ensure_state_dir, state_dir
 from train.runfiles import atomic_write
 

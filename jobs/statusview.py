@@ -10,7 +10,7 @@ import time
 from collections.abc import Collection
 from typing import IO, Any
 
-from cluster.models import JobInfo
+from cluster import JobInfo
 from jobs.goodputview import run_records
 from jobs.monitor import (
     describe_failure,
@@ -27,7 +27,7 @@ SHOWN_LIMIT = 20
 
 
 def _elapsed(seconds: int | None) -> str:
-    from cluster.timefmt import format_slurm_time
+    from cluster import format_slurm_time
 
     return format_slurm_time(seconds) if seconds else ""
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.errors import ClusterError
+from cluster import ClusterError
 from jobs import records
 from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
@@ -33,8 +33,7 @@ from train.safepath import python_module_argv
 from train.spec import dump_spec
 
 if TYPE_CHECKING:
-    from cluster import Slurm
-    from cluster.models import ClusterLimits, ClusterState
+    from cluster import ClusterLimits, ClusterState, Slurm
     from jobs.spec import JobSpec
 
 
@@ -79,7 +78,7 @@ def dry_run_note(loaded: LoadedSpec) -> str | None:
     """A line for stderr when the sweep is bigger than one array can be by Slurm's default."""
     if not loaded.is_array:
         return None
-    from cluster.models import ClusterLimits
+    from cluster import ClusterLimits
 
     default = ClusterLimits().max_array_size
     if len(loaded.tasks) <= default:
@@ -168,7 +167,7 @@ def submit(
     """
     if executor == "local" or client is None:
         return submit_local(loaded, plan)
-    from cluster.errors import SlurmCommandError
+    from cluster import SlurmCommandError
 
     state: ClusterState | None = None
     if executor == "auto":

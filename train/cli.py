@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from cluster.errors import BadInputError
+from cluster import BadInputError
 from train.errors import ConfigError, TrainError
 from train.runfiles import default_run_dir
 from train.spec import load_run_config

@@ -95,7 +95,7 @@ def job_hosts(environ: Mapping[str, str]) -> tuple[str, ...]:
     nodelist = environ.get("SLURM_JOB_NODELIST", "")
     if not nodelist:
         return ()
-    from cluster.hostlist import expand_hostlist  # lazy: train has no import-time cluster dep
+    from cluster import expand_hostlist  # lazy: train has no import-time cluster dep
 
     try:
         return tuple(expand_hostlist(nodelist))
@@ -271,7 +271,7 @@ class DistEnv:
     def _from_slurm(
         cls, environ: Mapping[str, str], restart: int, common: dict[str, Any]
     ) -> DistEnv:
-        from cluster.hostlist import expand_hostlist  # lazy: train has no import-time cluster dep
+        from cluster import expand_hostlist  # lazy: train has no import-time cluster dep
 
         nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
         try:

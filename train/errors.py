@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cluster.errors import BadInputError
+from cluster import BadInputError
 
 
 class TrainError(Exception):

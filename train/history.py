@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from train import runfiles
 from train.runfiles import (
@@ -34,13 +34,15 @@ from train.runfiles import (
 )
 from train.schema import EVENT, read_jsonl_checked, read_records
 
+if TYPE_CHECKING:
+    from train.spec import RequeueConfig
+
 __all__ = [
     "BUDGETS",
     "BUDGET_SCOPES",
     "EVENTS",
     "FINAL_EVENTS",
     "STOP_EVENTS",
-    "BudgetConfig",
     "RunHistory",
     "attempt_completed_at",
     "budget_counts",
@@ -94,27 +96,15 @@ _SUMMARY = tuple((k.count_key, k.summary) for k in EVENT_KINDS if k.count_key an
 _NAMED = {f.name: f.named for f in FAILURE_KINDS}
 
 
-class BudgetConfig(Protocol):
-    """The part of :class:`train.spec.config.RequeueConfig` the budget check reads."""
-
-    @property
-    def max_preemptions(self) -> int: ...
-    @property
-    def max_timeouts(self) -> int: ...
-    @property
-    def max_failures(self) -> int: ...
-    @property
-    def max_hangs(self) -> int: ...
-
-
-def over_budget(counts: Mapping[str, int], requeue_config: BudgetConfig) -> str | None:
+def over_budget(counts: Mapping[str, int], requeue_config: RequeueConfig) -> str | None:
     """Why a run with these event ``counts`` must stop instead of being requeued, or None when
     within budget (pure). A budget of N allows N requeues of that kind; the (N+1)-th event
     exhausts it."""
+    limits = requeue_config.budgets()
     for event, attr in BUDGETS.items():
-        limit = getattr(requeue_config, attr, None)
+        limit = limits[attr]
         count = int(counts.get(event, 0))
-        if limit is not None and count > int(limit):
+        if count > limit:
             label = BUDGET_LABELS.get(event, event)
             return (
                 f"{label} {count}x, over the budget requeue.{attr}={limit}; "
@@ -289,7 +279,7 @@ class RunHistory:
             self.events(), job_id=job_id, restart_count=restart_count, submission=submission
         )
 
-    def check_budget(self, requeue_config: BudgetConfig) -> str | None:
+    def check_budget(self, requeue_config: RequeueConfig) -> str | None:
         """Why the run must stop instead of being requeued, or None when within budget
         (:func:`over_budget` of the recorded counts)."""
         return over_budget(self.counts(), requeue_config)

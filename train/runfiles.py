@@ -44,7 +44,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from cluster.errors import BadInputError
+from cluster import BadInputError
 
 __all__ = [
     "BUDGETS",

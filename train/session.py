@@ -101,9 +101,7 @@ class RunSession:
         self.prestarted = prestarted and not process_group
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.allow_config_change = allow_config_change or bool(
-            getattr(train, "allow_config_change", False)
-        )
+        self.allow_config_change = allow_config_change or train.allow_config_change
         self._own_guard = guard is None
         self.guard = guard or PreemptionGuard(
             (requeue.signal, "TERM"),

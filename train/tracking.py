@@ -29,10 +29,13 @@ import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.errors import ConfigError
 from train.runfiles import TENSORBOARD, WANDB_ID, write_text
+
+if TYPE_CHECKING:
+    from train.spec import TrainConfig
 
 __all__ = ["SCALARS", "Tracker", "TrackingError"]
 
@@ -56,10 +59,10 @@ class TrackingError(ConfigError):
     """A tracker asked for cannot be set up (e.g. ``wandb`` is not installed): bad input."""
 
 
-def wandb_options(config: Any) -> dict[str, Any] | None:
+def wandb_options(config: TrainConfig) -> dict[str, Any] | None:
     """``wandb.init`` options from ``train.wandb`` (None when unset), checked before anything
     starts: every rank refuses the same way, in one line, when the package is missing."""
-    section = getattr(config, "wandb", None)
+    section = config.wandb
     if section is None:
         return None
     import importlib.util

@@ -10,7 +10,11 @@
 - Packages are layers: no loop among packages (every module folded into its package, the
   ``cycles.py --depth 2`` view), lazy imports included; an import from outside a package of
   ``train/`` goes through its face (``train/X/__init__.py``), never into its modules; a face is
-  the only one (no other module re-exports, or has a module ``__getattr__``).
+  the only one (no other module re-exports, or has a module ``__getattr__``). The same for
+  ``cluster/``: ``jobs/`` and ``train/`` import ``cluster`` (its ``__init__``), never
+  ``cluster.client``/``cluster.models``/...; and ``jobs/`` uses ``train/`` through the faces of
+  its torch-free layers only (``JOBS_USES_OF_TRAIN``). ``bench/`` and the tests may reach into
+  any module (they measure and test modules, not the interface).
 - Only the factory builds a Slurm client (``cluster.slurm_client``, in ``cluster/slurm.py``): no
   ``SlurmClient(...)`` anywhere else in the packages or the benchmarks.
 """
@@ -264,22 +268,27 @@ def test_the_fold_finds_a_package_loop() -> None:
 
 
 def _faces() -> dict[str, set[str]]:
-    """Each package of ``train/`` (a folder with an ``__init__.py``) -> its modules' names."""
+    """Each package whose face is its ``__init__`` -> its modules' names: ``cluster`` (to
+    ``jobs/`` and ``train/``) and each package of ``train/``."""
+    packages = [REPO / "cluster", *(init.parent for init in (REPO / "train").glob("*/__init__.py"))]
     return {
-        f"train.{init.parent.name}": {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
-        for init in (REPO / "train").glob("*/__init__.py")
+        ".".join(p.relative_to(REPO).parts): {c.stem for c in p.iterdir() if c.suffix == ".py"}
+        | {c.name for c in p.iterdir() if (c / "__init__.py").is_file()}
+        for p in packages
     }
 
 
 def _package_of(module: str, faces: dict[str, set[str]]) -> str | None:
-    return next((p for p in faces if _is(module, p)), None)
+    return max((p for p in faces if _is(module, p)), key=len, default=None)
 
 
 def _behind_faces(rel: str, tree: ast.Module, faces: dict[str, set[str]]) -> Iterator[str]:
-    """Imports in ``rel`` that reach into another package of ``train/`` past its face."""
+    """Imports in ``rel`` that reach into another package (``cluster``, a package of ``train/``)
+    past its face."""
     parts = rel.removesuffix(".py").removesuffix("/__init__").split("/")
     mine = _package_of(".".join(parts), faces)
     for node in ast.walk(tree):
+        names: list[tuple[str, str | None]]
         if isinstance(node, ast.Import):
             names = [(a.name, None) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -297,13 +306,78 @@ def _behind_faces(rel: str, tree: ast.Module, faces: dict[str, set[str]]) -> Ite
 
 
 def test_cross_package_imports_go_through_faces() -> None:
-    """Issue 41: from outside a package of ``train/`` (in ``train/`` and ``jobs/``) only its
-    face is imported: ``from train.stop import decide``, never ``train.stop.decision``."""
+    """Issue 41: from outside a package (``cluster``, a package of ``train/``; in ``cluster/``,
+    ``train/`` and ``jobs/``) only its face is imported: ``from train.stop import decide``,
+    never ``train.stop.decision``; ``from cluster import JobInfo``, never ``cluster.models``."""
     faces = _faces()
     found = [
-        line for rel, tree in _sources("train", "jobs") for line in _behind_faces(rel, tree, faces)
+        line
+        for rel, tree in _sources("cluster", "train", "jobs")
+        for line in _behind_faces(rel, tree, faces)
     ]
     assert found == []
+
+
+# What ``jobs/`` may use of ``train/``: the faces of its torch-free layers (a top-level module of
+# ``train/`` is a layer, and its own face). ``train.cli`` is the hand-over inside the allocation.
+JOBS_USES_OF_TRAIN = frozenset(
+    {
+        "train.command",
+        "train.env",
+        "train.errors",
+        "train.history",
+        "train.report",
+        "train.runfiles",
+        "train.safepath",
+        "train.schema",
+        "train.spec",
+        "train.startup",
+        "train.stop",
+    }
+)
+HAND_OVER = {("jobs/launch.py", "train.cli")}
+
+
+def _train_uses(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """The modules of ``train`` an import names (``from train import runfiles`` names
+    ``train.runfiles``; ``from train.stop import decide`` names ``train.stop``)."""
+    modules = {
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in (REPO / "train").rglob("*.py")
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                for a in node.names
+            ]
+        else:
+            continue
+        yield from ((node.lineno, n) for n in names if _is(n, "train"))
+
+
+def test_jobs_uses_train_through_its_torch_free_faces() -> None:
+    """Issue 41: ``jobs/`` imports of ``train/`` only the faces in ``JOBS_USES_OF_TRAIN``."""
+    found = [
+        f"{rel}:{line}: imports {module} (not a face jobs/ uses: {sorted(JOBS_USES_OF_TRAIN)})"
+        for rel, tree in _sources("jobs")
+        for line, module in _train_uses(tree)
+        if module not in JOBS_USES_OF_TRAIN and (rel, module) not in HAND_OVER
+    ]
+    assert found == []
+
+
+def test_the_train_scan_sees_a_module_behind_a_face() -> None:
+    code = (
+        "from train.runfiles import atomic_write\n"  # a face: fine
+        "from train import runfiles\n"  # the same
+        "from train.loop import run_training\n"
+        "import train.stop.decision\n"
+    )
+    found = [m for _, m in _train_uses(ast.parse(code)) if m not in JOBS_USES_OF_TRAIN]
+    assert found == ["train.loop", "train.stop.decision"]
 
 
 def test_the_face_scan_sees_a_way_around_a_face() -> None:
@@ -314,9 +388,12 @@ def test_the_face_scan_sees_a_way_around_a_face() -> None:
         "from train.stop import act\n"
         "from train.stop import decide\n"  # the face: fine
         "from train.hang.watcher import main\n"  # its own package: fine
+        "from cluster.models import JobInfo\n"
+        "from cluster import JobInfo\n"  # the face: fine
     )
+    faces |= {"cluster": {"models", "client"}}
     found = list(_behind_faces("train/hang/x.py", ast.parse(code), faces))
-    assert [line.split(":")[1] for line in found] == ["1", "2", "3"]
+    assert [line.split(":")[1] for line in found] == ["1", "2", "3", "6"]
 
 
 def _defined(tree: ast.Module) -> set[str]:

@@ -422,7 +422,7 @@ def test_a_step_killed_after_the_signal_is_decided_recorded_and_requeued(
     finally:
         proc.kill()
     assert proc.returncode == 0, out
-    (events,) = h.project.rglob("events.jsonl")
+    (events,) = h.tmp.rglob("events.jsonl")  # the run directory: outside the checkout now
     records = [json.loads(line) for line in events.read_text().splitlines()]
     assert [e["event"] for e in records] == expected, out
     assert (records[0]["by"], records[0]["signal"]) == ("batch_script", f"SIG{sig.name[3:]}")

@@ -122,11 +122,11 @@ class CommandRun(StopHandling):
         self.config, self.env, self.run_dir, self.resume_from = config, env, run_dir, resume_from
         self.checkpoint_world_size = checkpoint_world_size
         self.argv = resolve_argv(entry.command)
-        self.stop_signal = str(getattr(entry, "stop_signal", "auto"))
+        self.stop_signal = entry.stop_signal
         # the command must be gone before the time limit: Slurm's signal comes signal_delay_s
         # (or more) before it, and the requeue needs a few seconds
         limit = max(1.0, config.requeue.signal_delay_s - 10.0)
-        self.grace_s = min(float(getattr(entry, "stop_grace_s", 30)), limit)
+        self.grace_s = min(float(entry.stop_grace_s), limit)
         self.job_signal = int(signum_of(config.requeue.signal))
         self.client = client
         self.proc_root = proc_root

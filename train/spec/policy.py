@@ -151,6 +151,18 @@ class RequeueConfig(StrictModel):
             )
         return name
 
+    def budgets(self) -> dict[str, int]:
+        """Each requeue budget by its field's name (the owner's table names a budget so:
+        ``train.runfiles.BUDGETS``; tests/unit/train/test_history.py checks they agree)."""
+        return {
+            "max_preemptions": self.max_preemptions,
+            "max_timeouts": self.max_timeouts,
+            "max_failures": self.max_failures,
+            "max_infra_failures": self.max_infra_failures,
+            "max_user_failures": self.max_user_failures,
+            "max_hangs": self.max_hangs,
+        }
+
 
 _FUNCTION_RE = re.compile(
     r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", re.ASCII

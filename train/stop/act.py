@@ -15,10 +15,10 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from cluster.errors import BadInputError
-from train.history import BudgetConfig, RunHistory
+from cluster import BadInputError
+from train.history import RunHistory
 from train.runfiles import FAILURES, make_dirs
 from train.stop.causes import decide_cause, rules_of, signature
 from train.stop.claims import hang_claimed
@@ -34,6 +34,7 @@ from train.stop.stopenv import StopEnv
 
 if TYPE_CHECKING:
     from cluster import Slurm
+    from train.spec import RequeueConfig
 
 __all__ = [
     "acts_for_attempt",
@@ -51,13 +52,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _KNOWN_KINDS = ("preemption", "timeout", "cancel", "failure", "hang")
-
-
-class RequeueSettings(BudgetConfig, Protocol):
-    """The part of :class:`train.spec.config.RequeueConfig` used here."""
-
-    @property
-    def signal_delay_s(self) -> int: ...
 
 
 def describe_failure(exc: BaseException, where: str) -> str:
@@ -272,7 +266,7 @@ def carry_out(
 def stop_attempt(
     env: StopEnv,
     run_dir: Path | str,
-    requeue_config: RequeueSettings,
+    requeue_config: RequeueConfig,
     kind: str | None,
     *,
     step: int | None = None,
@@ -302,7 +296,7 @@ def stop_attempt(
         return (1 if failed else 0), None
     details = dict(details or {})
     texts = (error, details.get("stderr_tail"), details.get("traceback"))
-    rules = rules_of(getattr(requeue_config, "failure_rules", ()))
+    rules = rules_of(requeue_config.failure_rules)
     if failed and ended is None and _left_to_the_root(env, run_dir, texts, rules):
         log.warning("%s: the cascade of another rank's failure (recorded by that rank)", error)
         return 1, None
@@ -348,7 +342,7 @@ def stop_attempt(
 def request_requeue(
     env: StopEnv,
     run_dir: Path | str,
-    requeue_config: RequeueSettings,
+    requeue_config: RequeueConfig,
     kind: str | None,
     **kwargs: Any,
 ) -> int:

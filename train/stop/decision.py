@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from train import runfiles
-from train.history import BudgetConfig, over_budget
+from train.history import over_budget
 from train.stop.facts import StopFacts
+
+if TYPE_CHECKING:
+    from train.spec import RequeueConfig
 
 __all__ = [
     "BUDGET_EXHAUSTED_EXIT_CODE",
@@ -116,14 +119,14 @@ def _slurm_requeues(facts: StopFacts) -> bool:
 
 
 def _no_progress(
-    kind: str, facts: StopFacts, counts: Mapping[str, int], budgets: BudgetConfig
+    kind: str, facts: StopFacts, counts: Mapping[str, int], budgets: RequeueConfig
 ) -> str | None:
     """Why a failure or a hang must not restart the run again: the last N restarts all resumed
     from the checkpoint a restart would resume from now (none of them saved a newer one)."""
     if kind not in ("failure", "hang") or facts.checkpoint_step is None:
         return None
     stalled, at = int(counts.get("stalled_restarts", 0)), int(counts.get("stalled_step", -1))
-    limit = int(getattr(budgets, "max_restarts_without_progress", 3))
+    limit = budgets.max_restarts_without_progress
     if at < 0 or stalled < limit or facts.checkpoint_step > at:
         return None
     return (
@@ -134,7 +137,7 @@ def _no_progress(
 
 
 def decide(
-    trigger: Trigger, facts: StopFacts, counts: Mapping[str, int], budgets: BudgetConfig
+    trigger: Trigger, facts: StopFacts, counts: Mapping[str, int], budgets: RequeueConfig
 ) -> Decision:
     """The one stop decision (pure). ``counts``: events recorded so far (``RunHistory.counts``).
 
@@ -239,7 +242,7 @@ def decide(
     exhausted = over_budget(after, budgets)
     if exhausted is not None:
         if failed and facts.failure_class == "user":
-            limit = getattr(budgets, "max_user_failures", 0)
+            limit = budgets.max_user_failures
             exhausted = (
                 f"not retried: {facts.failure_why or 'an error of the code or config'}, which a "
                 f"retry would hit again (requeue.max_user_failures={limit})"
@@ -254,9 +257,7 @@ def decide(
         exclude, why = facts.suspects, "hang"
     elif failed and facts.device_fault and facts.node:
         exclude, why = (facts.node,), "device fault"
-    in_place_left = int(counts.get("restart_in_place", 0)) < int(
-        getattr(budgets, "max_restarts_in_place", 0)
-    )
+    in_place_left = int(counts.get("restart_in_place", 0)) < budgets.max_restarts_in_place
     if (
         kind in ("failure", "hang")
         and facts.executor == "slurm"
@@ -267,7 +268,7 @@ def decide(
     ):
         # the allocation is still ours: a new step on the same nodes, from the last checkpoint
         return Decision(kind, event, "restart_in_place", 1 if failed else 0)
-    chain = getattr(budgets, "mode", "requeue") == "chain"
+    chain = budgets.mode == "chain"
     if kind == "preemption" and not chain and _slurm_requeues(facts):
         # (a chain's link is not requeueable: Slurm ends it, the next link resumes the run)
         return Decision(

@@ -83,7 +83,7 @@ def _time_limit_s(value: str | None) -> float | None:
     if value is None or value.strip().lower() in _UNSET:
         return None
     try:
-        from cluster.timefmt import parse_slurm_time  # stdlib only; lazy like cluster.client
+        from cluster import parse_slurm_time  # stdlib only; lazy like cluster.client
 
         seconds = parse_slurm_time(value.strip())
     except Exception:  # UNLIMITED parses to None; anything odd: unknown
@@ -271,7 +271,7 @@ def _local_cancel(run_dir: Path | str) -> bool:
 _STEP_DIR = re.compile(r"^step-(\d+)(?:\.b[1-9]\d{0,8})?$")
 
 
-def newest_checkpoint_step(run_dir: Any) -> int | None:
+def newest_checkpoint_step(run_dir: Path | str) -> int | None:
     """The step of the newest committed checkpoint under ``RUN_DIR/checkpoints`` (a
     ``step-N`` directory whose manifest, written last, is there; links are not followed):
     where a restart resumes at the latest. One directory listing; None when there is none."""

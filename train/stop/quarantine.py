@@ -116,7 +116,7 @@ def exclude(
         excluded = set(nodes)
         have = job.get("ExcNodeList", "")
         if have and have != "(null)":
-            from cluster.hostlist import expand_hostlist
+            from cluster import expand_hostlist
 
             excluded |= set(expand_hostlist(have))
         others = [n.name for n in client.nodes() if n.usable and n.name in members - excluded]
@@ -178,7 +178,7 @@ def explain_previous_attempt(
                 previous, job_id, before.state,
             )  # fmt: skip
             return None
-        from cluster.hostlist import expand_hostlist
+        from cluster import expand_hostlist
 
         hosts = expand_hostlist(before.nodelist) if before.nodelist else []
         states = {n.name: n.state for n in client.nodes() if n.name in hosts and not n.usable}

@@ -45,12 +45,13 @@ from typing import TYPE_CHECKING, Any
 from train.env import job_hosts
 from train.history import RunHistory, attempt_completed_at
 from train.runfiles import default_run_dir, events_where
-from train.stop.act import RequeueSettings, stop_attempt
+from train.stop.act import stop_attempt
 from train.stop.decision import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 from train.stop.stopenv import Decider
 
 if TYPE_CHECKING:
     from cluster import Slurm
+    from train.spec import RequeueConfig
 
 __all__ = ["after_step", "main"]
 
@@ -83,7 +84,7 @@ def _refused(mine: list[dict[str, Any]]) -> bool:
 
 def after_step(
     run_dir: Path,
-    requeue: RequeueSettings,
+    requeue: RequeueConfig,
     *,
     job_id: str | None,
     restart_count: int,
@@ -115,7 +116,7 @@ def after_step(
     # the allocation's nodes are its hosts
     env = Decider(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts)
     mine = _mine(history, env)
-    if exit_code == REQUEUE_EXIT_CODE and getattr(requeue, "mode", "requeue") == "chain":
+    if exit_code == REQUEUE_EXIT_CODE and requeue.mode == "chain":
         return exit_code  # a link of a chain (jobs.chain): the next link resumes, no requeue
     if exit_code == REQUEUE_EXIT_CODE or _refused(mine):
         # a requeue the ranks decided and Slurm refused them: carried out here, whatever
@@ -165,7 +166,7 @@ def _after_signal(
     history: RunHistory,
     env: Decider,
     mine: list[dict[str, Any]],
-    requeue: RequeueSettings,
+    requeue: RequeueConfig,
     exit_code: int,
     signal_name: str,
     client: Slurm | None,

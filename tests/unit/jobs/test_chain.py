@@ -256,6 +256,9 @@ class StateClient:
     def __init__(self, states: dict[str, str]) -> None:
         self.states, self.asked, self.cancelled = states, [], []  # type: ignore[var-annotated]
 
+    def cluster_name(self) -> str:  # cluster.Slurm: the state cache's key ("": none named)
+        return ""
+
     def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
         self.asked.append(sorted(ids))
         return {j: JobInfo(j, s, name="c") for j, s in self.states.items() if j in ids}

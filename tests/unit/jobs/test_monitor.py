@@ -27,6 +27,9 @@ class ScriptedClient:
         self.cancelled: list[str] = []
         self.commands: list[list[str]] = []
 
+    def cluster_name(self) -> str:  # cluster.Slurm: the state cache's key ("": none named)
+        return ""
+
     def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
         self.calls.append(list(ids))
         n = len(self.calls) - 1

@@ -208,11 +208,17 @@ def test_run_directories_are_claimed_exclusively(tmp_path: Path) -> None:
 def test_status_of_a_failed_run_shows_its_error_and_stderr_tail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cluster.models import JobInfo
+    from cluster.models import JobAttempt, JobInfo
 
     class Client:
+        def cluster_name(self) -> str:  # cluster.Slurm: the state cache's key
+            return ""
+
         def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
             return {"31": JobInfo("31", "FAILED", exit_code=1, source="squeue")}
+
+        def attempt_times(self, job_id: str) -> list[JobAttempt]:  # sacct -D: none recorded
+            return []
 
     monkeypatch.setattr("jobs.cli._client", Client)
     rec = _record(tmp_path, "byo", "31")
@@ -305,6 +311,9 @@ def test_status_of_a_state_slurm_added_is_one_line(
     from cluster.models import JobInfo
 
     class Client:
+        def cluster_name(self) -> str:  # cluster.Slurm: the state cache's key
+            return ""
+
         def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
             return parse.parse_squeue("31|wrap|FROBNICATING|None|n1|debug|0:01|0:0|0|\n")
 

@@ -33,6 +33,9 @@ class Client:
         self.asked: list[list[str]] = []
         self.cancelled: list[str] = []
 
+    def cluster_name(self) -> str:  # cluster.Slurm: the state cache's key ("": none named)
+        return ""
+
     def poll_states(self, ids: list[str]) -> dict[str, JobInfo]:
         self.asked.append(list(ids))
         return {f"{a}_{i}": JobInfo(f"{a}_{i}", "PENDING") for a in ids for i in range(2)}

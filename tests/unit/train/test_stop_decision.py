@@ -590,3 +590,13 @@ def test_a_commands_progress_is_its_last_reported_step(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / "step-5").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step-5" / "manifest.json").write_text("{}")
     assert progress() == 5
+
+
+def test_every_budget_of_the_table_is_a_field_of_the_requeue_config() -> None:
+    """Issue 41: the budget check reads ``RequeueConfig.budgets()`` by the names the owner's
+    table gives (``train.runfiles.BUDGETS``), no ``getattr`` with a default: they agree."""
+    from train.runfiles import BUDGETS
+
+    budgets = RequeueConfig().budgets()
+    assert set(BUDGETS.values()) == set(budgets)
+    assert set(budgets) <= set(RequeueConfig.model_fields)
