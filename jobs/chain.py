@@ -25,17 +25,16 @@ cancelled) or when ``requeue.chain_stall_links`` links in a row ended without a 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs import records
+from jobs.confcache import read_entry, write_entry
 from jobs.render import submitit_folder, submitted_pickle
 from train import runfiles
 from train.history import RunHistory
@@ -71,29 +70,16 @@ def requeue_support(client: Slurm, partition: str, cache_dir: Path) -> str | Non
     submission asks Slurm (``scontrol show config`` and ``show partition``) only after an edit.
     """
     stamp = client.conf_stamp()
-    path = cache_dir / SUPPORT_FILE
-    try:
-        data = json.loads(path.read_bytes())
-        entry = data["partitions"].get(partition) if data["stamp"] == stamp else None
-        fresh = not stamp.endswith(":missing") or time.time() - float(data["at"]) < 3600.0
-    except (OSError, ValueError, KeyError, TypeError):
-        data, entry, fresh = None, None, False  # missing, damaged or foreign: ask the cluster
-    if isinstance(entry, list) and len(entry) == 2 and fresh:
+    data = read_entry(cache_dir, SUPPORT_FILE, stamp)
+    known = data.get("partitions") if data is not None else None
+    parts: dict[str, Any] = dict(known) if isinstance(known, dict) else {}
+    entry = parts.get(partition)
+    if isinstance(entry, list) and len(entry) == 2:
         job_requeue, mode = str(entry[0]), str(entry[1])
     else:
         job_requeue, mode = client.requeue_settings(partition)
-        keep = data if isinstance(data, dict) and data.get("stamp") == stamp and fresh else {}
-        known = keep.get("partitions")
-        parts: dict[str, Any] = dict(known) if isinstance(known, dict) else {}
         parts[partition] = [job_requeue, mode]
-        new = {"stamp": stamp, "at": time.time(), "partitions": parts}
-        try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{SUPPORT_FILE}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(new), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a cache that cannot be written only costs the queries next time
+        write_entry(cache_dir, SUPPORT_FILE, stamp, {"partitions": parts})
     why = requeue_problem(job_requeue, mode)
     return None if why is None else f"partition {partition}: {why}"
 

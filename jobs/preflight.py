@@ -13,15 +13,15 @@ an edit (or hourly where no slurm.conf is readable, as in configless set-ups).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cluster import ClusterLimits, format_slurm_time
+from jobs.confcache import read_entry, write_entry
 from jobs.errors import PreflightError
-from train.runfiles import atomic_write, private_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +33,6 @@ Where = Callable[[tuple[str, ...]], str]
 LIMITS_FILE = "cluster-limits.json"
 SBATCH_OPTIONS_FILE = "sbatch-options.json"
 SBATCH_OPTIONS_TTL_S = 86400.0
-UNSTAMPED_TTL_S = 3600.0
 
 
 def _limits_of(data: dict) -> ClusterLimits:
@@ -51,22 +50,12 @@ def _limits_of(data: dict) -> ClusterLimits:
 def cluster_limits(client: Slurm, cache_dir: Path) -> ClusterLimits:
     """The cluster's array limits, from the cache when slurm.conf has not changed since."""
     stamp = client.conf_stamp()
-    path = cache_dir / LIMITS_FILE
-    try:
-        data = json.loads(path.read_bytes())
-        fresh = not stamp.endswith(":missing") or time.time() - data["at"] < UNSTAMPED_TTL_S
-        if data["stamp"] == stamp and fresh:
+    data = read_entry(cache_dir, LIMITS_FILE, stamp)
+    if data is not None:
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # foreign: ask the cluster
             return _limits_of(data)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # missing, damaged or foreign: ask the cluster
     limits = client.limits()
-    entry = {"stamp": stamp, "at": time.time(), **limits.__dict__}
-    try:
-        # the state folder: proven ours (a foreign one or a link: no cache), never a link
-        folder = private_dir(cache_dir.parent, cache_dir.name, mode=0o755)
-        atomic_write(folder / LIMITS_FILE, json.dumps(entry), durable=False)
-    except OSError:
-        pass  # a cache that cannot be written only costs one query next time
+    write_entry(cache_dir, LIMITS_FILE, stamp, dict(limits.__dict__))
     return limits
 
 
@@ -108,25 +97,14 @@ def sbatch_options(client: Slurm, cache_dir: Path) -> frozenset[str] | None:
     from cluster import ClusterError
 
     stamp = client.conf_stamp()
-    path = cache_dir / SBATCH_OPTIONS_FILE
-    try:
-        data = json.loads(path.read_bytes())
-        ttl = SBATCH_OPTIONS_TTL_S if not stamp.endswith(":missing") else UNSTAMPED_TTL_S
-        fresh = 0 <= time.time() - float(data["at"]) < ttl
-        if data["stamp"] == stamp and fresh and isinstance(data["options"], list):
-            return frozenset(str(o) for o in data["options"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # missing, damaged or foreign: ask sbatch
+    data = read_entry(cache_dir, SBATCH_OPTIONS_FILE, stamp, ttl_s=SBATCH_OPTIONS_TTL_S)
+    if data is not None and isinstance(data.get("options"), list):
+        return frozenset(str(o) for o in data["options"])
     try:
         options = client.sbatch_options()
     except ClusterError:
         return None
-    entry = {"stamp": stamp, "at": time.time(), "options": sorted(options)}
-    try:
-        folder = private_dir(cache_dir.parent, cache_dir.name, mode=0o755)
-        atomic_write(folder / SBATCH_OPTIONS_FILE, json.dumps(entry), durable=False)
-    except OSError:
-        pass  # a cache that cannot be written only costs one query next time
+    write_entry(cache_dir, SBATCH_OPTIONS_FILE, stamp, {"options": sorted(options)})
     return options
 
 
