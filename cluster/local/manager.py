@@ -82,6 +82,16 @@ class UpResult:
     restarted: list[str] = field(default_factory=list)
 
 
+def _own_paths() -> list[str]:
+    """The checkout this code runs from and the interpreter's prefixes (resolved): what every
+    host must see, as on a real cluster's shared file system."""
+    import sys
+
+    paths = [Path(__file__).resolve().parents[2], Path(sys.prefix).resolve()]
+    paths.append(Path(sys.base_prefix).resolve())
+    return list(dict.fromkeys(str(p) for p in paths))
+
+
 class LocalCluster:
     """A real Slurm cluster of three nodes on this machine, in one state directory."""
 
@@ -125,8 +135,11 @@ class LocalCluster:
                 f"{self.release.name}: use --hosts shared for it"
             )
         if self.hosts_layout == "net":
+            # the checkout and this interpreter are the shared file system of the hosts too,
+            # also where they live under /tmp (a CI's clone): bound into every host's /tmp
+            own = [p for p in _own_paths() if is_shareable(p) and p not in shared_paths]
             self.net = Network(self.layout.port_offset, cfg.NODES, self.layout.hosts_dir,
-                               shared_paths)  # fmt: skip
+                               (*shared_paths, *own))  # fmt: skip
 
     def recorded_hosts_layout(self) -> str | None:
         """The hosts layout the state directory's cluster was last brought up with."""
