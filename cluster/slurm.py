@@ -98,6 +98,7 @@ def slurm_client(
     timeout: float | None = None,
     shielded: bool = False,
     remote: str | None = None,
+    remote_setup: str = "",
 ) -> Slurm:
     """The client of the cluster ``environ`` (default ``os.environ``) points at.
 
@@ -107,7 +108,8 @@ def slurm_client(
     job's processes (a stop's own ``scontrol requeue`` runs while Slurm ends its step);
     ``remote``: an alias of the user's OpenSSH configuration: the commands run on that host
     through ssh (:mod:`cluster.ssh`; ``conf`` is then the remote slurm.conf, None: the remote
-    host's own)."""
+    host's own); ``remote_setup``: shell text that opens every remote command line there (a
+    spec's ``environment.setup`` exporting ``SLURM_CONF``, say; the caller quotes it)."""
     from cluster.client import DEFAULT_TIMEOUT_S
 
     if remote is not None:
@@ -118,6 +120,7 @@ def slurm_client(
             conf=conf,
             timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
             environ=environ,
+            setup=remote_setup,
         )
     from cluster.client import SlurmClient  # the transport: local commands
 

@@ -208,9 +208,11 @@ class SshSlurmClient(SlurmClient):
         conf: str | os.PathLike[str] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         environ: Mapping[str, str] | None = None,
+        setup: str = "",
     ) -> None:
         super().__init__(conf=None, timeout=timeout, environ=environ)
         self.target = target
+        self.setup = setup  # shell text opening every command line there (already quoted)
         self.conf = str(conf) if conf is not None else ""
         self._env.pop("SLURM_CONF", None)
         self._cluster_name: str | None = None
@@ -230,6 +232,8 @@ class SshSlurmClient(SlurmClient):
         argv = self.target.argv(
             cmd, cwd=None if cwd is None else str(cwd), env=self.remote_env(extra_env)
         )
+        if self.setup:
+            argv[-1] = self.setup + argv[-1]
         limit = self.timeout if timeout is None else timeout
         proc = subprocess.Popen(
             argv,

@@ -614,21 +614,34 @@ def cmd_cancel(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def cmd_drill(args: argparse.Namespace, out: IO[str]) -> int:
-    if (code := _remote(args, out)) is not None:
-        return code
     from jobs.drill import run_drill
-    from jobs.records import find_run
+    from jobs.remote import remote_run
 
-    record = find_run(args.run)
-    report = run_drill(
-        record,
-        _client(),
-        args.kind,
-        timeout_s=args.timeout,
-        partition=args.partition,
-        progress=sys.stderr,
-        accept_short_limit=args.accept_short_limit,
-    )
+    # a remote run's drill: its loop here, each action and read one short ssh command
+    remote = remote_run(args)
+    if remote is not None:
+        from jobs.remotedrill import drill_remote
+
+        report = drill_remote(
+            remote,
+            args.kind,
+            timeout_s=args.timeout,
+            partition=args.partition,
+            progress=sys.stderr,
+            accept_short_limit=args.accept_short_limit,
+        )
+    else:
+        from jobs.records import find_run
+
+        report = run_drill(
+            find_run(args.run),
+            _client(),
+            args.kind,
+            timeout_s=args.timeout,
+            partition=args.partition,
+            progress=sys.stderr,
+            accept_short_limit=args.accept_short_limit,
+        )
     if args.json:
         out.write(json.dumps(report.to_dict(), indent=1) + "\n")
     else:

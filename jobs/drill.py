@@ -148,6 +148,36 @@ def _as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+class RunFiles:
+    """The run's files as the drill reads them, here (the run directory itself): ``dir`` is
+    where ``events.jsonl``, ``metrics.jsonl`` and ``resolved.yaml`` are read; :meth:`refresh`
+    is called once per poll (here: nothing to do; over SSH, :mod:`jobs.remotedrill`: one ssh
+    command brings their new bytes into a local copy)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(run_dir)
+
+    def refresh(self) -> None:
+        """Bring the files up to date (once per poll)."""
+
+    def uid(self) -> int:
+        """The uid that acts on the job (Slurm lets only its owner drill it)."""
+        return os.geteuid()
+
+    def write_script(self, text: str) -> str:
+        """Write the preempting job's script (``DRILL_DIR/preempt.sbatch``, never through a
+        link); its path as Slurm's ``sbatch`` will read it."""
+        where = self.dir / DRILL_DIR / "preempt.sbatch"
+        try:
+            script = make_dirs(self.dir, DRILL_DIR) / "preempt.sbatch"  # never through a link
+            write_text(script, text)
+        except LinkRefusedError:
+            raise  # the owner's own word (a planted link: bad input)
+        except OSError as exc:  # not writable by this user (a colleague's run directory)
+            raise DrillError(f"cannot write {where} ({exc.strerror})") from None
+        return str(script)
+
+
 class Drill:
     """One drill against one recorded Slurm run (see the module docstring)."""
 
@@ -162,6 +192,7 @@ class Drill:
         poll_s: float = 1.0,
         say: Callable[[str], None] = lambda line: None,
         accept_short_limit: bool = False,
+        files: RunFiles | None = None,
     ) -> None:
         if kind not in KINDS:
             raise UsageError(f"drill: --kind {kind!r}: choose one of {', '.join(KINDS)}")
@@ -173,7 +204,10 @@ class Drill:
             raise UsageError(f"drill: {record.run_id} is a job array; drill one plain job")
         self.record, self.client, self.kind = record, client, kind
         self.job_id = record.job_id
-        self.run_dir = Path(record.tasks[0].run_dir if record.tasks else record.run_dir)
+        run_dir = Path(record.tasks[0].run_dir if record.tasks else record.run_dir)
+        # where the run's files are read: here, or a copy of the remote ones (one ssh a poll)
+        self.files = files if files is not None else RunFiles(run_dir)
+        self.run_dir = self.files.dir
         self.timeout_s, self.partition, self.poll_s, self.say = timeout_s, partition, poll_s, say
         self.report = DrillReport(record.run_id, self.job_id, kind)
         self.accept_short_limit = accept_short_limit
@@ -208,7 +242,10 @@ class Drill:
 
     def wait(self, what: str, predicate: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.timeout_s
-        while not predicate():
+        while True:
+            self.files.refresh()  # once per poll: the run's files as they are now
+            if predicate():
+                return
             if time.monotonic() > deadline:
                 raise DrillError(
                     f"drill {self.kind}: gave up after {self.timeout_s:.0f} s waiting for {what} "
@@ -218,6 +255,7 @@ class Drill:
 
     # -- the drill -----------------------------------------------------------------------------
     def run(self) -> DrillReport:
+        self.files.refresh()
         self._check_owner()  # before anything is done to the job
         self.say(f"waiting for job {self.job_id} to train")
         self.wait("the job to run and train", self._training)
@@ -252,7 +290,7 @@ class Drill:
         the time limit would be lowered, then unknown). Root may drill any job."""
         from cluster import parse_user_id
 
-        me = os.geteuid()
+        me = self.files.uid()
         owner = parse_user_id(self.job().get("UserId", ""))
         if me == 0 or owner is None or owner[1] == me:
             return
@@ -321,17 +359,10 @@ class Drill:
 
         node = expand_hostlist(info.get("NodeList", ""))[0]
         name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
-        where = self.run_dir / DRILL_DIR / "preempt.sbatch"
         try:
-            script = make_dirs(self.run_dir, DRILL_DIR) / "preempt.sbatch"  # never through a link
-            write_text(script, "#!/bin/bash\nsleep 1\n")
-        except LinkRefusedError:
-            raise  # the owner's own word (a planted link: bad input)
-        except OSError as exc:  # not writable by this user (a colleague's run directory)
-            raise DrillError(
-                f"drill: cannot write {where} ({exc.strerror}); nothing was done to job "
-                f"{self.job_id}"
-            ) from None
+            script = self.files.write_script("#!/bin/bash\nsleep 1\n")
+        except DrillError as exc:
+            raise DrillError(f"drill: {exc}; nothing was done to job {self.job_id}") from None
         args = [f"--partition={name}", f"--nodelist={node}", "--exclusive", "--time=1"]
         args += ["--job-name=drill-preempt", "--output=/dev/null"]
         urgent = self.client.submit(script, args)
@@ -468,6 +499,7 @@ class Drill:
 
     def _measure(self, t0: float, restarts: int) -> None:
         r = self.report
+        self.files.refresh()
         events = self.events(t0 - 1)
         stop = self._stop_event(t0 - 1)
         r.stop_event = stop["event"] if stop else None
@@ -530,6 +562,7 @@ class Drill:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(self.poll_s)
+                self.files.refresh()
         steps = self.train_steps()
         if not steps:
             r.outcome = "back: restarted; whether your code resumed is not known"
@@ -569,6 +602,7 @@ def run_drill(
     partition: str | None = None,
     progress: IO[str] | None = None,
     accept_short_limit: bool = False,
+    files: RunFiles | None = None,
 ) -> DrillReport:
     """Run one drill and return its report (see the module docstring)."""
 
@@ -585,5 +619,6 @@ def run_drill(
         partition=partition,
         say=say,
         accept_short_limit=accept_short_limit,
+        files=files,
     )
     return drill.run()

@@ -112,11 +112,17 @@ class Remote:
         capture: bool = True,
     ) -> subprocess.CompletedProcess[str]:
         """ONE ssh command running the remote CLI; its checks' failures become one line."""
+        return self.run_line(self.shell(argv, tail), timeout=timeout, capture=capture)
+
+    def run_line(
+        self, line: str, *, timeout: float | None = COMMAND_TIMEOUT_S, capture: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """ONE ssh command running the shell line ``line`` there (every word in it quoted)."""
         from cluster import SshConnectionError
         from cluster import ssh_classify as classify
 
         target = self.target()
-        cmd = ["ssh", *target.option_args(), "--", self.host, self.shell(argv, tail)]
+        cmd = ["ssh", *target.option_args(), "--", self.host, line]
         try:
             raw = subprocess.run(
                 cmd,
@@ -160,14 +166,21 @@ class Remote:
 _SAFE_PATH_PROBE = 'import sys; print("-P" if sys.version_info >= (3, 11) else "")'
 
 
-def _prelude(remote: Remote) -> str:
-    """The checks every remote command opens with (exit 91-94: see :meth:`Remote._check`)."""
+def setup_prelude(remote: Remote) -> str:
+    """The folder and the spec's ``environment.setup`` every remote command opens with (exit
+    91-92: see :meth:`Remote._check`); a Slurm command there too (:mod:`jobs.remotedrill`)."""
     parts = []
     if remote.workdir:
         parts.append(f"cd {_remote_path(remote.workdir)} 2>/dev/null || exit {_NO_DIR}; ")
     if remote.setup:  # the spec's own shell code (README: the one exception to quoting)
         body = "\n".join(remote.setup)
         parts.append(f"{{ {body}\n}} >&2 || exit {_SETUP_FAILED}; ")
+    return "".join(parts)
+
+
+def _prelude(remote: Remote) -> str:
+    """The checks every remote command opens with (exit 91-94: see :meth:`Remote._check`)."""
+    parts = [setup_prelude(remote)]
     py = shlex.quote(remote.python)
     parts.append(f"command -v {py} >/dev/null 2>&1 || exit {_NO_PYTHON}; ")
     # the user's code folder may hold a train.py or a jobs/ of theirs: our interpreter never takes
@@ -467,7 +480,7 @@ def _git_root(folder: Path) -> Path | None:
 def passthrough(
     remote: Remote, argv: Sequence[str], out: IO[str], timeout: float = COMMAND_TIMEOUT_S
 ) -> int:
-    """Run one remote command, then show what it printed (status, logs, cancel, drill)."""
+    """Run one remote command, then show what it printed (status, logs, cancel)."""
     done = remote.run(argv, timeout=timeout)
     out.write(_printable(done.stdout))
     out.flush()
@@ -674,7 +687,8 @@ def _with_python(run: RemoteRun, python: str) -> RemoteRun:
 
 
 def dispatch(args: Any, out: IO[str]) -> int | None:
-    """``status``, ``logs``, ``cancel``, ``drill``, ``plot`` of a remote run; None: local."""
+    """``status``, ``logs``, ``cancel``, ``plot`` of a remote run; None: local. (``drill``:
+    :mod:`jobs.remotedrill`, its loop here.)"""
     run = remote_run(args)
     if run is None:
         return None
@@ -683,24 +697,17 @@ def dispatch(args: Any, out: IO[str]) -> int | None:
         return plot(run, args.output, out)
     if args.command == "logs" and args.follow:
         if not run.job_ids and not run.job_id:
-            run = _learn(run)
+            run = learn(run)
         return follow(run, out, rank=args.rank, show_states=False)
     argv: list[str] = [args.command, *([target] if target else [])]
     if args.command == "status" and args.json:
         argv.append("--json")
     if args.command == "logs":
         argv += ["--rank", str(args.rank)]
-    if args.command == "drill":
-        argv += ["--kind", args.kind, "--timeout", str(args.timeout)]
-        argv += ["--json"] if args.json else []
-        argv += ["--partition", args.partition] if args.partition else []
-        argv += ["--accept-short-limit"] if args.accept_short_limit else []
-    # a drill waits there for the job (its own --timeout): the one remote command that lasts
-    limit = args.timeout + COMMAND_TIMEOUT_S if args.command == "drill" else COMMAND_TIMEOUT_S
-    return passthrough(run.remote, argv, out, limit)
+    return passthrough(run.remote, argv, out)
 
 
-def _learn(run: RemoteRun) -> RemoteRun:
+def learn(run: RemoteRun) -> RemoteRun:
     """A run named only by ``--remote``: its directory and job id from the remote status."""
     done = run.remote.run(["status", run.run_dir, "--json"])
     try:

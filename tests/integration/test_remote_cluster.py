@@ -229,6 +229,8 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
 
     job = seen["submit"].stdout.strip()
     assert job.isdigit() and f"on {LOGIN}" in seen["submit"].stderr, seen["submit"].stderr
+    # the drill waited here (its loop local, each remote command short) and saw the resume
+    assert "back: resumed" in seen["drill"].stdout, seen["drill"].stdout
     listed = seen["list"].stdout
     assert name in listed and LOGIN in listed and job in listed, listed
     follow = seen["logs"]
