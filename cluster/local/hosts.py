@@ -60,6 +60,9 @@ class Network:
     base: Path
     #: Paths under ``/tmp`` every host sees as the machine's (run directories there).
     shared: tuple[str, ...] = field(default=())
+    #: The checkout and the interpreter where they live under ``/tmp`` (a CI's clone): bound
+    #: like ``shared``, never recorded (they are where this code runs, not the user's choice).
+    own: tuple[str, ...] = field(default=())
 
     @property
     def subnet(self) -> int:
@@ -156,7 +159,7 @@ class Network:
             "nsenter", f"--net=/run/netns/{self.netns(host)}", "--",
             "unshare", "--uts", "--mount", "--propagation", "private",
             "sh", "-c", script, "sh", host, str(self.host_dir(host)),
-            str(self.etc_hosts(host)), *self.shared, "--", *argv,
+            str(self.etc_hosts(host)), *self.shared, *self.own, "--", *argv,
         ]  # fmt: skip
 
     def to_json(self) -> str:

@@ -137,9 +137,9 @@ class LocalCluster:
         if self.hosts_layout == "net":
             # the checkout and this interpreter are the shared file system of the hosts too,
             # also where they live under /tmp (a CI's clone): bound into every host's /tmp
-            own = [p for p in _own_paths() if is_shareable(p) and p not in shared_paths]
+            own = tuple(p for p in _own_paths() if is_shareable(p) and p not in shared_paths)
             self.net = Network(self.layout.port_offset, cfg.NODES, self.layout.hosts_dir,
-                               (*shared_paths, *own))  # fmt: skip
+                               shared_paths, own)  # fmt: skip
 
     def recorded_hosts_layout(self) -> str | None:
         """The hosts layout the state directory's cluster was last brought up with."""
