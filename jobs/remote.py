@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from cluster import TERMINAL_STATES
 from jobs.errors import InputError, JobsError, RunNotFoundError
 from train.schema import Schema, check_lines
 
@@ -569,16 +570,9 @@ def poll_once(run: RemoteRun, rank: int | None, offset: int, job_id: str) -> Pol
     return Poll(states, log_text.encode("utf-8", errors="surrogateescape"))
 
 
-FINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "OUT_OF_MEMORY",
-    "NODE_FAIL",
-    "BOOT_FAIL",
-    "DEADLINE",
-}
+# Slurm's terminal states (cluster's one list) less PREEMPTED: a preempted job is usually requeued,
+# and the remote status that follows says so; the follow goes on until the run is over for good.
+FINAL = TERMINAL_STATES - {"PREEMPTED"}
 
 
 def follow(
