@@ -32,7 +32,13 @@ from test_cluster_hang import STEPS_PER_EPOCH, _attempt, _events, _submit, _wait
 from cluster.client import SlurmClient
 from train.history import RunHistory, read_jsonl
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.release_sensitive(
+        "a node failure: NODE_FAIL, sacct's rows per run, the requeue hold, the expedited "
+        "requeue (25.11+)"
+    ),
+]
 
 EPOCHS = 4  # STEPS_PER_EPOCH steps each (test_cluster_hang._submit)
 

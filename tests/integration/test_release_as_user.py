@@ -21,7 +21,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from user_helpers import USER, skip_reason, uid, user_dir
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.release_sensitive("the release's own commands as a user other than root"),
+]
 
 
 def _as_user(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
