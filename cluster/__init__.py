@@ -8,8 +8,9 @@ behind it (``tests/unit/test_layering.py``; ``bench/`` and the tests may reach i
 - the records it returns (``cluster/models.py``: :class:`JobInfo`, :class:`JobAttempt`,
   :class:`ClusterState`, :class:`ClusterLimits`, ``TERMINAL_STATES``);
 - :func:`expand_hostlist` (hostlists), :func:`parse_slurm_time`/:func:`format_slurm_time`
-  (Slurm time strings), :func:`parse_user_id` (``scontrol``'s ``UserId``), one error tree
-  (``cluster/errors.py``);
+  (Slurm time strings), :func:`parse_user_id` (``scontrol``'s ``UserId``),
+  :func:`parse_key_values` (a line of ``scontrol show -o``: ``jobs drill --remote`` batches
+  one with its file reads), one error tree (``cluster/errors.py``);
 - the SSH transport's pieces ``jobs --remote``/``jobs login`` use (the ``ssh_*`` names,
   :class:`SshTarget`, :class:`SshError`, :class:`SshConnectionError`).
 
@@ -39,7 +40,7 @@ from cluster.timefmt import format_slurm_time, parse_slurm_time
 
 if TYPE_CHECKING:
     from cluster.models import TERMINAL_STATES, ClusterLimits, ClusterState, JobAttempt, JobInfo
-    from cluster.parse import parse_user_id
+    from cluster.parse import parse_key_values, parse_user_id
     from cluster.ssh import CONTROL_PERSIST as SSH_CONTROL_PERSIST
     from cluster.ssh import SshConnectionError, SshError, SshTarget
     from cluster.ssh import check_host as ssh_check_host
@@ -55,6 +56,7 @@ _LAZY = {
     "ClusterState": "models:ClusterState",
     "JobAttempt": "models:JobAttempt",
     "JobInfo": "models:JobInfo",
+    "parse_key_values": "parse:parse_key_values",
     "parse_user_id": "parse:parse_user_id",
     "SSH_CONTROL_PERSIST": "ssh:CONTROL_PERSIST",
     "SshConnectionError": "ssh:SshConnectionError",
@@ -86,6 +88,7 @@ __all__ = [  # the records and the SSH names: _LAZY
     "SshTarget",
     "expand_hostlist",
     "format_slurm_time",
+    "parse_key_values",
     "parse_slurm_time",
     "parse_user_id",
     "slurm_client",
