@@ -341,8 +341,8 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
     for args in commands:
         if args[0] == "submit":
             args = [*args, "--set", "train.max_steps=60"]
-        if args[0] == "logs":
-            seen["logs"] = _follow_across_a_drop(laptop, args)
+        if args[0] in ("drill", "logs"):  # each across a dropped connection
+            seen[args[0]] = _across_a_drop(laptop, args)
             continue
         if args[0] == "plot":
             args = [a if a != "life.png" else str(tmp / "life.png") for a in args]
@@ -353,6 +353,9 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
     assert job.isdigit() and f"on {LOGIN}" in seen["submit"].stderr, seen["submit"].stderr
     # the drill waited here (its loop local, each remote command short) and saw the resume
     assert "back: resumed" in seen["drill"].stdout, seen["drill"].stdout
+    drill = seen["drill"].stderr  # the drill went on across the drop: one line each way
+    assert drill.count("trying again with back-off") == 1, drill
+    assert drill.count("connected again") == 1, drill
     listed = seen["list"].stdout
     assert name in listed and LOGIN in listed and job in listed, listed
     follow = seen["logs"]
@@ -366,9 +369,9 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
     assert (tmp / "life.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _follow_across_a_drop(laptop: dict, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``jobs logs RUN -f`` while the connection drops: the shared master killed and the
-    server down for a while (the follow tries again; the run goes on)."""
+def _across_a_drop(laptop: dict, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``jobs logs RUN -f`` or ``jobs drill RUN`` while the connection drops: the shared master
+    killed and the server down for a while (each tries again; the run goes on)."""
     env = laptop["env"]
     follow = subprocess.Popen(
         [sys.executable, "-m", "jobs", *args], cwd=REPO, env=env,
