@@ -275,7 +275,8 @@ class LocalCluster:
             steps.append((LOGIN, self._start_login))
         login = self.login_server()
         if login is not None:
-            login.write(sshd.login_user() or sshd.DEFAULT_USER)
+            if login.write(sshd.login_user() or sshd.DEFAULT_USER):  # a new port, a new Match
+                changed.add(login.dir / "sshd_config")
             steps.append(("sshd", login.start))
         status = {d.name: d for d in self.status()}
         for name, start in steps:

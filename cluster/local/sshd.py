@@ -141,8 +141,9 @@ class LoginServer:
             self.program.symlink_to(SSHD)
         return True
 
-    def write(self, user: str) -> None:
-        """Keys (once), sshd's configuration and the client's (every ``up``)."""
+    def write(self, user: str) -> bool:
+        """Keys (once), sshd's configuration and the client's (every ``up``); whether sshd's
+        changed (a running server is then started again: ``files.config_files``)."""
         self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         for key in (self.dir / "host_ed25519", self.key):
             if not key.exists():
@@ -159,7 +160,9 @@ class LoginServer:
         (self.dir / "known_hosts").write_text(
             "".join(f"[127.0.0.1]:{p} {host_pub[0]} {host_pub[1]}\n" for p in ports)
         )
-        (self.dir / "sshd_config").write_text(
+        server = self.dir / "sshd_config"
+        before = server.read_text() if server.exists() else None
+        server.write_text(
             "\n".join(
                 [
                     *(f"Port {p}" for p in ports),
@@ -226,6 +229,7 @@ class LoginServer:
                 ]
             )
         )
+        return server.read_text() != before
 
     def start(self) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation

@@ -76,3 +76,22 @@ def test_no_2fa_alias_where_it_cannot_be_made_safely(
     conf = (server.dir / "sshd_config").read_text()
     assert "Match" not in conf and "Port 12423" not in conf
     assert "KbdInteractiveAuthentication no" in conf
+
+
+def test_a_changed_server_configuration_makes_a_running_sshd_stale(
+    server: sshd.LoginServer, tmp_path: Path
+) -> None:
+    """`up` starts a running sshd again when its configuration changed (a cluster brought up
+    before the 2FA port existed gets it), not when only the secrets are new."""
+    from cluster.local import config as cfg
+    from cluster.local.files import config_files, is_stale, stamp
+
+    assert server.write("trainee") is True  # the first time: written
+    assert server.write("trainee") is False  # fresh secrets, the same server configuration
+    layout = cfg.Layout(tmp_path / "state")
+    assert config_files(layout, "sshd") == [server.dir / "sshd_config"]
+    layout.run.mkdir(parents=True, exist_ok=True)
+    stamp(layout, "sshd")
+    assert not is_stale(layout, "sshd", set())
+    assert server.write("someone") is True  # AllowUsers, User: another server configuration
+    assert is_stale(layout, "sshd", set())
