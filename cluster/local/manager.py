@@ -631,6 +631,9 @@ class LocalCluster:
         for pid in marked_processes(self.layout.root):
             stop_pid(pid, timeout=5)
         self.layout.mysql_socket.unlink(missing_ok=True)
+        login = self.login_server()
+        if login is not None:  # its PAM service in /etc/pam.d goes with it
+            login.forget_pam()
         self._remove_network()
         return stopped
 

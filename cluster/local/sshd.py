@@ -105,6 +105,11 @@ class LoginServer:
                 return False
         return PAM_DIR.is_dir()
 
+    def forget_pam(self) -> None:
+        """``down``: the cluster's PAM service goes (``up`` writes it again)."""
+        if os.geteuid() == 0:
+            (PAM_DIR / self.service).unlink(missing_ok=True)
+
     def _write_two_fa(self, user: str) -> bool:
         """The 2FA alias's PAM service, password and code (every ``up``: fresh secrets)."""
         if not self.two_fa_possible():

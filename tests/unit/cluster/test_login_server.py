@@ -95,3 +95,13 @@ def test_a_changed_server_configuration_makes_a_running_sshd_stale(
     assert not is_stale(layout, "sshd", set())
     assert server.write("someone") is True  # AllowUsers, User: another server configuration
     assert is_stale(layout, "sshd", set())
+
+
+def test_down_forgets_the_pam_service(
+    server: sshd.LoginServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.write("trainee")
+    monkeypatch.setattr(sshd.os, "geteuid", lambda: 0)
+    server.forget_pam()
+    assert not (sshd.PAM_DIR / server.service).exists()
+    server.forget_pam()  # nothing there: nothing to do
