@@ -308,3 +308,14 @@ def test_an_expedited_requeue_brings_a_killed_nodes_job_back_without_the_hold(
     names = [e["event"] for e in run.events()]
     assert names.count("node_fail") == 1 and names[-1] == "complete", names
     assert run.steps_done() == 150
+    # the ledger shows the wait it saved: the hold of a plain requeue here (cred_expire,
+    # Slurm's 120 s) beside the seconds the expedited one took
+    status = run.jobs("status", run.job_id)
+    assert status.returncode == 0, status.stderr
+    said = [ln.strip() for ln in status.stdout.splitlines() if "expedited requeue:" in ln]
+    assert len(said) == 1 and said[0].startswith("expedited requeue: attempt 1 started "), said
+    assert "a plain requeue is held 120 s" in said[0], said
+    (expedited,) = json.loads(run.jobs("status", run.job_id, "--json").stdout)["goodput"][
+        "expedited_requeues"
+    ]
+    assert expedited["hold_s"] == 120 and expedited["waited_s"] < 60, expedited
