@@ -200,18 +200,21 @@ def parse_config_values(text: str) -> dict[str, str]:
 
 def parse_config_limits(text: str) -> ClusterLimits:
     """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
-    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``) and the
-    release (SLURM_VERSION)."""
+    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``), AuthInfo's
+    ``cred_expire`` (the hold of a requeue without ``requeue_delay``) and the release
+    (SLURM_VERSION)."""
     values = parse_config_values(text)
     defaults = ClusterLimits()
     ctld = _options(values.get("SlurmctldParameters", ""))
     sched = _options(values.get("SchedulerParameters", ""))
     delay = sched.get("requeue_delay", "")
+    expire = _options(values.get("AuthInfo", "")).get("cred_expire", "")
     return ClusterLimits(
         max_array_size=_int(values.get("MaxArraySize", ""), defaults.max_array_size),
         max_job_count=_int(values.get("MaxJobCount", ""), defaults.max_job_count),
         expedited_requeue="enable_expedited_requeue" in ctld,
         requeue_delay_s=int(delay) if delay.isdigit() else None,
+        cred_expire_s=int(expire) if expire.isdigit() else None,
         slurm_version=(values.get("SLURM_VERSION", "").split() or [""])[0],
     )
 

@@ -35,14 +35,19 @@ SBATCH_OPTIONS_FILE = "sbatch-options.json"
 SBATCH_OPTIONS_TTL_S = 86400.0
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _limits_of(data: dict) -> ClusterLimits:
-    delay = data.get("requeue_delay_s")
+    delay, expire = data.get("requeue_delay_s"), data.get("cred_expire_s")
     return ClusterLimits(
         int(data["max_array_size"]),
         int(data["max_job_count"]),
         # an entry written before these fields existed reads as none set
         expedited_requeue=data.get("expedited_requeue") is True,
-        requeue_delay_s=delay if isinstance(delay, int) and not isinstance(delay, bool) else None,
+        requeue_delay_s=delay if _whole(delay) else None,
+        cred_expire_s=expire if _whole(expire) else None,
         slurm_version=str(data.get("slurm_version") or ""),
     )
 

@@ -159,6 +159,14 @@ def command_note(spec: JobSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def asks_expedite(spec: JobSpec, cluster: ClusterLimits | None) -> bool:
+    """Whether the job's script asks for ``--requeue=expedite``: it asks to be requeued and
+    the cluster allows an expedited requeue (25.11+, ``enable_expedited_requeue``)."""
+    if cluster is None or not cluster.expedited_requeue:
+        return False
+    return any(key == "requeue" for key, _ in slurm_options(spec).sbatch)
+
+
 def sbatch_script(
     spec: JobSpec,
     run_dir: Path,
@@ -185,7 +193,7 @@ def sbatch_script(
     folder = submitit_folder(run_dir)
     options = list(slurm_options(spec).sbatch)
     setup = setup_lines(spec)
-    if cluster is not None and cluster.expedited_requeue:
+    if asks_expedite(spec, cluster):
         options = [("requeue", "expedite") if k == "requeue" else (k, v) for k, v in options]
     if cluster is not None and cluster.slurm_version:
         setup.insert(1, f"export {SLURM_RELEASE_ENV}={shlex.quote(cluster.slurm_version)}")

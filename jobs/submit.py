@@ -26,7 +26,7 @@ from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.pids import wait_exec
 from jobs.records import Plan
-from jobs.render import sbatch_script, submitit_folder, submitted_pickle
+from jobs.render import asks_expedite, sbatch_script, submitit_folder, submitted_pickle
 from jobs.slurmmap import timeout_min
 from train import runfiles
 from train.safepath import python_module_argv
@@ -331,6 +331,9 @@ def submit_slurm(
     with contextlib.suppress(OSError):
         pending.rmdir()
     record = new_record(loaded, plan, "slurm", files)
+    if cluster is not None and asks_expedite(loaded.spec, cluster):
+        # the script asked --requeue=expedite: the ledger shows the hold its requeue skipped
+        record.expedited_hold_s = cluster.requeue_hold_s
     record.job_id = job_ids[0]
     record.cluster = client.cluster_name()
     if chain:

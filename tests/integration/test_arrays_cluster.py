@@ -62,6 +62,7 @@ def submitted(env: dict[str, str], tmp_path: Path, slurm_client: SlurmClient) ->
     slurm_client.cancel(list(reversed(leftover)), no_requeue=True)
 
 
+@pytest.mark.release_sensitive("array job ids and task states in squeue and sacct")
 def test_big_sweep_is_split_shown_and_cancelled_as_one_run(
     env: dict[str, str], submitted: dict, slurm_client: SlurmClient
 ) -> None:

@@ -137,6 +137,21 @@ def test_restart_levers_read_from_the_config(rec: tuple[str, Path, dict]) -> Non
     assert (levers.expedited_requeue, levers.requeue_delay_s) == (True, 45)
 
 
+def test_the_hold_a_requeue_waits_read_from_the_config(rec: tuple[str, Path, dict]) -> None:
+    """What an expedited requeue skips (slurm.conf(5)): requeue_delay where set, else AuthInfo's
+    cred_expire, else Slurm's 120 s (every recorded release sets neither)."""
+    _, folder, _ = rec
+    limits = parse.parse_config_limits((folder / "scontrol_config.txt").read_text())
+    assert (limits.cred_expire_s, limits.requeue_hold_s) == (None, 120)
+    expire = parse.parse_config_limits("AuthInfo                = cred_expire=60,socket=/x\n")
+    assert (expire.cred_expire_s, expire.requeue_hold_s) == (60, 60)
+    both = parse.parse_config_limits(
+        "AuthInfo                = socket=/x,cred_expire=60\n"
+        "SchedulerParameters     = requeue_delay=15\n"
+    )
+    assert both.requeue_hold_s == 15
+
+
 def test_sluid_per_run_where_it_exists(rec: tuple[str, Path, dict]) -> None:
     """24.11's and 26.05's accounting give each run of a requeued job its own SLUID; 22.05 has
     no such field (the recorder asks only where ``sacct --helpformat`` names it)."""

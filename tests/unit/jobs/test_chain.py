@@ -410,3 +410,23 @@ def test_progress_counts_the_checkpoints_on_disk_too(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / ".step-40.tmp").mkdir()  # being written, not committed
     assert last_checkpoint_step(events, tmp_path) == 30
     assert last_checkpoint_step([], tmp_path / "missing") is None
+
+
+def test_an_expedited_submission_records_the_hold_its_requeue_skips(
+    tmp_path: Path, stub_slurm: Path
+) -> None:
+    """Issue 43: where the cluster allows it the job asks --requeue=expedite, and run.json
+    keeps the hold a plain requeue waits there (the goodput ledger shows what was saved); a
+    chain (--no-requeue) asks nothing and records none."""
+    from cluster import ClusterLimits
+
+    levers = ClusterLimits(expedited_requeue=True, cred_expire_s=90, slurm_version="26.05.5")
+    loaded = _loaded(tmp_path, "requeue.mode=requeue")
+    record = submit_slurm(
+        loaded, make_plan(loaded, tmp_path / "runs"), SlurmClient(), cluster=levers
+    )
+    assert "#SBATCH --requeue=expedite" in (stub_slurm / "submitted-0.sh").read_text()
+    assert records.load_record(record.run_dir).expedited_hold_s == 90
+    chain = _loaded(tmp_path, "requeue.mode=chain", "requeue.chain_depth=1")
+    record = submit_slurm(chain, make_plan(chain, tmp_path / "runs"), SlurmClient(), cluster=levers)
+    assert records.load_record(record.run_dir).expedited_hold_s is None

@@ -123,8 +123,9 @@ def test_limits_are_cached_on_the_slurm_conf_stamp(tmp_path: Path) -> None:
 def test_restart_levers_survive_the_cache(tmp_path: Path) -> None:
     """25.11+'s expedited requeue and requeue_delay come back from the cache as they went in."""
     levers = ClusterLimits(
-        1001, 10000, expedited_requeue=True, requeue_delay_s=30, slurm_version="26.05.5"
-    )
+        1001, 10000, expedited_requeue=True, requeue_delay_s=30, slurm_version="26.05.5",
+        cred_expire_s=90,
+    )  # fmt: skip
     client = LimitsClient("/etc/slurm.conf:10:1", levers)
     assert [cluster_limits(client, tmp_path) for _ in range(2)] == [levers, levers]  # type: ignore[arg-type]
     assert client.asked == 1
