@@ -117,6 +117,14 @@ class ClusterLimits:
     # SLURM_VERSION (``24.11.5``; "" when not printed): what the release does differently
     # (README's table), e.g. whether it requeues a preempted job itself (train.stop)
     slurm_version: str = ""
+    # issue 46: how long a requeued job is held in BeginTime before it may start again:
+    # requeue_delay where set (25.11+), else the credential's lifetime (AuthInfo cred_expire,
+    # Slurm's default 120 s); 120-148 s seen on the local cluster (the hold plus a pass)
+    requeue_hold_s: int = 120
+    # the longest a job whose dependency was just met waits for a scheduling pass: Slurm
+    # triggers one at a job's end, and runs the backfill pass (bf_interval, default 30 s) and
+    # the main one (sched_interval, default 60 s) at least that often
+    successor_wait_s: int = 30
 
     @property
     def max_array_tasks(self) -> int:

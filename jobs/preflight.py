@@ -44,6 +44,9 @@ def _limits_of(data: dict) -> ClusterLimits:
         expedited_requeue=data.get("expedited_requeue") is True,
         requeue_delay_s=delay if isinstance(delay, int) and not isinstance(delay, bool) else None,
         slurm_version=str(data.get("slurm_version") or ""),
+        # an entry written before these two existed: KeyError, the cluster is asked again
+        requeue_hold_s=int(data["requeue_hold_s"]),
+        successor_wait_s=int(data["successor_wait_s"]),
     )
 
 
