@@ -71,6 +71,25 @@ def _rank_pid(job: str, rank: int) -> int | None:
     return None
 
 
+def _split(
+    events: list[dict[str, Any]], killed: float, first_step: float
+) -> tuple[float, float, float] | None:
+    """Issue 46's split of one restart in place, from the run's own events: the stop (the kill
+    -> the batch script's ``restart_in_place``), Slurm (-> the new step's process start: the
+    ``resume`` event's time less its start-up seconds) and the start (-> the first step)."""
+    after = [e for e in events if float(e.get("time", 0)) > killed]
+    decided = next((e for e in after if e.get("event") == "restart_in_place"), None)
+    resumed = next((e for e in after if e.get("event") == "resume"), None)
+    if decided is None or resumed is None:
+        return None
+    startup = resumed.get("startup")
+    spent = 0.0
+    if isinstance(startup, dict):
+        spent = sum(v for v in startup.values() if isinstance(v, int | float) and v > 0)
+    began = max(float(resumed["time"]) - spent, float(decided["time"]))
+    return (float(decided["time"]) - killed, began - float(decided["time"]), first_step - began)
+
+
 def _floor(env: dict[str, str], checkpoint: Path) -> float:
     """``import torch`` + loading the checkpoint's files: what any restart pays at least."""
     files = [str(p) for p in sorted(checkpoint.glob("*.pt"))]
@@ -130,6 +149,7 @@ def run(opts: Options) -> list[Figure]:
     states: set[str] = set()
     ours: list[float] = []
     floor: list[float] = []
+    splits: list[tuple[float, float, float]] = []
     try:
 
         def state() -> str:
@@ -175,6 +195,9 @@ def run(opts: Options) -> list[Figure]:
                 if float(e.get("time", 0)) > killed
             ]
             opts.log(f"inplace: round {k}: {ours[-1]:.2f} s; events since the kill: {since}")
+            parts = _split(read_jsonl(run_dir / "events.jsonl"), killed, float(first["time"]))
+            if parts is not None:
+                splits.append(parts)
             floor.append(min(_floor(env, _copy_latest(run_dir, work / "floor")) for _ in range(2)))
     except Skip as exc:
         return [skipped(SECTION, NAME, str(exc))]
@@ -182,9 +205,11 @@ def run(opts: Options) -> list[Figure]:
         client.cancel([job], no_requeue=True)
     restarts = client.show_job(job).get("Restarts", "?")
     kept = "PENDING" not in states and restarts == "0"
+    split = "; ".join(" / ".join(f"{x:.2f}" for x in p) for p in splits) or "-"
     note = (
         f"job {job}: states seen {sorted(states)}, Slurm restarts {restarts} "
-        f"(same job id, never PENDING: {'yes' if kept else 'NO'})"
+        f"(same job id, never PENDING: {'yes' if kept else 'NO'}); per restart, stop / Slurm "
+        f"(the new step) / start: {split} s"
     )
     fig = Figure.measured(
         SECTION, NAME, "s", ours, floor,
