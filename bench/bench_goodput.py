@@ -534,7 +534,10 @@ def run(opts: Options) -> list[Figure]:
         if trivial_first is not None and t_torch is not None:
             # the first start's floor: Slurm's start of a trivial job + import torch
             limit.first_step_s = trivial_first + t_torch
-            limit.note += f"; first start: trivial job {trivial_first:.1f} s + import torch"
+            limit.note += (
+                f"; first start: Slurm's start of a trivial job {trivial_first:.1f} s + import "
+                f"torch {t_torch:.1f} s"
+            )
     except Exception as exc:
         limit.note = f"error: {exc}"[:200]
     table = _table(rows, limit)
