@@ -213,6 +213,7 @@ def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
     resumes, ``SLURM_TRAIN_LINK=N`` tells train so; ``exit N`` when the chain is over); when
     the script exits, the chain's end (the links still queued cancelled)."""
     from jobs.executor import safe_python
+    from train.stop import REQUEUE_EXIT_CODE
 
     exe = safe_python(python)
     run = shlex.quote(str(Path(run_dir).absolute()))
@@ -226,7 +227,10 @@ def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
         "esac",
         "link_end() {",
         "  link_rc=$?",
-        f'  {exe} -m jobs.chain link-end {run} --job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
+        # 75: stopped for the next link, which resumes (link-end would do nothing): the link
+        # leaves its nodes without one more interpreter's start (issue 46)
+        f'  [ "$link_rc" = {REQUEUE_EXIT_CODE} ] || {exe} -m jobs.chain link-end {run} '
+        '--job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
         "}",
         "trap link_end EXIT",
     ]

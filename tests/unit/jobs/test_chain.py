@@ -452,6 +452,29 @@ def test_the_link_hook_in_the_batch_script(
         assert DistEnv.from_env(env_of_step).resumed == bool(link)
 
 
+@pytest.mark.parametrize(("code", "ends"), [(75, False), (0, True), (3, True), (1, True)])
+def test_a_link_stopped_for_the_next_leaves_without_the_link_end_interpreter(
+    tmp_path: Path, code: int, ends: bool
+) -> None:
+    """Issue 46: a link that exits 75 (stopped for its successor, which resumes) leaves its
+    nodes without starting link-end (which would do nothing for 75); every other end runs it,
+    and the script keeps the step's exit code."""
+    import subprocess
+
+    from jobs.render import chain_lines
+
+    stub = tmp_path / "python"
+    calls = tmp_path / "calls"
+    answer = 'case "$*" in *link-start*) echo run ;; esac'
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n{answer}\n')
+    stub.chmod(0o755)
+    script = "\n".join([*chain_lines(tmp_path / "run", python=str(stub)), f"exit {code}"])
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    assert subprocess.run(["bash", "-c", script], env=env, check=False).returncode == code
+    lines = calls.read_text().splitlines()
+    assert any("link-end" in ln for ln in lines) is ends
+
+
 def test_follow_reads_every_links_log_in_turn(tmp_path: Path) -> None:
     from jobs.follow import ChainTail
 
