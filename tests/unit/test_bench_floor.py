@@ -55,5 +55,6 @@ def test_a_restart_in_place_split_from_the_runs_events() -> None:
         {"time": 102.0, "event": "restart_in_place"},
         {"time": 106.0, "event": "resume", "startup": {"import": 1.5, "group": 0.5}},
     ]
-    assert _split(events, 100.0, 107.0) == (2.0, 2.0, 3.0)
+    events[-1]["startup"] = {"main": 0.4, "imports": 1.5, "restored": 0.5}
+    assert _split(events, 100.0, 107.0) == (2.0, 5.0, "imports 1.50, restored 0.50")
     assert _split(events[:2], 100.0, 107.0) is None  # no restart in place recorded
