@@ -225,6 +225,9 @@ def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
         '  resume*) n="${link#resume}"; n="${n# }"; export SLURM_TRAIN_LINK="${n:-1}" ;;',
         '  *) exit "${link#exit }" ;;',
         "esac",
+        # the step's exit code that stops this link for the next one (jobs.executor's loop
+        # ends the script with it at once, no after-step interpreter: the successor resumes)
+        f"link_exit={REQUEUE_EXIT_CODE}",
         "link_end() {",
         "  link_rc=$?",
         # 75: stopped for the next link, which resumes (link-end would do nothing): the link

@@ -475,6 +475,33 @@ def test_a_link_stopped_for_the_next_leaves_without_the_link_end_interpreter(
     assert any("link-end" in ln for ln in lines) is ends
 
 
+@pytest.mark.parametrize("chain", [True, False])
+def test_a_link_stopped_for_the_next_exits_without_the_after_step_interpreter(
+    tmp_path: Path, chain: bool
+) -> None:
+    """Issue 46: the step of a link exits 75 (stopped for its successor): the script ends with
+    75 at once, starting neither the after-step question nor link-end; a job that is not a
+    link asks the after-step as before (a requeue Slurm refused is retried there)."""
+    import subprocess
+
+    from jobs.executor import in_place_loop
+    from jobs.render import chain_lines
+
+    stub = tmp_path / "python"
+    calls = tmp_path / "calls"
+    answer = 'case "$*" in *link-start*) echo run ;; *after-step*) echo "exit 75" ;; esac'
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n{answer}\n')
+    stub.chmod(0o755)
+    hooks = chain_lines(tmp_path / "run", python=str(stub)) if chain else []
+    loop = in_place_loop("sh -c 'exit 75'", tmp_path / "run" / "slurm", python=str(stub))
+    script = "\n".join([*hooks, loop])
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    assert subprocess.run(["bash", "-c", script], env=env, check=False).returncode == 75
+    asked = calls.read_text().splitlines() if calls.exists() else []
+    assert any("--after-step" in ln for ln in asked) is not chain
+    assert not any("link-end" in ln for ln in asked)
+
+
 def test_follow_reads_every_links_log_in_turn(tmp_path: Path) -> None:
     from jobs.follow import ChainTail
 
