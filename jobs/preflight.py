@@ -35,8 +35,13 @@ SBATCH_OPTIONS_FILE = "sbatch-options.json"
 SBATCH_OPTIONS_TTL_S = 86400.0
 
 
-def _limits_of(data: dict) -> ClusterLimits:
+def _limits_of(data: dict, *, for_deciding: bool = True) -> ClusterLimits:
+    """The cached entry as limits; an entry written before the requeue hold was kept raises
+    KeyError ``for_deciding`` (the cluster is asked again), else reads as Slurm's defaults."""
     delay = data.get("requeue_delay_s")
+    defaults = ClusterLimits()
+    old = {"requeue_hold_s": defaults.requeue_hold_s, "successor_wait_s": defaults.successor_wait_s}
+    later = {k: data[k] if for_deciding else data.get(k, v) for k, v in old.items()}
     return ClusterLimits(
         int(data["max_array_size"]),
         int(data["max_job_count"]),
@@ -44,9 +49,8 @@ def _limits_of(data: dict) -> ClusterLimits:
         expedited_requeue=data.get("expedited_requeue") is True,
         requeue_delay_s=delay if isinstance(delay, int) and not isinstance(delay, bool) else None,
         slurm_version=str(data.get("slurm_version") or ""),
-        # an entry written before these two existed: KeyError, the cluster is asked again
-        requeue_hold_s=int(data["requeue_hold_s"]),
-        successor_wait_s=int(data["successor_wait_s"]),
+        requeue_hold_s=int(later["requeue_hold_s"]),
+        successor_wait_s=int(later["successor_wait_s"]),
     )
 
 
@@ -68,7 +72,7 @@ def cached_limits(cache_dir: Path) -> ClusterLimits | None:
     it is damaged or foreign)."""
     try:
         data = json.loads((cache_dir / LIMITS_FILE).read_bytes())
-        return _limits_of(data) if isinstance(data, dict) else None
+        return _limits_of(data, for_deciding=False) if isinstance(data, dict) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

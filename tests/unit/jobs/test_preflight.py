@@ -138,6 +138,10 @@ def test_an_entry_cached_before_the_hold_was_read_asks_again(tmp_path: Path) -> 
     from jobs.confcache import write_entry
 
     write_entry(tmp_path, LIMITS_FILE, client.stamp, old)
+    from jobs.preflight import cached_limits
+
+    shown = cached_limits(tmp_path)  # for showing (jobs status): read, Slurm's defaults
+    assert shown is not None and shown.requeue_hold_s == 120
     assert cluster_limits(client, tmp_path).requeue_hold_s == 7  # type: ignore[arg-type]
     assert client.asked == 1
 
