@@ -9,8 +9,9 @@ behind it (``tests/unit/test_layering.py``; ``bench/`` and the tests may reach i
   :class:`ClusterState`, :class:`ClusterLimits`, :class:`Node`, :class:`Partition`,
   ``TERMINAL_STATES``);
 - :func:`expand_hostlist` (hostlists), :func:`parse_slurm_time`/:func:`format_slurm_time`
-  (Slurm time strings), :func:`parse_user_id` (``scontrol``'s ``UserId``), one error tree
-  (``cluster/errors.py``);
+  (Slurm time strings), :func:`parse_user_id` (``scontrol``'s ``UserId``),
+  :func:`parse_key_values` (a line of ``scontrol show -o``: ``jobs drill --remote`` batches
+  one with its file reads), one error tree (``cluster/errors.py``);
 - the SSH transport's pieces ``jobs --remote``/``jobs login`` use (the ``ssh_*`` names,
   :class:`SshTarget`, :class:`SshError`, :class:`SshConnectionError`).
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
         Node,
         Partition,
     )
-    from cluster.parse import parse_user_id
+    from cluster.parse import parse_key_values, parse_user_id
     from cluster.ssh import CONTROL_PERSIST as SSH_CONTROL_PERSIST
     from cluster.ssh import SshConnectionError, SshError, SshTarget
     from cluster.ssh import check_host as ssh_check_host
@@ -66,6 +67,7 @@ _LAZY = {
     "JobInfo": "models:JobInfo",
     "Node": "models:Node",
     "Partition": "models:Partition",
+    "parse_key_values": "parse:parse_key_values",
     "parse_user_id": "parse:parse_user_id",
     "SSH_CONTROL_PERSIST": "ssh:CONTROL_PERSIST",
     "SshConnectionError": "ssh:SshConnectionError",
@@ -100,6 +102,7 @@ __all__ = [  # the records and the SSH names: _LAZY
     "SshTarget",
     "expand_hostlist",
     "format_slurm_time",
+    "parse_key_values",
     "parse_slurm_time",
     "parse_user_id",
     "slurm_client",
