@@ -124,12 +124,17 @@ class ClusterLimits:
     # SLURM_VERSION (``24.11.5``; "" when not printed): what the release does differently
     # (README's table), e.g. whether it requeues a preempted job itself (train.stop)
     slurm_version: str = ""
+    # the longest a job whose dependency was just met waits for a scheduling pass: Slurm
+    # triggers one at a job's end, and runs the backfill pass (bf_interval, default 30 s) and
+    # the main one (sched_interval, default 60 s) at least that often
+    successor_wait_s: int = 30
 
     @property
     def requeue_hold_s(self) -> int:
         """Seconds a requeued job is held before it may start again (slurm.conf(5)):
         ``requeue_delay`` (25.11+) where set, else ``cred_expire``, else Slurm's default 120;
-        what an expedited requeue skips."""
+        what an expedited requeue skips and a successor queued ahead (issue 46) avoids; 120-148 s
+        seen on the local cluster (the hold plus a scheduling pass)."""
         if self.requeue_delay_s is not None:
             return self.requeue_delay_s
         return self.cred_expire_s if self.cred_expire_s is not None else CRED_EXPIRE_DEFAULT_S

@@ -221,6 +221,7 @@ def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
     resumes, ``SLURM_TRAIN_LINK=N`` tells train so; ``exit N`` when the chain is over); when
     the script exits, the chain's end (the links still queued cancelled)."""
     from jobs.executor import safe_python
+    from train.stop import REQUEUE_EXIT_CODE
 
     exe = safe_python(python)
     run = shlex.quote(str(Path(run_dir).absolute()))
@@ -232,9 +233,15 @@ def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
         '  resume*) n="${link#resume}"; n="${n# }"; export SLURM_TRAIN_LINK="${n:-1}" ;;',
         '  *) exit "${link#exit }" ;;',
         "esac",
+        # the step's exit code that stops this link for the next one (jobs.executor's loop
+        # ends the script with it at once, no after-step interpreter: the successor resumes)
+        f"link_exit={REQUEUE_EXIT_CODE}",
         "link_end() {",
         "  link_rc=$?",
-        f'  {exe} -m jobs.chain link-end {run} --job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
+        # 75: stopped for the next link, which resumes (link-end would do nothing): the link
+        # leaves its nodes without one more interpreter's start (issue 46)
+        f'  [ "$link_rc" = {REQUEUE_EXIT_CODE} ] || {exe} -m jobs.chain link-end {run} '
+        '--job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
         "}",
         "trap link_end EXIT",
     ]

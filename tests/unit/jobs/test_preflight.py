@@ -131,6 +131,22 @@ def test_restart_levers_survive_the_cache(tmp_path: Path) -> None:
     assert client.asked == 1
 
 
+def test_an_entry_cached_before_the_hold_was_read_asks_again(tmp_path: Path) -> None:
+    """Issue 46: a cache entry written before the requeue hold and a successor's wait were
+    kept is asked again (never read as Slurm's defaults): the mode decision reads them."""
+    client = LimitsClient("/etc/slurm.conf:10:1", ClusterLimits(1001, 10000, cred_expire_s=7))
+    old = {"max_array_size": 1001, "max_job_count": 10000, "expedited_requeue": False}
+    from jobs.confcache import write_entry
+
+    write_entry(tmp_path, LIMITS_FILE, client.stamp, old)
+    from jobs.preflight import cached_limits
+
+    shown = cached_limits(tmp_path)  # for showing (jobs status): read, Slurm's defaults
+    assert shown is not None and shown.requeue_hold_s == 120
+    assert cluster_limits(client, tmp_path).requeue_hold_s == 7  # type: ignore[arg-type]
+    assert client.asked == 1
+
+
 def test_jobs_status_shows_the_requeue_delay_the_preflight_read(tmp_path: Path) -> None:
     """Issue 43: requeue_delay and an expedited requeue shown as the last preflight read them
     (no query); nothing where neither is set, or no (or a damaged) entry is there."""
@@ -225,7 +241,7 @@ def routes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
     monkeypatch.setattr(
         mod,
         "submit_slurm",
-        lambda loaded, plan, client, array_limit=None, after=(), cluster=None: taken.append(
+        lambda loaded, plan, client, array_limit=None, after=(), cluster=None, **_: taken.append(
             ("slurm", array_limit)
         ),
     )
