@@ -254,6 +254,7 @@ class LocalCluster:
         self._check_hosts_layout()
         changed = write_config(self.layout, self.hostname, self.release.name, self.net)
         self.layout.release_file.write_text(f"{self.release.name}\n")
+        self._write_bin_file()
         self.layout.hosts_layout_file.write_text(f"{self.hosts_layout}\n")
         if self.net is None:
             self.layout.hosts_json.unlink(missing_ok=True)
