@@ -217,6 +217,20 @@ class SlurmClient:
         mode = parse.parse_key_values(first).get("PreemptMode") or config.get("PreemptMode", "")
         return config.get("JobRequeue", ""), mode
 
+    def installed_release(self) -> str | None:
+        """The release of the ``scontrol`` this client runs (``scontrol --version``: ``slurm
+        24.11.5``, Debian's ``slurm-wlm 24.11.5`` -> ``24.11.5``; the program answers itself
+        from slurm.conf, no daemon is asked), or None when it cannot be run or read."""
+        try:
+            done = self.run(["scontrol", "--version"], timeout=10, check=False)
+        except (SlurmCommandError, SlurmNotFoundError):
+            return None
+        words = done.stdout.split() if done.returncode == 0 else []
+        if len(words) != 2 or not words[0].lower().startswith("slurm"):
+            return None
+        parts = words[1].split(".")
+        return words[1] if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
     def sbatch_options(self) -> frozenset[str]:
         """The long options the ``sbatch`` this client runs lists in ``sbatch --help`` (its
         release's; see :func:`cluster.parse.parse_sbatch_help`). Callers may cache it per

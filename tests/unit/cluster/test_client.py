@@ -139,6 +139,26 @@ def test_missing_command(tmp_path: Path) -> None:
     assert not client.installed() and not client.ping()
 
 
+@pytest.mark.parametrize(
+    ("stdout", "rc", "release"),
+    [
+        ("slurm 24.11.5\n", 0, "24.11.5"),
+        ("slurm-wlm 22.05.8\n", 0, "22.05.8"),  # Debian's
+        ("slurm-wlm unknown\n", 0, None),
+        ("", 1, None),
+    ],
+)
+def test_installed_release_is_the_scontrol_programs_own_answer(
+    tmp_path: Path, stdout: str, rc: int, release: str | None
+) -> None:
+    """``scontrol --version`` (no daemon asked); an answer it cannot read, a failed or missing
+    scontrol: None, never an error."""
+    _stub(tmp_path, "scontrol", stdout, rc)
+    assert _client(tmp_path).installed_release() == release
+    assert _calls(tmp_path) == ["scontrol --version"]
+    assert SlurmClient(environ={"PATH": str(tmp_path / "none")}).installed_release() is None
+
+
 class _RecordedSleeps:
     """cluster.client's ``time``: its sleeps are recorded, not slept; the rest is the real
     module. (Patching ``time.sleep`` itself also recorded subprocess's own polls while it waited
