@@ -42,10 +42,10 @@ integration=("$PYTHON" -m pytest -m integration -n "$it_workers" --dist load --m
 # The other Slurm releases (issue 43): the whole integration half runs on each of them too,
 # ONE AFTER ANOTHER once the default run is done, each on IT_WORKERS workers, on the same worker
 # indexes (each session's fixture brings the cluster there down, whatever its release, and
-# starts its own afresh: at most IT_WORKERS clusters at once, about 0.4 GiB each). Not beside
+# starts its own afresh: at most IT_WORKERS clusters at once; the MariaDB of each alone holds about 110 MiB). Not beside
 # the default run: with 6 workers that run alone keeps the 2 cores about saturated (423 s, see
 # above), and one integration half on 24.11 took 622 s at a load of about 5 with 4 workers
-# (00:00 UTC 2026-11-28, next to other checkouts' runs): halves side by side would share the same
+# (23:12 UTC 2026-11-27, next to other checkouts' runs): halves side by side would share the same
 # CPUs for about the same total, with every timed wait of a test (a hang's, a signal's) under
 # two or three times the load. SLURM_RELEASES names them; by default every release other than
 # the one the whole suite runs on (SLURM_TRAIN_TEST_SLURM, 22.05); SLURM_RELEASES=none: that
