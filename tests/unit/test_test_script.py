@@ -74,14 +74,14 @@ def test_by_default_the_other_releases_run_the_whole_integration_half_one_after_
     assert "== integration tests on Slurm 24.11 (the whole integration half) ==" in proc.stdout
 
 
-def test_all_runs_the_unit_half_beside_the_default_release_only(tmp_path: Path) -> None:
+def test_all_runs_the_other_releases_after_both_halves_of_the_default_one(tmp_path: Path) -> None:
     proc, calls = _run(tmp_path, "all")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(r, _marker(a)) for r, _, _, a in calls[:2]] in (
         [("default", "integration"), ("default", "not integration")],
         [("default", "not integration"), ("default", "integration")],
     )
-    assert calls[1][2] == "beside"  # the unit half beside the default integration half
+    # (whether the unit half's stub met the other's is timing: not asserted)
     assert [(r, beside, _marker(a)) for r, _, beside, a in calls[2:]] == [
         ("24.11", "alone", "integration"),
         ("26.05", "alone", "integration"),
