@@ -203,7 +203,9 @@ class LocalCluster:
         if not sshd.installed() or sshd.login_user() is None:
             return None
         L = self.layout
-        return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log)
+        return sshd.LoginServer(
+            L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log, self.slurm.bin_dir
+        )
 
     # -- checks ------------------------------------------------------------------------------
     def check_installed(self) -> None:

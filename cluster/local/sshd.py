@@ -63,12 +63,23 @@ def login_user() -> str | None:
     return name
 
 
+#: The PATH after a release's commands in a session of a cluster of another release (sshd's
+#: own default for a user, which SetEnv replaces).
+SESSION_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/games"
+
+
 class LoginServer:
     """One sshd for one local cluster (its folder ``ssh/`` under the cluster's state dir)."""
 
-    def __init__(self, root: Path, port: int, run: Path, log: Path) -> None:
+    def __init__(
+        self, root: Path, port: int, run: Path, log: Path, bin_dir: Path | None = None
+    ) -> None:
+        """``bin_dir``: the cluster's release's commands (a release other than the host's:
+        :attr:`cluster.local.release.Root.bin_dir`), first on PATH in every session, as a
+        login node of that release has them."""
         self.dir = root / "ssh"
         self.port = port
+        self.bin_dir = bin_dir
         self.pid_file = run / "sshd.pid"
         self.log = log / "sshd.log"
 
@@ -189,6 +200,7 @@ class LoginServer:
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
                     "Subsystem sftp internal-sftp",
+                    *([f'SetEnv "PATH={self.bin_dir}:{SESSION_PATH}"'] if self.bin_dir else []),
                     *(
                         [
                             f"Match LocalPort {self.two_fa_port}",
