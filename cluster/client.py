@@ -380,6 +380,11 @@ class SlurmClient:
         """``scontrol update JobId=ID Dependency=...`` of a pending job."""
         self.run(["scontrol", "update", f"JobId={job_id}", f"Dependency={dependency}"])
 
+    def forbid_requeue(self, job_id: str) -> None:
+        """``scontrol update JobId=ID Requeue=0``: the job ends as it exits, never requeued by
+        Slurm (26.05 requeues a job of ``--requeue=expedite`` that exits non-zero, held)."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
+
     def requeue(self, job_id: str) -> None:
         """Put a running (or finished) batch job back in the queue with the same id.
 
