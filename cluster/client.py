@@ -450,7 +450,15 @@ class SlurmClient:
         """
         if settle_s > 0:
             time.sleep(settle_s)
-        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        cmd = ["scontrol", "update", f"JobId={job_id}", "StartTime=now"]
+        done = self.run(cmd, check=False)
+        if done.returncode == 0:
+            return
+        # Refused: a job that started meanwhile (an expedited requeue, 25.11+, starts at once)
+        # had nothing to release; one that still waits is an error.
+        state = self.show_job(job_id).get("JobState", "")
+        if state in ("", "PENDING") or state.startswith("REQUEUE"):
+            raise SlurmCommandError(cmd, done.returncode, done.stderr or done.stdout)
 
     def wait_for(
         self,

@@ -186,6 +186,28 @@ def test_release_waits_for_the_requeue_to_settle(
     assert slept == [2.0]
 
 
+@pytest.mark.parametrize(("state", "refused"), [("RUNNING", False), ("PENDING", True)])
+def test_a_release_refused_because_the_job_started_meanwhile_is_done(
+    tmp_path: Path, state: str, refused: bool
+) -> None:
+    """An expedited requeue (26.05 here) starts the job at once: the release, refused for a job
+    no longer pending, had nothing to do; refused for a job that still waits: an error."""
+    script = tmp_path / "scontrol"
+    script.write_text(
+        "#!/bin/bash\n"
+        f'echo "scontrol $*" >> {tmp_path / "calls.log"}\n'
+        'if [ "$1" = update ]; then echo "refused" >&2; exit 1; fi\n'
+        f'echo "JobId=7 JobState={state} Restarts=1"\n'
+    )
+    script.chmod(0o755)
+    if refused:
+        with pytest.raises(SlurmCommandError, match="refused"):
+            _client(tmp_path).release("7", settle_s=0)
+    else:
+        _client(tmp_path).release("7", settle_s=0)
+    assert _calls(tmp_path)[0] == "scontrol update JobId=7 StartTime=now"
+
+
 _SINFO_OUT = (Path(__file__).parent / "data" / "sinfo.txt").read_text()
 
 
