@@ -203,7 +203,9 @@ class LocalCluster:
         if not sshd.installed() or sshd.login_user() is None:
             return None
         L = self.layout
-        return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log)
+        # with net hosts it is the login host's own: its address, its namespaces (_start_sshd)
+        address = "127.0.0.1" if self.net is None else self.net.addr(LOGIN)
+        return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log, address)
 
     # -- checks ------------------------------------------------------------------------------
     def check_installed(self) -> None:
@@ -276,7 +278,7 @@ class LocalCluster:
         login = self.login_server()
         if login is not None:
             login.write(sshd.login_user() or sshd.DEFAULT_USER)
-            steps.append(("sshd", login.start))
+            steps.append(("sshd", lambda: login.start(self._on_login_host)))
         status = {d.name: d for d in self.status()}
         for name, start in steps:
             if status[name].alive and is_stale(self.layout, name, changed):
@@ -376,6 +378,11 @@ class LocalCluster:
             lambda: pid_runs(pid, "sleep"), timeout=20, what="the login host", log=log,
             pid_file=pid_file,
         )  # fmt: skip
+
+    def _on_login_host(self, argv: list[str]) -> list[str]:
+        """``argv`` in the login host's namespaces (joined, as `cluster shell login` does), as
+        it is in the shared layout."""
+        return argv if self.net is None else enter_command(self.host_pid(LOGIN), "/", argv, None)
 
     def host_pid(self, host: str) -> int:
         """The first process of ``host`` (a node's slurmd, the login host's sleep)."""

@@ -1,11 +1,14 @@
-"""The local cluster's login node for ``--remote``: an OpenSSH server on loopback.
+"""The local cluster's login node for ``--remote``: an OpenSSH server on loopback, or on the
+login host's address where the nodes are hosts of their own (``--hosts net``: it runs in the
+login host's namespaces, :mod:`cluster.local.hosts`).
 
 ``python -m cluster up`` starts it (Debian's openssh-server; skipped with a note where it is not
 installed) on a port of the cluster's own (:data:`SSHD_PORT` + the port offset), with a host
 key and a client key made here, and writes an OpenSSH client configuration,
 ``STATE_DIR/ssh/config``, with two aliases:
 
-    slurm-train-login   127.0.0.1:PORT as the unprivileged user (``trainee``), the set-up's key
+    slurm-train-login   ADDRESS:PORT (127.0.0.1, or the login host's) as the unprivileged
+                        user (``trainee``), the set-up's key
     slurm-train-jump    the same server, reached through ``ProxyJump slurm-train-login``
 
 ``up`` prints ``export SLURM_TRAIN_SSH_CONFIG=STATE_DIR/ssh/config`` (cluster.ssh reads it
@@ -19,6 +22,7 @@ import os
 import pwd
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster.errors import LocalClusterError
@@ -49,9 +53,13 @@ def login_user() -> str | None:
 class LoginServer:
     """One sshd for one local cluster (its folder ``ssh/`` under the cluster's state dir)."""
 
-    def __init__(self, root: Path, port: int, run: Path, log: Path) -> None:
+    def __init__(
+        self, root: Path, port: int, run: Path, log: Path, address: str = "127.0.0.1"
+    ) -> None:
         self.dir = root / "ssh"
         self.port = port
+        #: Where it listens and the aliases connect (the login host's address with net hosts).
+        self.address = address
         self.pid_file = run / "sshd.pid"
         self.log = log / "sshd.log"
 
@@ -77,13 +85,13 @@ class LoginServer:
         authorized.chmod(0o644)
         host_pub = (self.dir / "host_ed25519.pub").read_text().split()
         (self.dir / "known_hosts").write_text(
-            f"[127.0.0.1]:{self.port} {host_pub[0]} {host_pub[1]}\n"
+            f"[{self.address}]:{self.port} {host_pub[0]} {host_pub[1]}\n"
         )
         (self.dir / "sshd_config").write_text(
             "\n".join(
                 [
                     f"Port {self.port}",
-                    "ListenAddress 127.0.0.1",
+                    f"ListenAddress {self.address}",
                     f"HostKey {self.dir / 'host_ed25519'}",
                     f"PidFile {self.pid_file}",
                     f"AuthorizedKeysFile {authorized}",
@@ -105,7 +113,7 @@ class LoginServer:
             )
         )
         common = [
-            "  HostName 127.0.0.1",
+            f"  HostName {self.address}",
             f"  Port {self.port}",
             f"  User {user}",
             f"  IdentityFile {self.key}",
@@ -127,11 +135,14 @@ class LoginServer:
             )
         )
 
-    def start(self) -> None:
+    def start(self, on_host: Callable[[list[str]], list[str]] | None = None) -> None:
+        """Start sshd (it detaches); ``on_host`` turns its argument list into one that runs
+        it on the login host (None: on this machine)."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation
         self.pid_file.unlink(missing_ok=True)
+        argv = [SSHD, "-f", str(self.dir / "sshd_config"), "-E", str(self.log)]
         done = subprocess.run(
-            [SSHD, "-f", str(self.dir / "sshd_config"), "-E", str(self.log)],
+            argv if on_host is None else on_host(argv),
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         if done.returncode != 0:
