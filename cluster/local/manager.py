@@ -203,9 +203,13 @@ class LocalCluster:
         if not sshd.installed() or sshd.login_user() is None:
             return None
         L = self.layout
-        # with net hosts it is the login host's own: its address, its namespaces (_start_sshd)
-        address = "127.0.0.1" if self.net is None else self.net.addr(LOGIN)
-        return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log, address)
+        # with net hosts it is the login host's own: its address, its namespaces
+        if self.net is None:
+            return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log)
+        return sshd.LoginServer(
+            L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
+            address=self.net.addr(LOGIN), on_host=self._on_login_host,
+        )  # fmt: skip
 
     # -- checks ------------------------------------------------------------------------------
     def check_installed(self) -> None:
@@ -278,7 +282,7 @@ class LocalCluster:
         login = self.login_server()
         if login is not None:
             login.write(sshd.login_user() or sshd.DEFAULT_USER)
-            steps.append(("sshd", lambda: login.start(self._on_login_host)))
+            steps.append(("sshd", login.start))
         status = {d.name: d for d in self.status()}
         for name, start in steps:
             if status[name].alive and is_stale(self.layout, name, changed):
@@ -380,9 +384,8 @@ class LocalCluster:
         )  # fmt: skip
 
     def _on_login_host(self, argv: list[str]) -> list[str]:
-        """``argv`` in the login host's namespaces (joined, as `cluster shell login` does), as
-        it is in the shared layout."""
-        return argv if self.net is None else enter_command(self.host_pid(LOGIN), "/", argv, None)
+        """``argv`` in the login host's namespaces (joined, as `cluster shell login` does)."""
+        return enter_command(self.host_pid(LOGIN), "/", argv, None)
 
     def host_pid(self, host: str) -> int:
         """The first process of ``host`` (a node's slurmd, the login host's sleep)."""

@@ -54,12 +54,20 @@ class LoginServer:
     """One sshd for one local cluster (its folder ``ssh/`` under the cluster's state dir)."""
 
     def __init__(
-        self, root: Path, port: int, run: Path, log: Path, address: str = "127.0.0.1"
+        self,
+        root: Path,
+        port: int,
+        run: Path,
+        log: Path,
+        address: str = "127.0.0.1",
+        on_host: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         self.dir = root / "ssh"
         self.port = port
         #: Where it listens and the aliases connect (the login host's address with net hosts).
         self.address = address
+        #: Turns sshd's argument list into one that runs it on the login host (None: here).
+        self.on_host = on_host
         self.pid_file = run / "sshd.pid"
         self.log = log / "sshd.log"
 
@@ -135,14 +143,13 @@ class LoginServer:
             )
         )
 
-    def start(self, on_host: Callable[[list[str]], list[str]] | None = None) -> None:
-        """Start sshd (it detaches); ``on_host`` turns its argument list into one that runs
-        it on the login host (None: on this machine)."""
+    def start(self) -> None:
+        """Start sshd (it detaches), on the login host where there is one."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation
         self.pid_file.unlink(missing_ok=True)
         argv = [SSHD, "-f", str(self.dir / "sshd_config"), "-E", str(self.log)]
         done = subprocess.run(
-            argv if on_host is None else on_host(argv),
+            argv if self.on_host is None else self.on_host(argv),
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         if done.returncode != 0:

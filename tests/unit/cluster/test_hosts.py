@@ -154,3 +154,4 @@ def test_the_login_node_of_net_hosts_is_the_login_host(tmp_path: Path) -> None:
         assert f"ListenAddress {addr}\n" in (server.dir / "sshd_config").read_text()
         assert f"  HostName {addr}\n" in server.client_config.read_text()
         assert (server.dir / "known_hosts").read_text().startswith(f"[{addr}]:13422 ")
+        assert (server.on_host is None) == (lc is shared)  # started in the login host's namespaces
