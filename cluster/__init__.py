@@ -6,10 +6,12 @@ behind it (``tests/unit/test_layering.py``; ``bench/`` and the tests may reach i
 - :func:`slurm_client`: THE factory of a Slurm client (:class:`Slurm`, the typed protocol of
   what ``train`` and ``jobs`` ask of Slurm; transports: ``cluster/client.py``, ``cluster/ssh.py``);
 - the records it returns (``cluster/models.py``: :class:`JobInfo`, :class:`JobAttempt`,
-  :class:`ClusterState`, :class:`ClusterLimits`, ``TERMINAL_STATES``);
+  :class:`ClusterState`, :class:`ClusterLimits`, :class:`Node`, :class:`Partition`,
+  ``TERMINAL_STATES``);
 - :func:`expand_hostlist` (hostlists), :func:`parse_slurm_time`/:func:`format_slurm_time`
-  (Slurm time strings), :func:`parse_user_id` (``scontrol``'s ``UserId``), one error tree
-  (``cluster/errors.py``);
+  (Slurm time strings), :func:`parse_user_id` (``scontrol``'s ``UserId``),
+  :func:`parse_key_values` (a line of ``scontrol show -o``: ``jobs drill --remote`` batches
+  one with its file reads), one error tree (``cluster/errors.py``);
 - the SSH transport's pieces ``jobs --remote``/``jobs login`` use (the ``ssh_*`` names,
   :class:`SshTarget`, :class:`SshError`, :class:`SshConnectionError`).
 
@@ -34,12 +36,20 @@ from cluster.errors import (
     SlurmTimeError,
 )
 from cluster.hostlist import expand_hostlist
-from cluster.slurm import Slurm, SlurmFactory, slurm_client
+from cluster.slurm import JobQueries, Slurm, SlurmFactory, slurm_client
 from cluster.timefmt import format_slurm_time, parse_slurm_time
 
 if TYPE_CHECKING:
-    from cluster.models import TERMINAL_STATES, ClusterLimits, ClusterState, JobAttempt, JobInfo
-    from cluster.parse import parse_user_id
+    from cluster.models import (
+        TERMINAL_STATES,
+        ClusterLimits,
+        ClusterState,
+        JobAttempt,
+        JobInfo,
+        Node,
+        Partition,
+    )
+    from cluster.parse import parse_key_values, parse_user_id
     from cluster.ssh import CONTROL_PERSIST as SSH_CONTROL_PERSIST
     from cluster.ssh import SshConnectionError, SshError, SshTarget
     from cluster.ssh import check_host as ssh_check_host
@@ -55,6 +65,9 @@ _LAZY = {
     "ClusterState": "models:ClusterState",
     "JobAttempt": "models:JobAttempt",
     "JobInfo": "models:JobInfo",
+    "Node": "models:Node",
+    "Partition": "models:Partition",
+    "parse_key_values": "parse:parse_key_values",
     "parse_user_id": "parse:parse_user_id",
     "SSH_CONTROL_PERSIST": "ssh:CONTROL_PERSIST",
     "SshConnectionError": "ssh:SshConnectionError",
@@ -76,6 +89,9 @@ __all__ = [  # the records and the SSH names: _LAZY
     "ClusterState",
     "JobAttempt",
     "JobInfo",
+    "JobQueries",
+    "Node",
+    "Partition",
     "Slurm",
     "SlurmCommandError",
     "SlurmFactory",
@@ -86,6 +102,7 @@ __all__ = [  # the records and the SSH names: _LAZY
     "SshTarget",
     "expand_hostlist",
     "format_slurm_time",
+    "parse_key_values",
     "parse_slurm_time",
     "parse_user_id",
     "slurm_client",

@@ -19,10 +19,20 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from cluster.models import ClusterLimits, ClusterState, JobAttempt, JobInfo, Node, Partition
 
-__all__ = ["Slurm", "SlurmFactory", "slurm_client"]
+__all__ = ["JobQueries", "Slurm", "SlurmFactory", "slurm_client"]
 
 
-class Slurm(Protocol):
+class JobQueries(Protocol):
+    """The part of :class:`Slurm` a stop asks (``train.stop``): one job's fields, its
+    partition, the nodes' states. A stop's cache (:class:`train.stop.facts.AskedOnce`) is one,
+    and so is every :class:`Slurm`."""
+
+    def show_job(self, job_id: str) -> dict[str, str]: ...
+    def partition(self, name: str) -> Partition | None: ...
+    def nodes(self) -> list[Node]: ...
+
+
+class Slurm(JobQueries, Protocol):
     """One Slurm cluster, as ``train/`` and ``jobs/`` use it (every method one command, or one
     per batch of ids; errors: :class:`cluster.errors.SlurmCommandError` and its kin)."""
 

@@ -22,6 +22,12 @@ Only what a user may do to their own job (every Slurm command through :mod:`clus
   not, Slurm does not requeue: the drill does what its user would (``scontrol requeue``). Either
   way the run must resume from its newest valid checkpoint, losing at most the steps since it.
 
+Over SSH (``--remote``, :mod:`jobs.remotedrill`) the connection may drop: every read is tried
+again with bounded exponential back-off (one line per outage) until the drill's ``--timeout``,
+and an action whose reply was lost is never sent again blindly: Slurm is asked first whether it
+took effect (the preempting job by a name of its own in the queue, a cancel by the job's state,
+a requeue by its restart count), a signal (``--kind fail``) is never sent twice.
+
 A requeued job waits about two minutes (BeginTime) before it may start again; the drill lets it
 start at once (``scontrol update StartTime=now``, allowed on one's own job). The report comes
 from the run's own records (``events.jsonl``, ``metrics.jsonl``) and Slurm's StartTime:
@@ -36,15 +42,17 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from cluster import TERMINAL_STATES
 from jobs.errors import JobsError, UsageError
+from jobs.follow import Outage
 from jobs.records import RunRecord
 from train.history import RunHistory
 from train.report import REPORT_KIND
@@ -61,6 +69,8 @@ from train.schema import METRIC, read_records
 
 if TYPE_CHECKING:
     from cluster import Slurm
+
+T = TypeVar("T")
 
 # the drills, in the table's order of the events they produce (train.runfiles.EVENT_KINDS)
 KINDS = tuple(k.drill for k in EVENT_KINDS if k.drill)
@@ -148,6 +158,11 @@ def _as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _as_int_text(value: str | None) -> int:
+    """A count in ``scontrol show job`` (``Restarts=1``); 0 where absent or not a number."""
+    return int(value) if value and value.isdigit() else 0
+
+
 class RunFiles:
     """The run's files as the drill reads them, here (the run directory itself): ``dir`` is
     where ``events.jsonl``, ``metrics.jsonl`` and ``resolved.yaml`` are read; :meth:`refresh`
@@ -159,6 +174,11 @@ class RunFiles:
 
     def refresh(self) -> None:
         """Bring the files up to date (once per poll)."""
+
+    def polled_job(self) -> dict[str, str] | None:
+        """Slurm's ``scontrol show job`` of the drilled job as the last :meth:`refresh` brought
+        it in the same round trip (over SSH: one command per poll), None: ask Slurm."""
+        return None
 
     def uid(self) -> int:
         """The uid that acts on the job (Slurm lets only its owner drill it)."""
@@ -214,10 +234,84 @@ class Drill:
         self.in_place = False  # a fail drill's job restarted its step in place
         self._original_limit = ""  # set once the drill lowered the limit
         self._restored = False
+        self._polled: dict[str, str] | None = None  # this poll's show job, with the files
+        self._until: float | None = None  # the deadline of the wait under way
+        self._outage = Outage()  # a remote host that went away (over SSH)
+        self._unanswered = ""  # an action whose reply was lost and was not sent again
 
     # -- reading -----------------------------------------------------------------------------
     def job(self) -> dict[str, str]:
-        return self.client.show_job(self.job_id)
+        """``scontrol show job``: this poll's answer where the files' refresh brought it (the
+        first read after it), else one query."""
+        polled, self._polled = self._polled, None
+        if polled is not None:
+            return polled
+        return self._reach("Slurm's answer", lambda: self.client.show_job(self.job_id))
+
+    # -- a connection that goes away (over SSH) ----------------------------------------------
+    def _reach(self, what: str, ask: Callable[[], T], until: float | None = None) -> T:
+        """``ask`` (a read, or an action that may be repeated) tried again with bounded
+        exponential back-off while the host cannot be reached, until the deadline of the wait
+        under way (else the drill's --timeout from now): one line when the connection goes, one
+        when it is back. Slurm's own refusals are not retried."""
+        from cluster import SshConnectionError
+
+        end = until or self._until or time.monotonic() + self.timeout_s
+        while True:
+            try:
+                got = ask()
+            except SshConnectionError as exc:
+                self._lost(exc, end, what)
+                continue
+            if self._outage.over():
+                self.say("connected again; the drill goes on")
+            return got
+
+    def _lost(self, exc: Exception, end: float, what: str) -> None:
+        now = time.monotonic()
+        if now >= end:
+            raise DrillError(
+                f"drill {self.kind}: gave up after {self.timeout_s:.0f} s without a connection "
+                f"({what}): {exc}; nothing more is done to job {self.job_id} (see python -m "
+                f"jobs status {self.record.run_id})"
+            )
+        delay = self._outage.delay()
+        if self._outage.tries == 1:  # one line per outage
+            self.say(
+                f"{exc}; trying again with back-off for up to {self.timeout_s:.0f} s "
+                "(the run goes on)"
+            )
+        time.sleep(min(delay, end - now))
+
+    def _act(self, what: str, do: Callable[[], T], took: Callable[[], bool] | None) -> T | None:
+        """One action on the job, never repeated blindly: where its reply is lost (the
+        connection dropped: it may or may not have reached Slurm), the drill waits for the host
+        with back-off, then asks Slurm whether it took effect (``took``) and sends it again only
+        where it did not. ``took`` None: an effect not to be told apart yet (a signal): never
+        sent again, the wait that follows sees it or gives up. None: sent, its reply lost."""
+        from cluster import SshConnectionError
+
+        end = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return do()
+            except SshConnectionError as exc:
+                self.say(f"{what}: the reply was lost ({exc}); checking before sending it again")
+                if took is None:
+                    self._unanswered = what
+                    self.report.notes.append(
+                        f"{what}: its reply was lost; not sent again (a second one could hit "
+                        "the job after its restart)"
+                    )
+                    return None
+                if self._reach(f"checking whether {what} took effect", took, end):
+                    self.say(f"{what}: Slurm shows it took effect; not sent again")
+                    return None
+                if time.monotonic() >= end:
+                    raise DrillError(
+                        f"drill {self.kind}: gave up after {self.timeout_s:.0f} s: {what} "
+                        f"did not reach Slurm ({exc})"
+                    ) from None
 
     def restarts(self) -> int:
         value = self.job().get("Restarts", "0")
@@ -240,28 +334,48 @@ class Drill:
                 out.append((float(when), step))
         return out
 
+    def _refresh(self) -> None:
+        """The run's files as they are now and, where the same round trip brought it, Slurm's
+        answer for the job (read by the next :meth:`job`)."""
+        self._reach("reading the run's files", self.files.refresh)
+        self._polled = self.files.polled_job()
+
     def wait(self, what: str, predicate: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.timeout_s
-        while True:
-            self.files.refresh()  # once per poll: the run's files as they are now
-            if predicate():
-                return
-            if time.monotonic() > deadline:
-                raise DrillError(
-                    f"drill {self.kind}: gave up after {self.timeout_s:.0f} s waiting for {what} "
-                    f"(job {self.job_id}; see python -m jobs status {self.record.run_id})"
-                )
-            time.sleep(self.poll_s)
+        self._until = deadline
+        try:
+            while True:
+                self._refresh()  # once per poll: the run's files as they are now
+                try:
+                    if predicate():
+                        return
+                finally:
+                    self._polled = None  # never read by a later poll
+                if time.monotonic() > deadline:
+                    lost = (
+                        f"; the reply to {self._unanswered} was lost and it was not sent again"
+                        if self._unanswered
+                        else ""
+                    )
+                    raise DrillError(
+                        f"drill {self.kind}: gave up after {self.timeout_s:.0f} s waiting for "
+                        f"{what} (job {self.job_id}; see python -m jobs status "
+                        f"{self.record.run_id}){lost}"
+                    )
+                time.sleep(self.poll_s)
+        finally:
+            self._until = None
 
     # -- the drill -----------------------------------------------------------------------------
     def run(self) -> DrillReport:
-        self.files.refresh()
+        self._refresh()
         self._check_owner()  # before anything is done to the job
         self.say(f"waiting for job {self.job_id} to train")
         self.wait("the job to run and train", self._training)
         restarts = self.restarts()
         if self.kind == "timeout":
             self._can_restore_limit()  # before anything is done to the job
+        self._polled = None
         t0 = time.time()
         try:
             getattr(self, f"_do_{self.kind}")()
@@ -275,7 +389,11 @@ class Drill:
                 self.wait("the job to be requeued", lambda: self._requeued(restarts))
                 self._restore_time_limit()
                 self._note_hold()
-                self.client.release(self.job_id)
+                self._act(
+                    "the release (StartTime=now)",
+                    lambda: self.client.release(self.job_id),
+                    lambda: self.job().get("Reason") != "BeginTime",
+                )
                 self.say("requeued; released from its BeginTime wait")
                 self.wait("the job to train again", lambda: self._resumed(t0, restarts) is not None)
         finally:
@@ -359,17 +477,36 @@ class Drill:
 
         node = expand_hostlist(info.get("NodeList", ""))[0]
         name = self.partition or self._preempting_partition(info.get("Partition", ""), node)
-        try:
-            script = self.files.write_script("#!/bin/bash\nsleep 1\n")
+        try:  # the same text again where a reply is lost: a repeat is harmless
+            script = self._reach(
+                "writing the preempting job's script",
+                lambda: self.files.write_script("#!/bin/bash\nsleep 1\n"),
+            )
         except DrillError as exc:
             raise DrillError(f"drill: {exc}; nothing was done to job {self.job_id}") from None
+        # a name of its own: where sbatch's reply is lost, the queue says whether it was sent
+        tag = f"drill-preempt-{secrets.token_hex(4)}"
+        before = _as_int_text(info.get("Restarts"))
         args = [f"--partition={name}", f"--nodelist={node}", "--exclusive", "--time=1"]
-        args += ["--job-name=drill-preempt", "--output=/dev/null"]
-        urgent = self.client.submit(script, args)
-        self.report.action = f"submitted job {urgent} to partition {name} needing all of {node}"
+        args += [f"--job-name={tag}", "--output=/dev/null"]
+        urgent = self._act(
+            "the preempting job's sbatch",
+            lambda: self.client.submit(script, args),
+            lambda: self._preempt_sent(tag, before),
+        )
+        which = f"job {urgent}" if urgent is not None else f"a job ({tag})"
+        self.report.action = f"submitted {which} to partition {name} needing all of {node}"
+
+    def _preempt_sent(self, tag: str, restarts: int) -> bool:
+        """Whether a preempting job whose sbatch reply was lost reached Slurm: it is queued,
+        or it already ran (the drilled job was preempted: no longer running, or restarted)."""
+        if any(j.name == tag for j in self.client.queue().values()):
+            return True
+        info = self.job()
+        return info.get("JobState") != "RUNNING" or _as_int_text(info.get("Restarts")) > restarts
 
     def _preempting_partition(self, ours: str, node: str) -> str:
-        parts = self.client.partitions()
+        parts = self._reach("the partitions", self.client.partitions)
         tier = next((p.priority_tier for p in parts if p.name == ours), 0)
         better = [p for p in parts if p.priority_tier > tier and node in p.nodes]
         if not better:
@@ -387,7 +524,10 @@ class Drill:
         start = _slurm_time(info.get("StartTime")) or time.time()
         lead = self._signal_lead()
         minutes = math.ceil((time.time() - start + lead) / 60) + 1
-        self.client.set_time_limit(self.job_id, str(minutes))
+        # an absolute limit: sending it again where its reply is lost changes nothing
+        self._reach(
+            "lowering the limit", lambda: self.client.set_time_limit(self.job_id, str(minutes))
+        )
         self._restored = False
         self.report.action = (
             f"lowered the time limit from {self._original_limit} to {minutes} min "
@@ -408,7 +548,7 @@ class Drill:
     def _can_restore_limit(self) -> None:
         """Refuse the timeout drill (one line, before acting) where its short limit could not
         be put back, unless the user accepts what that costs."""
-        if self.client.may_raise_time_limits():
+        if self._reach("the operators", self.client.may_raise_time_limits):
             return
         info = self.job()
         cost = (
@@ -431,11 +571,13 @@ class Drill:
         self._restored = True
         from cluster import ClusterError, parse_slurm_time
 
-        try:
-            self.client.set_time_limit(self.job_id, original)
+        try:  # the same absolute limit again where a reply is lost
+            self._reach(
+                "restoring the limit", lambda: self.client.set_time_limit(self.job_id, original)
+            )
             now = self.job().get("TimeLimit", "")
             same = parse_slurm_time(now) == parse_slurm_time(original)
-        except ClusterError as exc:  # a malformed time string too (SlurmTimeError)
+        except (ClusterError, DrillError) as exc:  # a malformed time string (SlurmTimeError)
             now, same = f"unknown ({str(exc).splitlines()[0] if str(exc) else exc})", False
         if same:
             self.report.notes.append(f"time limit restored to {original} (read back)")
@@ -447,12 +589,20 @@ class Drill:
             self.say(self.report.notes[-1])
 
     def _do_cancel(self) -> None:
-        self.client.cancel([self.job_id])
+        # Slurm marks a cancelled job CANCELLED at once: still RUNNING, the scancel never came
+        self._act(
+            "scancel",
+            lambda: self.client.cancel([self.job_id]),
+            lambda: self.job().get("JobState") != "RUNNING",
+        )
         self.report.action = "scancel (SIGTERM, as a user cancelling the job)"
 
     def _do_fail(self) -> None:
         t0 = time.time()
-        self.client.cancel([self.job_id], signal="ABRT")
+        # never sent twice: a second ABRT would kill the step that restarted in place
+        self._act(
+            "scancel --signal=ABRT", lambda: self.client.cancel([self.job_id], signal="ABRT"), None
+        )
         self.wait(
             "the killed job to end or restart its step in place",
             lambda: (
@@ -467,7 +617,12 @@ class Drill:
                 "save); the job restarted its step in place, no requeue needed"
             )
             return
-        self.client.requeue(self.job_id)
+        before = self.restarts()
+        self._act(
+            "scontrol requeue",
+            lambda: self.client.requeue(self.job_id),
+            lambda: self.restarts() > before or self.job().get("JobState") == "PENDING",
+        )
         self.report.action = (
             "scancel --signal=ABRT (every process of the job dies, no chance to save); "
             "then scontrol requeue, as its user would after a crash"
@@ -499,7 +654,7 @@ class Drill:
 
     def _measure(self, t0: float, restarts: int) -> None:
         r = self.report
-        self.files.refresh()
+        self._refresh()
         events = self.events(t0 - 1)
         stop = self._stop_event(t0 - 1)
         r.stop_event = stop["event"] if stop else None
@@ -562,7 +717,8 @@ class Drill:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(self.poll_s)
-                self.files.refresh()
+                self._refresh()
+                self._polled = None
         steps = self.train_steps()
         if not steps:
             r.outcome = "back: restarted; whether your code resumed is not known"

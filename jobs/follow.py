@@ -75,6 +75,30 @@ REORDER_S = 1.5
 _SUBMITIT = re.compile(r"^submitit ([A-Z]+) \(\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d),\d+\) - (.*)$")
 
 
+#: back-off between tries while a remote host cannot be reached (``--remote``: a follow, a drill)
+RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+
+
+class Outage:
+    """A connection that went away and its bounded exponential back-off (:data:`RETRY_S`): the
+    caller says one line when it goes (:attr:`tries` is 1 after the first :meth:`delay`) and one
+    when it is back (:meth:`over`)."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+
+    def delay(self) -> float:
+        """Seconds to wait before the next try."""
+        wait = RETRY_S[min(self.tries, len(RETRY_S) - 1)]
+        self.tries += 1
+        return wait
+
+    def over(self) -> bool:
+        """The connection answers again: whether it had gone (the caller says so once)."""
+        was, self.tries = self.tries > 0, 0
+        return was
+
+
 class Poller:
     """When to ask Slurm next: ``min_s`` apart right after a change, then one poll per
     ``calm / ratio`` seconds of calm (capped at ``max_s``); :meth:`hurry` asks at once."""

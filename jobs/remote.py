@@ -48,8 +48,6 @@ CODE_ROOT = "slurm-train/code"
 DEFAULT_PYTHON = "python3"
 #: seconds one remote command may take (a submit runs a preflight and sbatch there)
 COMMAND_TIMEOUT_S = 120.0
-#: back-off between tries while the connection is down (a --follow never ends for that)
-RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 #: the most bytes of a log one poll brings (a long log comes over in pieces, as jobs.follow reads)
 LOG_PIECE = 1 << 20
 _LOG_MARK = "\x1eslurm-train-log\x1e"
@@ -587,11 +585,11 @@ def follow(
     """Until every task is over for good: 0 iff all COMPLETED. A dropped connection is tried
     again with back-off (one line each time); it never ends or changes the run."""
     from cluster import SshConnectionError
-    from jobs.follow import Poller
+    from jobs.follow import RETRY_S, Outage, Poller
 
-    poller = Poller()
+    poller, outage = Poller(), Outage()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a piece may split a char
-    offset, failures, last = 0, 0, ""
+    offset, last = 0, ""
     mid_line = False  # the log shown so far ends inside a line
     job_id = run.job_ids[0] if run.job_ids else run.job_id
     confirm = 0
@@ -602,14 +600,17 @@ def follow(
         try:
             got = poll(run, rank, offset, job_id)
         except SshConnectionError as exc:
-            delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
-            failures += 1
-            print(f"jobs: {exc}; trying again in {delay:.0f} s (the run goes on)", file=sys.stderr)
+            delay = outage.delay()
+            if outage.tries == 1:  # one line per outage, however long it lasts
+                print(
+                    f"jobs: {exc}; trying again with back-off (up to {RETRY_S[-1]:.0f} s apart; "
+                    "the run goes on)",
+                    file=sys.stderr,
+                )
             sleep(delay)
             continue
-        if failures:
+        if outage.over():
             print(f"jobs: {run.remote.host}: connected again", file=sys.stderr)
-        failures = 0
         changed = bool(got.log)
         if got.log:
             text = decoder.decode(got.log)

@@ -7,9 +7,13 @@ machine; the login node only answers short commands, each one ssh round trip wit
   ``scontrol update``, ``scancel``, ``scontrol requeue``, ``release``) through the SSH
   transport of :mod:`cluster.ssh` (``cluster.slurm_client(remote=HOST)``), the spec's
   ``environment.setup`` opening each command line there (it exports ``SLURM_CONF``, say);
-- the run's files (``events.jsonl``, ``metrics.jsonl``, ``resolved.yaml``): ONE ssh command per
-  poll brings their new bytes (from the offsets already copied, at most :data:`PIECE` each)
-  into a local copy the drill reads as it reads a local run (:class:`RemoteRunFiles`);
+- a poll is ONE ssh command (:class:`RemoteRunFiles`): Slurm's ``scontrol show job`` of the
+  drilled job (the spec's ``environment.setup`` first, in a subshell) and the new bytes of the
+  run's files (``events.jsonl``, ``metrics.jsonl``, ``resolved.yaml``; from the offsets already
+  copied, at most :data:`PIECE` each) into a local copy the drill reads as it reads a local run;
+  the drill reads that answer instead of asking Slurm again (``Drill.job``);
+- a dropped connection is tried again with back-off until the drill's --timeout, and an action
+  whose reply was lost is checked before it is sent again (``Drill._reach``, ``Drill._act``);
 - the preempting job's script: one ssh command writes it into the run's ``drill/`` there.
 """
 
@@ -38,16 +42,32 @@ _NO_RUN_DIR, _LINK = 95, 96
 
 
 class RemoteRunFiles(RunFiles):
-    """The run's files on the remote host, copied into ``cache`` one ssh command per poll."""
+    """The run's files on the remote host, copied into ``cache``, and Slurm's answer for job
+    ``job_id`` (where given): ONE ssh command per poll."""
 
-    def __init__(self, run: RemoteRun, remote_dir: str, cache: Path) -> None:
+    def __init__(self, run: RemoteRun, remote_dir: str, cache: Path, job_id: str = "") -> None:
         super().__init__(cache)
-        self.run, self.remote_dir = run, remote_dir
+        self.run, self.remote_dir, self.job_id = run, remote_dir, job_id
         self.offsets = dict.fromkeys(FILES, 0)
         self._uid: int | None = None
+        self._job: dict[str, str] | None = None
+
+    def _slurm_line(self) -> str:
+        """``scontrol show job`` as the SSH transport runs it (the folder and the spec's
+        ``environment.setup`` first, in a subshell): its status, then its first line."""
+        if not self.job_id:
+            return "printf '1\\n\\n'; "
+        show = f"scontrol show job --oneliner {shlex.quote(self.job_id)}"
+        return (
+            f"j=$( ({setup_prelude(self.run.remote)}{show}) 2>/dev/null ); r=$?; "
+            "printf '%s\\n' \"$r\"; printf '%s\\n' \"$j\" | head -n 1; "
+        )
 
     def _line(self) -> str:
-        parts = [f"cd {shlex.quote(self.remote_dir)} 2>/dev/null || exit {_NO_RUN_DIR}; id -u; "]
+        parts = [
+            self._slurm_line(),
+            f"cd {shlex.quote(self.remote_dir)} 2>/dev/null || exit {_NO_RUN_DIR}; id -u; ",
+        ]
         for name in FILES:
             f = shlex.quote(name)
             parts.append(
@@ -60,14 +80,24 @@ class RemoteRunFiles(RunFiles):
         return "".join(parts) + "true"
 
     def refresh(self) -> None:
+        self._job = None
         done = self.run.remote.run_line(self._line(), timeout=READ_TIMEOUT_S)
         if done.returncode == _NO_RUN_DIR:
             raise DrillError(f"{self.run.remote.host}: no run directory {self.remote_dir} there")
         data = done.stdout.encode("utf-8", "surrogateescape")
+        status, _, data = data.partition(b"\n")
+        shown, _, data = data.partition(b"\n")
+        if status.strip() == b"0" and shown.strip():  # else: the drill asks Slurm itself
+            from cluster import parse_key_values
+
+            self._job = parse_key_values(shown.decode("utf-8", "replace").strip())
         try:
             self._take(data)
         except ValueError:  # a file cut short while it was read: copy it afresh next poll
             self.offsets = dict.fromkeys(FILES, 0)
+
+    def polled_job(self) -> dict[str, str] | None:
+        return self._job
 
     def _take(self, data: bytes) -> None:
         head, _, rest = data.partition(b"\n")
@@ -145,7 +175,7 @@ def drill_remote(
     )
     remote_dir = record.tasks[0].run_dir if record.tasks else record.run_dir
     with tempfile.TemporaryDirectory(prefix="slurm-train-drill-") as cache:
-        files = RemoteRunFiles(run, remote_dir, Path(cache))
+        files = RemoteRunFiles(run, remote_dir, Path(cache), record.job_id)
         return run_drill(
             record,
             client,

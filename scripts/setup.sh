@@ -24,6 +24,8 @@ install_system_packages() {
     [ -x /usr/sbin/sshd ] || need+=(openssh-server)
     command -v ssh >/dev/null || need+=(openssh-client)
     command -v rsync >/dev/null || need+=(rsync)
+    # the one-time code of its 2FA alias (keyboard-interactive through PAM: pam_oath)
+    compgen -G '/lib/*/security/pam_oath.so' >/dev/null || compgen -G '/usr/lib/*/security/pam_oath.so' >/dev/null || need+=(libpam-oath)
     # A release other than the host's (`make setup SLURM=24.11`) runs in a root file system
     # that `python -m cluster up --slurm` builds with mmdebstrap (cluster/local/release.py).
     case "${SLURM:-}" in

@@ -65,6 +65,8 @@ def config_files(layout: cfg.Layout, daemon: str) -> list[Path]:
         return [layout.slurmdbd_conf]
     if daemon == "slurmctld" or daemon.startswith("slurmd-"):
         return [layout.slurm_conf, layout.gres_conf, layout.cgroup_conf, layout.task_prolog]
+    if daemon == "sshd":  # the login node of --remote (cluster/local/sshd.py: its ports, Match)
+        return [layout.root / "ssh" / "sshd_config"]
     return []
 
 

@@ -281,7 +281,8 @@ class LocalCluster:
             steps.append((LOGIN, self._start_login))
         login = self.login_server()
         if login is not None:
-            login.write(sshd.login_user() or sshd.DEFAULT_USER)
+            if login.write(sshd.login_user() or sshd.DEFAULT_USER):  # a new port, a new Match
+                changed.add(login.dir / "sshd_config")
             steps.append(("sshd", login.start))
         status = {d.name: d for d in self.status()}
         for name, start in steps:
@@ -640,6 +641,9 @@ class LocalCluster:
         for pid in marked_processes(self.layout.root):
             stop_pid(pid, timeout=5)
         self.layout.mysql_socket.unlink(missing_ok=True)
+        login = self.login_server()
+        if login is not None:  # its PAM service in /etc/pam.d goes with it
+            login.forget_pam()
         self._remove_network()
         return stopped
 

@@ -11,16 +11,29 @@ key and a client key made here, and writes an OpenSSH client configuration,
                         user (``trainee``), the set-up's key
     slurm-train-jump    the same server, reached through ``ProxyJump slurm-train-login``
 
+    slurm-train-login-2fa   ADDRESS:PORT+1 as the same user, no key: a password and, where
+                            Debian's libpam-oath is installed, a one-time code (TOTP), asked
+                            by PAM through keyboard-interactive (``jobs login`` answers them)
+
 ``up`` prints ``export SLURM_TRAIN_SSH_CONFIG=STATE_DIR/ssh/config`` (cluster.ssh reads it
-instead of ``~/.ssh/config``). Password and keyboard-interactive logins are off: the key is
-the only way in.
+instead of ``~/.ssh/config``). On PORT the key is the only way in; on PORT+1 (``Match
+LocalPort``) only keyboard-interactive. Its PAM service is the server's own: sshd names it after
+the program (``argv[0]``), so the server runs as ``ssh/slurm-train-sshd-PORT`` (a link to sshd)
+and ``up`` writes ``/etc/pam.d/slurm-train-sshd-PORT``: ``pam_exec`` checks the password against
+the SHA-256 in ``ssh/check-password``, ``pam_oath`` the code against ``ssh/users.oath``; the
+rest (account, session) is Debian's ``sshd``. The secrets are ``ssh/login-2fa.password`` and
+``ssh/login-2fa.oath-key`` (hex; root's only). Where ``up`` is not root or the state folder is
+writable by others (a script there runs as root), the 2FA alias is left out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
+import secrets
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +46,10 @@ USER_ENV = "SLURM_TRAIN_LOGIN_USER"
 DEFAULT_USER = "trainee"
 LOGIN_ALIAS = "slurm-train-login"
 JUMP_ALIAS = "slurm-train-jump"
+TWO_FA_ALIAS = "slurm-train-login-2fa"
+PASSWORD_FILE = "login-2fa.password"  # noqa: S105 (a file's name)
+OATH_KEY_FILE = "login-2fa.oath-key"
+PAM_DIR = Path("/etc/pam.d")
 
 
 def installed() -> bool:
@@ -79,8 +96,75 @@ class LoginServer:
     def key(self) -> Path:
         return self.dir / "id_ed25519"
 
-    def write(self, user: str) -> None:
-        """Keys (once), sshd's configuration and the client's (every ``up``)."""
+    @property
+    def two_fa_port(self) -> int:
+        return self.port + 1
+
+    @property
+    def service(self) -> str:
+        """The PAM service (sshd's program name): one per cluster (its port)."""
+        return f"slurm-train-sshd-{self.port}"
+
+    @property
+    def program(self) -> Path:
+        """``ssh/slurm-train-sshd-PORT``: a link to sshd (its name is the PAM service)."""
+        return self.dir / self.service
+
+    def two_fa_possible(self) -> bool:
+        """Root (it writes /etc/pam.d), pam_exec there, and a state folder no one else may
+        write (PAM runs its password check as root)."""
+        if os.geteuid() != 0 or not pam_module("pam_exec.so"):
+            return False
+        for folder in (self.dir, self.dir.parent):
+            st = folder.stat()
+            if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return False
+        return PAM_DIR.is_dir()
+
+    def forget_pam(self) -> None:
+        """``down``: the cluster's PAM service goes (``up`` writes it again)."""
+        if os.geteuid() == 0:
+            (PAM_DIR / self.service).unlink(missing_ok=True)
+
+    def _write_two_fa(self, user: str) -> bool:
+        """The 2FA alias's PAM service, password and code (every ``up``: fresh secrets)."""
+        if not self.two_fa_possible():
+            return False
+        password = secrets.token_urlsafe(12)
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        _private(self.dir / PASSWORD_FILE, password + "\n")
+        check = self.dir / "check-password"
+        _private(
+            check,
+            "#!/bin/sh\n# written by python -m cluster up (cluster/local/sshd.py): pam_exec gives "
+            "the password on stdin (NUL-ended)\n"
+            f'[ "$PAM_USER" = "{user}" ] || exit 1\n'
+            "pw=$(tr -d '\\000')\n"
+            f'[ "$(printf %s "$pw" | sha256sum | cut -d" " -f1)" = "{digest}" ]\n',
+            mode=0o700,
+        )
+        lines = [
+            "# written by python -m cluster up (cluster/local/sshd.py): the login of "
+            f"{TWO_FA_ALIAS} (port {self.two_fa_port}); account and session are Debian's sshd",
+            f"auth requisite pam_exec.so quiet expose_authtok {check}",
+        ]
+        (self.dir / OATH_KEY_FILE).unlink(missing_ok=True)
+        if pam_module("pam_oath.so"):  # Debian's libpam-oath: a one-time code
+            key = secrets.token_hex(20)
+            _private(self.dir / OATH_KEY_FILE, key + "\n")
+            _private(self.dir / "users.oath", f"HOTP/T30/6 {user} - {key}\n")
+            oath = self.dir / "users.oath"
+            lines.append(f"auth required pam_oath.so usersfile={oath} window=4 digits=6")
+        lines += ["account include sshd", "session include sshd", "password include sshd", ""]
+        (PAM_DIR / self.service).write_text("\n".join(lines))
+        if not self.program.is_symlink():
+            self.program.unlink(missing_ok=True)
+            self.program.symlink_to(SSHD)
+        return True
+
+    def write(self, user: str) -> bool:
+        """Keys (once), sshd's configuration and the client's (every ``up``); whether sshd's
+        changed (a running server is then started again: ``files.config_files``)."""
         self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         for key in (self.dir / "host_ed25519", self.key):
             if not key.exists():
@@ -92,13 +176,17 @@ class LoginServer:
         authorized.write_text(self.key.with_suffix(".pub").read_text())
         authorized.chmod(0o644)
         host_pub = (self.dir / "host_ed25519.pub").read_text().split()
+        two_fa = self._write_two_fa(user)
+        ports = [self.port, *([self.two_fa_port] if two_fa else [])]
         (self.dir / "known_hosts").write_text(
-            f"[{self.address}]:{self.port} {host_pub[0]} {host_pub[1]}\n"
+            "".join(f"[{self.address}]:{p} {host_pub[0]} {host_pub[1]}\n" for p in ports)
         )
-        (self.dir / "sshd_config").write_text(
+        server = self.dir / "sshd_config"
+        before = server.read_text() if server.exists() else None
+        server.write_text(
             "\n".join(
                 [
-                    f"Port {self.port}",
+                    *(f"Port {p}" for p in ports),
                     f"ListenAddress {self.address}",
                     f"HostKey {self.dir / 'host_ed25519'}",
                     f"PidFile {self.pid_file}",
@@ -107,7 +195,8 @@ class LoginServer:
                     "PubkeyAuthentication yes",
                     "StrictModes no",  # the keys live under /var/tmp (sticky, world-writable)
                     "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
+                    f"KbdInteractiveAuthentication {'yes' if two_fa else 'no'}",
+                    "AuthenticationMethods publickey",  # the 2FA port: its Match below
                     "UsePAM yes",  # a user without a password (locked) may still use a key
                     "PermitRootLogin no",
                     "AllowTcpForwarding yes",  # ProxyJump goes through it
@@ -116,6 +205,14 @@ class LoginServer:
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
                     "Subsystem sftp internal-sftp",
+                    *(
+                        [
+                            f"Match LocalPort {self.two_fa_port}",
+                            "    AuthenticationMethods keyboard-interactive",
+                        ]
+                        if two_fa
+                        else []
+                    ),
                     "",
                 ]
             )
@@ -129,6 +226,16 @@ class LoginServer:
             f"  UserKnownHostsFile {self.dir / 'known_hosts'}",
             "  StrictHostKeyChecking yes",
         ]
+        two_fa_block = [
+            f"Host {TWO_FA_ALIAS}",
+            f"  HostName {self.address}",
+            f"  Port {self.two_fa_port}",
+            f"  User {user}",
+            "  PubkeyAuthentication no",
+            "  PreferredAuthentications keyboard-interactive",
+            f"  UserKnownHostsFile {self.dir / 'known_hosts'}",
+            "  StrictHostKeyChecking yes",
+        ]
         self.client_config.write_text(
             "\n".join(
                 [
@@ -138,19 +245,28 @@ class LoginServer:
                     f"Host {JUMP_ALIAS}",
                     *common,
                     f"  ProxyJump {LOGIN_ALIAS}",
+                    *(two_fa_block if two_fa else []),
                     "",
                 ]
             )
         )
+        return server.read_text() != before
 
     def start(self) -> None:
         """Start sshd (it detaches), on the login host where there is one."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation
         self.pid_file.unlink(missing_ok=True)
-        argv = [SSHD, "-f", str(self.dir / "sshd_config"), "-E", str(self.log)]
+        # argv[0] names the PAM service (the 2FA port's); the program stays sshd (its comm)
+        named = self.program.is_symlink()
+        argv0 = str(self.program) if named else SSHD
+        args = ["-f", str(self.dir / "sshd_config"), "-E", str(self.log)]
+        program: str | None = SSHD
+        cmd = [argv0, *args]
+        if self.on_host is not None:  # the same argv[0], in the login host's namespaces
+            program = None
+            cmd = self.on_host(["bash", "-c", 'exec -a "$0" "$@"', argv0, SSHD, *args])
         done = subprocess.run(
-            argv if self.on_host is None else self.on_host(argv),
-            capture_output=True, text=True, timeout=30,
+            cmd, executable=program, capture_output=True, text=True, timeout=30
         )  # fmt: skip
         if done.returncode != 0:
             raise LocalClusterError(
@@ -160,3 +276,17 @@ class LoginServer:
 
 def tools_missing() -> list[str]:
     return [t for t in ("ssh", "ssh-keygen", "rsync") if shutil.which(t) is None]
+
+
+def _private(path: Path, text: str, mode: int = 0o600) -> None:
+    """A secret of root's: written with ``mode`` from the start (no moment readable by all)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def pam_module(name: str) -> bool:
+    """Whether PAM has the module ``name`` (Debian's multiarch folder, or the plain one)."""
+    found = [*Path("/lib").glob(f"*/security/{name}"), *Path("/usr/lib").glob(f"*/security/{name}")]
+    return bool(found) or Path("/lib/security", name).is_file()

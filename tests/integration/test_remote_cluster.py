@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 USER = "trainee"
 LOGIN, JUMP, LOCKED = "slurm-train-login", "slurm-train-jump", "slurm-train-locked"
+TWO_FA = "slurm-train-login-2fa"
 PASSPHRASE = "correct horse"
 REMOTE_PY = "/usr/bin/python3"
 
@@ -118,8 +119,8 @@ def laptop(
         SSH_ASKPASS_REQUIRE="force",
         DISPLAY=":0",
     )
-    for host in (LOGIN, LOCKED):  # no shared connection of an earlier session (the two
-        _end_master(env, host)  # aliases share one: same host, port and user, one %C)
+    for host in (LOGIN, LOCKED, TWO_FA):  # no shared connection of an earlier session (the
+        _end_master(env, host)  # first two share one: same host, port and user, one %C)
     data = {
         "conf": slurm_env["SLURM_CONF"],
         "remote": remote,
@@ -129,7 +130,7 @@ def laptop(
         "cluster": slurm_cluster,
     }
     yield data
-    for host in (LOGIN, LOCKED):
+    for host in (LOGIN, LOCKED, TWO_FA):
         _end_master(env, host)
 
 
@@ -140,19 +141,21 @@ def _end_master(env: dict[str, str], host: str) -> None:
     subprocess.run(argv, capture_output=True, timeout=10, check=False)
 
 
-def _spec(data: dict, steps: int) -> Path:
-    code = f"$HOME/slurm-train/code/{REPO.name}"
+def _setup(data: dict, code: str = f"$HOME/slurm-train/code/{REPO.name}") -> list[str]:
+    """The cluster user's environment (environment.setup): this cluster, its folders, this
+    checkout (``code``: where it is there; by default, where rsync sends it)."""
     remote = data["remote"]
+    return [
+        f"export SLURM_CONF={data['conf']}",
+        f"export PYTHONPATH={code}:{code}/tests/hooks:{_site_packages()}",
+        f"export SLURM_TRAIN_STATE_DIR={remote}/state SLURM_TRAIN_RUNS_DIR={remote}/runs",
+        "export TRAIN_TEST_STEP_S=0.4",
+    ]
+
+
+def _spec(data: dict, steps: int) -> Path:
     text = (REPO / "examples" / "cifar.yaml").read_text()
-    setup = "\n".join(
-        f"    - {line!r}".replace("'", '"')
-        for line in [
-            f"export SLURM_CONF={data['conf']}",
-            f"export PYTHONPATH={code}:{code}/tests/hooks:{_site_packages()}",
-            f"export SLURM_TRAIN_STATE_DIR={remote}/state SLURM_TRAIN_RUNS_DIR={remote}/runs",
-            "export TRAIN_TEST_STEP_S=0.4",
-        ]
-    )
+    setup = "\n".join(f"    - {line!r}".replace("'", '"') for line in _setup(data))
     text = text.replace("environment:\n", f"environment:\n  setup:\n{setup}\n", 1)
     spec = data["tmp"] / "remote.yaml"
     spec.write_text(text)
@@ -175,6 +178,125 @@ def test_a_prompt_is_refused_in_one_line_then_login_answers_it_once(laptop: dict
     assert f"slurm-train is not installed for {REMOTE_PY}" in shared.stderr, shared.stderr
     missing = _jobs(["status", "--remote", LOCKED, "--remote-python", "/nope/python"], env)
     assert missing.returncode == 1 and "no Python '/nope/python'" in missing.stderr
+
+
+def _port(config: Path) -> int:
+    """The key port of the login node, as the client configuration names it."""
+    block = config.read_text().split(f"Host {LOGIN}\n", 1)[1]
+    found = re.search(r"^\s*Port (\d+)$", block, re.M)
+    assert found is not None, block
+    return int(found.group(1))
+
+
+def _totp(key_hex: str, at: float) -> str:
+    """RFC 6238's code (SHA-1, 30 s, 6 digits), as an authenticator app computes it."""
+    import hashlib
+    import hmac
+    import struct
+
+    mac = hmac.new(bytes.fromhex(key_hex), struct.pack(">Q", int(at) // 30), hashlib.sha1)
+    digest = mac.digest()
+    start = digest[-1] & 15
+    return f"{(struct.unpack('>I', digest[start : start + 4])[0] & 0x7FFFFFFF) % 10**6:06d}"
+
+
+def _login_on_a_terminal(
+    env: dict[str, str], host: str, answers: dict[bytes, str]
+) -> tuple[int, str]:
+    """``jobs login HOST`` on a real terminal (a pty, its controlling one): each prompt that
+    appears is answered as a user types it (``answers``: a word of the prompt -> the reply; the
+    first that matches). Returns (exit status, what the terminal showed)."""
+    import pty
+    import select
+
+    env = {
+        k: v for k, v in env.items() if k not in ("SSH_ASKPASS", "SSH_ASKPASS_REQUIRE", "DISPLAY")
+    }
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own, the pty its terminal (ssh reads /dev/tty)
+        try:
+            os.chdir(REPO)
+            os.execve(sys.executable, [sys.executable, "-m", "jobs", "login", host], env)
+        finally:
+            os._exit(127)
+    shown, answered, status = b"", 0, None
+    deadline = time.monotonic() + 90
+    try:
+        while status is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # the terminal's other side is closed
+                    chunk = b""
+                shown += chunk
+                prompt = shown[answered:].rstrip()
+                if prompt.endswith(b":"):  # a prompt waits for its answer
+                    answered = len(shown)
+                    reply = next((a for w, a in answers.items() if w in prompt), None)
+                    assert reply is not None, f"an unexpected prompt: {prompt!r}"
+                    os.write(fd, reply.encode() + b"\n")
+            done, code = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(code)
+    finally:
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    assert status is not None, f"jobs login did not end: {shown!r}"
+    return status, shown.decode(errors="replace")
+
+
+def test_login_answers_a_password_and_a_one_time_code_through_pam(
+    laptop: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 2FA alias (keyboard-interactive through PAM: a password, then a TOTP code where
+    libpam-oath is installed): refused in one line in BatchMode, `jobs login` on a terminal
+    answers the prompts once, later commands share that connection without a prompt, and
+    once the shared connection is gone the one line again."""
+    from cluster.local import sshd
+    from jobs import remote
+
+    env, config = laptop["env"], laptop["config"]
+    if os.geteuid() != 0 or not sshd.pam_module("pam_exec.so"):
+        pytest.skip("no 2FA alias: cluster up writes its PAM service as root, with pam_exec")
+    assert TWO_FA in config.read_text(), config.read_text()
+    assert (sshd.PAM_DIR / f"slurm-train-sshd-{_port(config)}").is_file()
+    folder = config.parent
+    password = (folder / sshd.PASSWORD_FILE).read_text().strip()
+    key_file = folder / sshd.OATH_KEY_FILE
+    key = key_file.read_text().strip() if key_file.exists() else None
+    # how the cluster user's commands run there (as a run submitted from here records it)
+    monkeypatch.setenv("SLURM_TRAIN_STATE_DIR", env["SLURM_TRAIN_STATE_DIR"])
+    there = remote.Remote(TWO_FA, "", REMOTE_PY, tuple(_setup(laptop, code=str(REPO))))
+    remote.record(remote.RemoteRun(there, f"{laptop['remote']}/runs/none", "none"))
+
+    def refused_in_one_line(args: list[str]) -> None:
+        started = time.monotonic()
+        done = _jobs([*args, "--remote", TWO_FA], env, timeout=60)
+        assert done.returncode == 1, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"python -m jobs login {TWO_FA}" in lines[0], done.stderr
+        assert time.monotonic() - started < 60  # BatchMode: no prompt waited on
+
+    refused_in_one_line(["status"])
+    answers = {b"OATH": "", b"assword": password} if key else {b"assword": password}
+    if key is not None:  # the code of the moment it is asked for
+        answers[b"OATH"] = _totp(key, time.time())
+        if time.time() % 30 > 25:  # too near the end of its 30 s: the next one
+            time.sleep(30 - time.time() % 30 + 1)
+            answers[b"OATH"] = _totp(key, time.time())
+    code, shown = _login_on_a_terminal(env, TWO_FA, answers)
+    assert code == 0, shown
+    assert (b"OATH" in answers) == ("One-time password" in shown)
+    assert _master_pid(env, TWO_FA) is not None
+    for args in (["status"], ["list"]):  # BatchMode, through the shared connection
+        done = _jobs([*args, "--remote", TWO_FA], env, timeout=120)
+        assert done.returncode == 0, f"{args}: {done.stdout}{done.stderr}"
+    _end_master(env, TWO_FA)
+    assert _master_pid(env, TWO_FA) is None
+    refused_in_one_line(["list"])
 
 
 def test_proxyjump_reaches_the_cluster_without_multiplexing(laptop: dict) -> None:
@@ -219,8 +341,8 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
     for args in commands:
         if args[0] == "submit":
             args = [*args, "--set", "train.max_steps=60"]
-        if args[0] == "logs":
-            seen["logs"] = _follow_across_a_drop(laptop, args)
+        if args[0] in ("drill", "logs"):  # each across a dropped connection
+            seen[args[0]] = _across_a_drop(laptop, args)
             continue
         if args[0] == "plot":
             args = [a if a != "life.png" else str(tmp / "life.png") for a in args]
@@ -231,6 +353,9 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
     assert job.isdigit() and f"on {LOGIN}" in seen["submit"].stderr, seen["submit"].stderr
     # the drill waited here (its loop local, each remote command short) and saw the resume
     assert "back: resumed" in seen["drill"].stdout, seen["drill"].stdout
+    drill = seen["drill"].stderr  # the drill went on across the drop: one line each way
+    assert drill.count("trying again with back-off") == 1, drill
+    assert drill.count("connected again") == 1, drill
     listed = seen["list"].stdout
     assert name in listed and LOGIN in listed and job in listed, listed
     follow = seen["logs"]
@@ -244,9 +369,9 @@ def test_readme_example_from_the_laptop(laptop: dict) -> None:
     assert (tmp / "life.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _follow_across_a_drop(laptop: dict, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """``jobs logs RUN -f`` while the connection drops: the shared master killed and the
-    server down for a while (the follow tries again; the run goes on)."""
+def _across_a_drop(laptop: dict, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``jobs logs RUN -f`` or ``jobs drill RUN`` while the connection drops: the shared master
+    killed and the server down for a while (each tries again; the run goes on)."""
     env = laptop["env"]
     follow = subprocess.Popen(
         [sys.executable, "-m", "jobs", *args], cwd=REPO, env=env,

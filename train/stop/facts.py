@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from cluster import Slurm
+    from cluster import JobQueries, Node, Partition
 
 from train.report import last_reported_step
 from train.runfiles import LOCAL_STOP
@@ -134,7 +134,7 @@ def classify_stop(
     job_id: str,
     signal_delay_s: float,
     *,
-    client: Slurm | None = None,
+    client: JobQueries | None = None,
     now: float | None = None,
     restart_count: int | None = None,
 ) -> StopKind:
@@ -153,7 +153,7 @@ def classify_stop(
     return kind
 
 
-def end_time(job_id: str, client: Slurm | None = None) -> float | None:
+def end_time(job_id: str, client: JobQueries | None = None) -> float | None:
     """When Slurm ends job ``job_id`` (its EndTime: the time limit), from one ``scontrol show
     job``; None when Slurm cannot say or the job has no limit."""
     try:
@@ -167,7 +167,7 @@ def end_time(job_id: str, client: Slurm | None = None) -> float | None:
         return None
 
 
-def preemption_grace_s(job_id: str, client: Slurm) -> int | None:
+def preemption_grace_s(job_id: str, client: JobQueries) -> int | None:
     """The GraceTime of job ``job_id``'s partition: how long Slurm waits between the preemption
     signal and the kill; None when Slurm cannot say (or the partition has none)."""
     try:
@@ -180,7 +180,7 @@ def preemption_grace_s(job_id: str, client: Slurm) -> int | None:
 
 
 def node_failure(
-    job_id: str, restart_count: int, hosts: Sequence[str], client: Slurm, *, now: bool = False
+    job_id: str, restart_count: int, hosts: Sequence[str], client: JobQueries, *, now: bool = False
 ) -> dict[str, str] | None:
     """The nodes of this attempt that Slurm failed under job ``job_id`` (node -> state), when
     this stop is a NODE_FAIL (see :func:`train.stop.quarantine.failed_nodes`; ``now``: a
@@ -201,7 +201,7 @@ class AskedOnce:
     """``client`` whose ``show_job`` answers once per job (the rest passes through): one stop
     is classified, checked for a node failure and fitted to GraceTime from ONE scontrol call."""
 
-    def __init__(self, client: Slurm) -> None:
+    def __init__(self, client: JobQueries) -> None:
         self._client = client
         self._jobs: dict[str, dict[str, str]] = {}
 
@@ -214,8 +214,11 @@ class AskedOnce:
         """The answer already given for ``job_id`` (no query), or None."""
         return self._jobs.get(job_id)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
+    def partition(self, name: str) -> Partition | None:
+        return self._client.partition(name)
+
+    def nodes(self) -> list[Node]:
+        return self._client.nodes()
 
 
 @dataclass(frozen=True)
@@ -335,7 +338,7 @@ def gather(
     signal_delay_s: float,
     hosts: Sequence[str] = (),
     node: str | None = None,
-    client: Slurm | None = None,
+    client: JobQueries | None = None,
     hang_claimed: bool = False,
     error_texts: Sequence[object] = (),
     suspects: Sequence[str] = (),

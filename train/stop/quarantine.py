@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from train.history import FINAL_EVENTS, STOP_EVENTS, RunHistory
 
 if TYPE_CHECKING:
-    from cluster import Slurm
+    from cluster import JobQueries, Slurm
 
 __all__ = ["device_fault", "exclude", "explain_previous_attempt", "failed_nodes"]
 
@@ -59,7 +59,7 @@ def failed_nodes(
     info: dict[str, str],
     restart_count: int,
     hosts: Sequence[str],
-    client: Slurm,
+    client: JobQueries,
     *,
     now: bool = False,
 ) -> dict[str, str] | None:

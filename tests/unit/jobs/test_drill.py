@@ -395,3 +395,95 @@ def test_a_drill_says_what_a_real_stop_would_cost_the_hold_included(tmp_path: Pa
     assert ("release",) in fake.calls
     assert any("a real stop also waits Slurm's requeue hold" in n for n in report.notes)
     assert any(ln.strip().startswith("Slurm's requeue hold") for ln in report.lines())
+
+
+class Dropping(FakeCluster):
+    """The cluster behind a connection that drops: ``lose[name]`` says how the next call of
+    that action goes: "before" (never reached Slurm), "after" (done there, the reply lost)."""
+
+    def __init__(self, run_dir: Path, kind: str, lose: dict[str, str], shows_lost: int = 0):
+        super().__init__(run_dir, kind)
+        self.lose, self.shows_lost = dict(lose), shows_lost
+
+    def _maybe(self, name: str, do: Any) -> Any:
+        from cluster.ssh import SshConnectionError
+
+        how = self.lose.pop(name, None)
+        if how == "before":
+            raise SshConnectionError("login1", "Connection closed by 127.0.0.1 port 22")
+        got = do()
+        if how == "after":
+            raise SshConnectionError("login1", "Connection reset by 127.0.0.1 port 22")
+        return got
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        if self.shows_lost > 0:
+            from cluster.ssh import SshConnectionError
+
+            self.shows_lost -= 1
+            raise SshConnectionError("login1", "Connection refused")
+        return super().show_job(job_id)
+
+    def submit(self, script: Path, args: list[str]) -> str:
+        return str(self._maybe("submit", lambda: super(Dropping, self).submit(script, args)))
+
+    def cancel(self, ids: list[str], signal: str | None = None, **kw: Any) -> None:
+        self._maybe("cancel", lambda: super(Dropping, self).cancel(ids, signal, **kw))
+
+    def requeue(self, job_id: str) -> None:
+        self._maybe("requeue", lambda: super(Dropping, self).requeue(job_id))
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("jobs.follow.RETRY_S", (0.01, 0.02))
+
+
+@pytest.mark.usefixtures("quick_backoff")
+def test_a_lost_scancel_reply_is_checked_in_slurm_not_sent_again(tmp_path: Path) -> None:
+    fake = Dropping(tmp_path, "cancel", {"cancel": "after"})
+    said: list[str] = []
+    drill = Drill(_record(tmp_path), fake, "cancel", poll_s=0.01, timeout_s=5, say=said.append)  # type: ignore[arg-type]
+    report = drill.run()
+    assert report.outcome == "cancelled, not requeued"
+    assert [c for c in fake.calls if c[0] == "cancel"] == [("cancel", None)]  # once
+    assert any("Slurm shows it took effect" in line for line in said)
+
+
+@pytest.mark.usefixtures("quick_backoff")
+def test_an_action_that_never_reached_slurm_is_sent_again(tmp_path: Path) -> None:
+    fake = Dropping(tmp_path, "cancel", {"cancel": "before"})
+    report = Drill(_record(tmp_path), fake, "cancel", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert report.outcome == "cancelled, not requeued"
+    assert [c for c in fake.calls if c[0] == "cancel"] == [("cancel", None)]
+
+
+@pytest.mark.usefixtures("quick_backoff")
+def test_a_lost_abort_is_never_sent_twice(tmp_path: Path) -> None:
+    """--kind fail: a second ABRT could kill the restarted step; where the reply is lost the
+    drill does not send it again and waits to see what the first did."""
+    fake = Dropping(tmp_path, "fail", {"cancel": "after", "requeue": "after"})
+    report = Drill(_record(tmp_path), fake, "fail", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert report.outcome.startswith("back: resumed")
+    assert [c for c in fake.calls if c[0] in ("cancel", "requeue")] == [
+        ("cancel", "ABRT"),
+        ("requeue",),
+    ]
+    assert any("not sent again" in n for n in report.notes)
+
+
+@pytest.mark.usefixtures("quick_backoff")
+def test_slurm_unreachable_for_a_while_is_waited_out_in_one_line(tmp_path: Path) -> None:
+    fake = Dropping(tmp_path, "preempt", {}, shows_lost=3)
+    said: list[str] = []
+    drill = Drill(_record(tmp_path), fake, "preempt", poll_s=0.01, timeout_s=5, say=said.append)  # type: ignore[arg-type]
+    assert drill.run().outcome == "back: resumed at step 34"
+    assert sum("trying again with back-off" in line for line in said) == 1
+    assert sum("connected again" in line for line in said) == 1
+
+
+@pytest.mark.usefixtures("quick_backoff")
+def test_a_connection_gone_past_the_timeout_ends_the_drill_in_one_line(tmp_path: Path) -> None:
+    fake = Dropping(tmp_path, "preempt", {}, shows_lost=10**6)
+    with pytest.raises(DrillError, match="gave up after 0 s without a connection"):
+        Drill(_record(tmp_path), fake, "preempt", poll_s=0.01, timeout_s=0.3).run()  # type: ignore[arg-type]

@@ -164,7 +164,8 @@ def test_follow_outlives_a_dropped_connection(
     assert offsets == [0, 7, 7, 7, 14]  # no byte shown twice, none lost across the drop
     assert [s for s in slept if s in (1.0, 2.0)] == [1.0, 2.0]  # backing off
     err = capsys.readouterr().err
-    assert err.count("trying again") == 2 and "the run goes on" in err
+    assert err.count("trying again") == 1 and "the run goes on" in err  # once per outage
+    assert err.count("connected again") == 1
 
 
 def test_follow_confirms_a_final_state_before_it_ends(

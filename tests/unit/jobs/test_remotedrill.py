@@ -35,6 +35,12 @@ def add(name, **rec):
         f.write(json.dumps({"time": time.time(), **rec}) + "\n")
 cmd = os.path.basename(sys.argv[0])
 if cmd == "sbatch":
+    st["sbatch"] = st.get("sbatch", 0) + 1
+    st["urgent"] = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--job-name=")][0]
+    plan = os.environ.get("FAKE_SSH_PLAN")
+    if plan:  # the connection goes away for the next commands
+        with open(plan, "a") as f:
+            f.write("drop\n" * int(os.environ.get("FAKE_SLURM_DROPS", "0")))
     add("metrics.jsonl", kind="train", step=34)
     add("events.jsonl", event="signal", step=34, restart_count=0, received_at=time.time())
     add("events.jsonl", event="preempted", step=34, restart_count=0)
@@ -47,6 +53,9 @@ elif sys.argv[1:3] == ["show", "job"]:
           f"Partition=debug StartTime={start} TimeLimit=00:20:00 Reason={st['reason']} "
           f"UserId=me({os.getuid()})")
     st.update(st.pop("then", {}))
+elif cmd == "squeue":
+    if "urgent" in st:
+        print(f"99|{st['urgent']}|PENDING|Priority|n1|urgent|0:00|0|0|N/A|")
 elif sys.argv[1] == "update":
     st.update(state="RUNNING", reason="None")
     add("events.jsonl", event="resume", step=34, restart_count=st["restarts"])
@@ -62,7 +71,7 @@ def login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     run_dir = tmp_path / "there" / "run"
     run_dir.mkdir(parents=True)
     bin_dir = tmp_path / "bin"
-    for name in ("sbatch", "scontrol"):
+    for name in ("sbatch", "scontrol", "squeue"):
         (bin_dir / name).write_text(SLURM.replace("PY", sys.executable, 1))
         (bin_dir / name).chmod(0o755)
     state = tmp_path / "slurm.json"
@@ -168,3 +177,91 @@ def test_remote_files_come_over_a_piece_at_a_time(login: Path, tmp_path: Path) -
     files.refresh()
     assert (cache / "metrics.jsonl").read_bytes() == b"{}\n"
     assert files.uid() == __import__("os").getuid()
+
+
+def _drill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, login: Path, *argv: str) -> Any:
+    """``jobs drill r-1 --json ARGV`` of the recorded remote run, on the drill's own clock:
+    returns (exit code, stdout, stderr, the ssh commands between the drill's waits)."""
+    import contextlib
+
+    log = tmp_path / "ssh.log"
+    now = [1000.0]
+    between: list[int] = []
+    seen = [0]
+
+    def count() -> int:
+        text = log.read_text() if log.exists() else ""
+        return sum(" -- login1 " in ln for ln in text.splitlines())
+
+    def sleep(seconds: float) -> None:
+        total = count()
+        between.append(total - seen[0])
+        seen[0] = total
+        now[0] += seconds
+
+    clock = SimpleNamespace(time=time.time, monotonic=lambda: now[0], sleep=sleep)
+    monkeypatch.setattr(drill_mod, "time", clock)
+    monkeypatch.setenv("SLURM_TRAIN_STATE_DIR", str(tmp_path / "state"))
+    remote.record(
+        remote.RemoteRun(
+            remote.Remote("login1", "", sys.executable), str(login), "r-1", "r", "42", ("42",)
+        )
+    )
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["drill", "r-1", "--json", *argv], out=out)
+    return code, out.getvalue(), err.getvalue(), between
+
+
+def test_a_drill_poll_is_one_ssh_command(
+    login: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's answer and the files' new bytes come in ONE round trip per poll."""
+    state = tmp_path / "slurm.json"
+    state.write_text(json.dumps({"state": "PENDING", "restarts": 0, "reason": "Priority"}))
+    argv = ("--kind", "preempt", "--partition", "urgent", "--timeout", "10")
+    code, _, err, between = _drill(tmp_path, monkeypatch, login, *argv)
+    assert code != 0 and "gave up after 10 s waiting for the job to run and train" in err
+    assert len(between) >= 5  # the job never trains: the drill polls until its --timeout
+    assert between[1:] == [1] * (len(between) - 1)  # each poll after the first: one command
+    lines = (tmp_path / "ssh.log").read_text()
+    assert "scontrol show job" in lines and "events.jsonl" in lines
+
+
+def test_a_dropped_connection_mid_drill_is_tried_again_and_changes_nothing(
+    login: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after the preempting job's sbatch the connection goes for 4 commands: the drill
+    backs off (one line for the outage, one when it is back), sends nothing twice, and reports
+    the same resume."""
+    plan = tmp_path / "plan"
+    plan.write_text("")
+    monkeypatch.setenv("FAKE_SSH_PLAN", str(plan))
+    monkeypatch.setenv("FAKE_SLURM_DROPS", "4")
+    argv = ("--kind", "preempt", "--partition", "urgent")
+    code, out, err, _ = _drill(tmp_path, monkeypatch, login, *argv)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["outcome"] == "back: resumed at step 34" and report["steps_lost"] == 0
+    assert err.count("trying again with back-off") == 1 and err.count("connected again") == 1
+    assert plan.read_text() == ""  # every drop was met
+    st = json.loads((tmp_path / "slurm.json").read_text())
+    assert st["sbatch"] == 1
+
+
+def test_a_lost_sbatch_reply_is_checked_not_sent_again(
+    login: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preempting job's sbatch reaches Slurm but its reply is lost: the drill finds it in
+    the queue (its own name) and does not submit a second one (which would preempt the job
+    again after its resume)."""
+    plan = tmp_path / "plan"
+    plan.write_text("lose --job-name=drill-preempt\n")
+    monkeypatch.setenv("FAKE_SSH_PLAN", str(plan))
+    argv = ("--kind", "preempt", "--partition", "urgent")
+    code, out, err, _ = _drill(tmp_path, monkeypatch, login, *argv)
+    assert code == 0, err
+    assert json.loads(out)["outcome"] == "back: resumed at step 34"
+    assert plan.read_text() == ""
+    assert json.loads((tmp_path / "slurm.json").read_text())["sbatch"] == 1
+    assert "not sent again" in err
