@@ -59,6 +59,7 @@ from bench.common import (
     skipped,
     wait_until,
 )
+from bench.goodput_hold import MODES, HoldRow, hold_table, run_hold_row
 from train.history import read_jsonl
 
 __all__ = ["run"]
@@ -294,8 +295,10 @@ def row_limit(b: Bench, run: Path) -> tuple[str, list[float]]:
         b.sched = sched
 
 
-def trivial_restarts(b: Bench, run: Path) -> list[float]:
-    """Slurm's own preempt -> requeue -> restart of a trivial job, to its first line."""
+def trivial_restarts(b: Bench, run: Path) -> tuple[list[float], float | None]:
+    """Slurm's own preempt -> requeue -> restart of a trivial job, to its first line; and its
+    first start (the bench's clock right before its sbatch -> its first line)."""
+    submitted = time.time()
     body = (
         f"echo $(date +%s.%N) ${{SLURM_RESTART_COUNT:-0}} >> {shlex.quote(str(run))}/starts.txt\n"
         "trap 'scontrol requeue $SLURM_JOB_ID; exit 0' USR1\n"
@@ -309,7 +312,8 @@ def trivial_restarts(b: Bench, run: Path) -> list[float]:
         again = [float(s) for s, n in starts if int(n) == k]
         if again:
             out.append(again[0] - t)
-    return out
+    first = [float(s) for s, n in starts if int(n) == 0]
+    return out, (first[0] - submitted if first else None)
 
 
 def row_submitit(b: Bench, run: Path) -> tuple[str, list[float]]:
@@ -344,7 +348,7 @@ name: goodput-{what}
 resources: {{partition: debug, nodes: 2, ntasks_per_node: 1, cpus_per_task: 1, time: "00:15:00"}}
 environment:
   variables: {{OMP_NUM_THREADS: 1, BENCH_STEP_S: "{step_s}", PYTHONPATH: "{pythonpath}"}}
-requeue: {{signal: USR2, signal_delay_s: 90, max_preemptions: 20}}
+requeue: {{signal: USR2, signal_delay_s: 90, max_preemptions: 20{mode}}}
 """
 OURS_TRAIN = """\
 train:
@@ -366,15 +370,23 @@ entrypoint:
 """
 
 
-def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
-    text = OURS_SPEC.format(what=what, step_s=STEP_S, pythonpath=f"{HOOK}:{REPO}")
+def _ours_spec(b: Bench, run: Path, what: str, mode: str | None = None) -> str:
+    """The spec of one of our rows (``mode``: its ``requeue.mode``, else the default)."""
+    text = OURS_SPEC.format(
+        what=what, step_s=STEP_S, pythonpath=f"{HOOK}:{REPO}",
+        mode=f", mode: {mode}" if mode else "",
+    )  # fmt: skip
     if what == "trainer":
-        text += OURS_TRAIN.format(steps=b.sched.steps, save_every=SAVE_EVERY)
-    else:
-        habit = "bare" if what == "bare" else "plain"
-        text += OURS_COMMAND.format(
-            python=sys.executable, habit=habit, run=run / "task", steps=b.sched.steps, step_s=STEP_S
-        )
+        return text + OURS_TRAIN.format(steps=b.sched.steps, save_every=SAVE_EVERY)
+    habit = "bare" if what == "bare" else "plain"
+    return text + OURS_COMMAND.format(
+        python=sys.executable, habit=habit, run=run / "task", steps=b.sched.steps, step_s=STEP_S
+    )
+
+
+def submit_spec(b: Bench, run: Path, text: str) -> tuple[str, Path]:
+    """``jobs submit`` of the spec ``text`` (written to ``run/spec.yaml``) as a user would:
+    (its job id, its run directory); Skip with the command's last line when it refuses."""
     spec = run / "spec.yaml"
     spec.write_text(text, encoding="utf-8")
     proc = subprocess.run(
@@ -384,7 +396,11 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
     if proc.returncode != 0:
         raise Skip(f"jobs submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
     sub = json.loads(proc.stdout.strip().splitlines()[-1])
-    job, run_dir = str(sub["job_id"]), Path(sub["run_dir"])
+    return str(sub["job_id"]), Path(sub["run_dir"])
+
+
+def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
+    job, run_dir = submit_spec(b, run, _ours_spec(b, run, what))
     if what != "trainer":
         (run / "task").mkdir(exist_ok=True)
         link = run / "task"
@@ -486,6 +502,19 @@ def run(opts: Options) -> list[Figure]:
                 with contextlib.suppress(Exception):
                     client.cancel([job], no_requeue=True)
         opts.log(f"goodput: {rows[-1]}")
+    # the hold as users meet it: a plain script preempted once under each mode, nothing released
+    holds: list[HoldRow] = []
+    for i, row_name in enumerate(MODES):
+        if only and not any(o in row_name for o in only):
+            continue
+        run_dir = _mkdir(b.root / f"hold{i}")
+        (run_dir / "task").mkdir(exist_ok=True)
+        text = _ours_spec(b, run_dir, "bare", MODES[row_name])
+        try:
+            holds.append(run_hold_row(b, run_dir, row_name, text))
+        except Exception as exc:
+            holds.append(HoldRow(row_name, MODES[row_name], note=f"error: {exc}"[:200]))
+        opts.log(f"goodput: {holds[-1]}")
     # the physical limit: one uninterrupted run + what no tool avoids per preemption
     limit = Row("physical limit")
     floor = [_import_torch(env) for _ in range(2)][1:]
@@ -494,7 +523,7 @@ def run(opts: Options) -> list[Figure]:
         job, _ = row_limit(b, _mkdir(b.root / "limit"))
         base = b.row("uninterrupted", b.root / "limit", job, [], submitted)
         opts.log(f"goodput: {base}")
-        trivial = trivial_restarts(b, _mkdir(b.root / "trivial"))
+        trivial, trivial_first = trivial_restarts(b, _mkdir(b.root / "trivial"))
         floor.append(_import_torch(env))
         t_restart, t_torch = median(trivial), median(floor)
         if base.wall_s is not None and t_restart is not None and t_torch is not None:
@@ -507,12 +536,21 @@ def run(opts: Options) -> list[Figure]:
                 f"uninterrupted {base.wall_s:.0f} s + {sched.preemptions} x (Slurm restart of "
                 f"a trivial job {t_restart:.1f} s + import torch {t_torch:.1f} s)"
             )
+        if trivial_first is not None and t_torch is not None:
+            # the first start's floor: Slurm's start of a trivial job + import torch
+            limit.first_step_s = trivial_first + t_torch
+            limit.note += (
+                f"; first start: Slurm's start of a trivial job {trivial_first:.1f} s + import "
+                f"torch {t_torch:.1f} s"
+            )
     except Exception as exc:
         limit.note = f"error: {exc}"[:200]
     table = _table(rows, limit)
+    if holds:
+        table += "\n\n" + hold_table(holds)
     opts.log("goodput:\n" + table)
     (opts.workdir.parent / "goodput.md").write_text(table + "\n", encoding="utf-8")
-    return _figures(rows, limit, sched)
+    return _figures(rows, limit, sched) + _hold_figures(holds, limit)
 
 
 def _mkdir(p: Path) -> Path:
@@ -565,10 +603,94 @@ def _figures(rows: list[Row], limit: Row, sched: Schedule) -> list[Figure]:
                     note="ahead of every peer when the ratio is above 1",
                 )
             )
+    figures += _floor_figures(rows, limit)
     if limit.goodput is not None:
         figures.append(
             Figure(SECTION, "goodput: physical limit", "", ours=limit.goodput, note=limit.note)
         )
     else:
         figures.append(skipped(SECTION, "goodput: physical limit", limit.note))
+    return figures
+
+
+def _floor_figures(rows: list[Row], limit: Row) -> list[Figure]:
+    """Issue 46: every row against the physical floor measured in this run, as ratios: per
+    preemption (the median of its preemption -> training, the hold released for all) against
+    Slurm's restart of a trivial job + ``import torch``; the first start (submit -> first
+    step) against Slurm's start of a trivial job + ``import torch``. Goal for ours: 1.05x."""
+    figures: list[Figure] = []
+    per = limit.restart_s[0] if limit.restart_s else None
+    for r in rows:
+        ours = r.name.startswith("ours")
+        split = "; ".join(" / ".join(f"{x:.1f}" for x in parts) for parts in r.split)
+        if per is not None and r.restart_s:
+            figures.append(
+                Figure.measured(
+                    SECTION,
+                    f"per preemption vs the floor: {r.name}",
+                    "s",
+                    r.restart_s,
+                    [per],
+                    baseline_name="Slurm's restart of a trivial job + import torch",
+                    goal=Goal("<=", 1.05) if ours else None,
+                    note=f"stop / Slurm / start per preemption (s): {split or '-'}",
+                )
+            )
+        if limit.first_step_s is not None and r.first_step_s is not None:
+            figures.append(
+                Figure.measured(
+                    SECTION,
+                    f"first start vs the floor: {r.name}",
+                    "s",
+                    [r.first_step_s],
+                    [limit.first_step_s],
+                    baseline_name="Slurm's start of a trivial job + import torch",
+                    goal=Goal("<=", 1.05) if ours else None,
+                    note="submit -> the first step of the first attempt",
+                )
+            )
+    return figures
+
+
+def _hold_figures(holds: list[HoldRow], limit: Row) -> list[Figure]:
+    """The hold kept (nothing released): each mode's signal -> training again, against the
+    floor per preemption; the successor queued ahead against the requeue (goal: sooner)."""
+    figures: list[Figure] = []
+    per = limit.restart_s[0] if limit.restart_s else None
+    by_mode = {h.mode: h for h in holds if h.signal_to_training_s is not None}
+    for h in holds:
+        name = f"preemption -> training, {h.name}"
+        split = " / ".join(f"{x:.1f}" for x in h.split) if h.split else "-"
+        note = (
+            f"stop / Slurm / start {split} s; PENDING reasons {sorted(h.reasons) or '-'}; "
+            f"jobs submit recorded {h.used or '-'}" + (f"; {h.note}" if h.note else "")
+        )
+        if h.signal_to_training_s is None:
+            figures.append(skipped(SECTION, name, note))
+            continue
+        figures.append(
+            Figure.measured(
+                SECTION,
+                name,
+                "s",
+                [h.signal_to_training_s],
+                [per] if per else None,
+                baseline_name="the floor per preemption (hold released)",
+                note=note,
+            )
+        )
+    fast, slow = by_mode.get("fastest"), by_mode.get("requeue")
+    if fast is not None and slow is not None:
+        figures.append(
+            Figure.measured(
+                SECTION,
+                "hold kept: fastest (successor) vs requeue",
+                "s",
+                [fast.signal_to_training_s or 0.0],
+                [slow.signal_to_training_s or 0.0],
+                baseline_name="requeue.mode requeue (Slurm's hold)",
+                goal=Goal("<", 1.0),
+                note="signal -> training again, one preemption each, nothing released",
+            )
+        )
     return figures

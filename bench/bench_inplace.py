@@ -71,6 +71,30 @@ def _rank_pid(job: str, rank: int) -> int | None:
     return None
 
 
+def _split(
+    events: list[dict[str, Any]], killed: float, first_step: float
+) -> tuple[float, float, str] | None:
+    """Issue 46's split of one restart in place, from the run's own events: the stop (the kill
+    -> the batch script's ``restart_in_place``: the old step gone, the decision made) and the
+    start (-> the first step: the new step, the interpreter, imports, process group, load),
+    with the ``resume`` event's phases after ``main`` (rank 0's own marks; the first phase is
+    measured from ``/proc``'s process start, whose boot-time clock is whole seconds and may
+    drift from the wall clock here, so it is left out)."""
+    after = [e for e in events if float(e.get("time", 0)) > killed]
+    decided = next((e for e in after if e.get("event") == "restart_in_place"), None)
+    if decided is None:
+        return None
+    resumed = next((e for e in after if e.get("event") == "resume"), None)
+    startup = resumed.get("startup") if resumed is not None else None
+    phases = ""
+    if isinstance(startup, dict):
+        phases = ", ".join(
+            f"{k} {v:.2f}" for k, v in startup.items() if k != "main" and isinstance(v, int | float)
+        )
+    at = float(decided["time"])
+    return (at - killed, first_step - at, phases)
+
+
 def _floor(env: dict[str, str], checkpoint: Path) -> float:
     """``import torch`` + loading the checkpoint's files: what any restart pays at least."""
     files = [str(p) for p in sorted(checkpoint.glob("*.pt"))]
@@ -130,6 +154,7 @@ def run(opts: Options) -> list[Figure]:
     states: set[str] = set()
     ours: list[float] = []
     floor: list[float] = []
+    splits: list[tuple[float, float, str]] = []
     try:
 
         def state() -> str:
@@ -175,6 +200,9 @@ def run(opts: Options) -> list[Figure]:
                 if float(e.get("time", 0)) > killed
             ]
             opts.log(f"inplace: round {k}: {ours[-1]:.2f} s; events since the kill: {since}")
+            parts = _split(read_jsonl(run_dir / "events.jsonl"), killed, float(first["time"]))
+            if parts is not None:
+                splits.append(parts)
             floor.append(min(_floor(env, _copy_latest(run_dir, work / "floor")) for _ in range(2)))
     except Skip as exc:
         return [skipped(SECTION, NAME, str(exc))]
@@ -182,9 +210,11 @@ def run(opts: Options) -> list[Figure]:
         client.cancel([job], no_requeue=True)
     restarts = client.show_job(job).get("Restarts", "?")
     kept = "PENDING" not in states and restarts == "0"
+    split = "; ".join(f"{a:.2f} / {b:.2f} ({ph or '-'})" for a, b, ph in splits) or "-"
     note = (
         f"job {job}: states seen {sorted(states)}, Slurm restarts {restarts} "
-        f"(same job id, never PENDING: {'yes' if kept else 'NO'})"
+        f"(same job id, never PENDING: {'yes' if kept else 'NO'}); per restart, stop (the kill "
+        f"-> the decision) / start (-> the first step; its phases): {split} s"
     )
     fig = Figure.measured(
         SECTION, NAME, "s", ours, floor,

@@ -103,6 +103,10 @@ class ClusterState:
     nodes: tuple[Node, ...]
 
 
+#: AuthInfo's cred_expire when slurm.conf does not set it (slurm.conf(5), 22.05 to 26.05).
+CRED_EXPIRE_DEFAULT_S = 120
+
+
 @dataclass(frozen=True)
 class ClusterLimits:
     """Limits from ``scontrol show config`` that any user may read (Slurm's defaults here)."""
@@ -114,9 +118,26 @@ class ClusterLimits:
     expedited_requeue: bool = False
     # 25.11+: SchedulerParameters=requeue_delay=N, seconds a requeued job waits (None: unset)
     requeue_delay_s: int | None = None
+    # AuthInfo=cred_expire=N (None: unset, Slurm's 120 s): also how long a requeued job waits
+    # before it may start again (slurm.conf(5)), where requeue_delay is not set
+    cred_expire_s: int | None = None
     # SLURM_VERSION (``24.11.5``; "" when not printed): what the release does differently
     # (README's table), e.g. whether it requeues a preempted job itself (train.stop)
     slurm_version: str = ""
+    # the longest a job whose dependency was just met waits for a scheduling pass: Slurm
+    # triggers one at a job's end, and runs the backfill pass (bf_interval, default 30 s) and
+    # the main one (sched_interval, default 60 s) at least that often
+    successor_wait_s: int = 30
+
+    @property
+    def requeue_hold_s(self) -> int:
+        """Seconds a requeued job is held before it may start again (slurm.conf(5)):
+        ``requeue_delay`` (25.11+) where set, else ``cred_expire``, else Slurm's default 120;
+        what an expedited requeue skips and a successor queued ahead (issue 46) avoids; 120-148 s
+        seen on the local cluster (the hold plus a scheduling pass)."""
+        if self.requeue_delay_s is not None:
+            return self.requeue_delay_s
+        return self.cred_expire_s if self.cred_expire_s is not None else CRED_EXPIRE_DEFAULT_S
 
     @property
     def max_array_tasks(self) -> int:

@@ -200,19 +200,30 @@ def parse_config_values(text: str) -> dict[str, str]:
 
 def parse_config_limits(text: str) -> ClusterLimits:
     """``scontrol show config``: the limits any user may read (MaxArraySize, MaxJobCount) and
-    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``) and the
-    release (SLURM_VERSION)."""
+    the restart levers of 25.11+ (expedited requeue allowed, ``requeue_delay``), AuthInfo's
+    ``cred_expire`` (the hold of a requeue without ``requeue_delay``) and the release
+    (SLURM_VERSION)."""
     values = parse_config_values(text)
     defaults = ClusterLimits()
     ctld = _options(values.get("SlurmctldParameters", ""))
     sched = _options(values.get("SchedulerParameters", ""))
     delay = sched.get("requeue_delay", "")
+    # the credential's lifetime: AuthInfo's (CredType's on some releases) cred_expire
+    expire = _options(values.get("AuthInfo", "")).get("cred_expire", "") or _options(
+        values.get("CredType", "")
+    ).get("cred_expire", "")
+    # a newly eligible job waits at most for the next pass: backfill's (if on) or the main one
+    passes = [_int(sched.get("sched_interval", ""), 60)]
+    if "backfill" in values.get("SchedulerType", "sched/backfill"):
+        passes.append(_int(sched.get("bf_interval", ""), 30))
     return ClusterLimits(
         max_array_size=_int(values.get("MaxArraySize", ""), defaults.max_array_size),
         max_job_count=_int(values.get("MaxJobCount", ""), defaults.max_job_count),
         expedited_requeue="enable_expedited_requeue" in ctld,
         requeue_delay_s=int(delay) if delay.isdigit() else None,
+        cred_expire_s=int(expire) if expire.isdigit() else None,
         slurm_version=(values.get("SLURM_VERSION", "").split() or [""])[0],
+        successor_wait_s=min(passes),
     )
 
 

@@ -41,7 +41,7 @@ from train.history import RunHistory
 from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
-    from cluster import JobInfo, Slurm
+    from cluster import ClusterLimits, JobInfo, Slurm
     from jobs.load import LoadedSpec
 
 SUPPORT_FILE = "requeue-support.json"
@@ -82,6 +82,29 @@ def requeue_support(client: Slurm, partition: str, cache_dir: Path) -> str | Non
         write_entry(cache_dir, SUPPORT_FILE, stamp, {"partitions": parts})
     why = requeue_problem(job_requeue, mode)
     return None if why is None else f"partition {partition}: {why}"
+
+
+def hold_against_successor(limits: ClusterLimits) -> tuple[bool, str]:
+    """Whether a successor queued ahead is back sooner than a requeued job here, and why
+    (pure; ``requeue.mode: fastest``, issue 46).
+
+    A requeued job waits ``requeue_hold_s`` in BeginTime (``requeue_delay`` where set, else the
+    credential's ``cred_expire``), then for a scheduling pass; a link queued ahead
+    (``afternotok``) is eligible the moment the link before it ends and waits at most for the
+    next pass (``successor_wait_s``). The expedited requeue of 25.11+ lifts the hold only for a
+    job requeued after a node failure, never after a preemption or a time limit: it does not
+    change the choice for those."""
+    hold, wait = limits.requeue_hold_s, limits.successor_wait_s
+    lever = "requeue_delay" if limits.requeue_delay_s is not None else "cred_expire"
+    if hold > wait:
+        return True, (
+            f"Slurm holds a requeued job {hold} s in BeginTime ({lever}); a successor queued "
+            f"ahead waits at most {wait} s for a scheduling pass"
+        )
+    return False, (
+        f"Slurm holds a requeued job {hold} s ({lever}), no longer than a successor queued "
+        f"ahead may wait for a scheduling pass ({wait} s)"
+    )
 
 
 def with_mode(loaded: LoadedSpec, mode: str) -> LoadedSpec:

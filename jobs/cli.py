@@ -435,14 +435,20 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
         if levers is not None:
             data[0]["requeue_delay_s"] = levers.requeue_delay_s
             data[0]["expedited_requeue"] = levers.expedited_requeue
+        if args.run and not stages and runs[0].restart_mode:
+            data[0]["restart_mode"] = runs[0].restart_mode
+            data[0]["restart_reason"] = runs[0].restart_reason
         out.write(json.dumps(data if not args.run or stages else data[0], indent=1) + "\n")
     else:
         write_status(runs, states, out)
         from jobs.preflight import restart_levers_line
+        from jobs.statusview import restart_mode_line
 
         line = restart_levers_line(levers)
         if line:
             out.write(line + "\n")
+        if args.run and not stages and runs[0].restart_mode:
+            out.write(restart_mode_line(runs[0].restart_mode, runs[0].restart_reason) + "\n")
         if ledger is not None:
             write_goodput(ledger, out)
     return 0

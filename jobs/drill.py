@@ -649,7 +649,8 @@ class Drill:
         r.notes.append(
             f"a real stop also waits Slurm's requeue hold: about {held + restart:.0f} s from the "
             f"requeue to training ({held:.0f} s held + {restart:.1f} s restart); the drill "
-            "released the hold at once"
+            "released the hold at once (requeue.mode: fastest queues a successor ahead "
+            "instead, which starts without it)"
         )
 
     def _measure(self, t0: float, restarts: int) -> None:

@@ -82,7 +82,10 @@ def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:
     """The job step ``step`` (submitit's srun line) run again in the same allocation when the
     run decided to restart in place (a failure or a hang; :mod:`train.stop.step` says so after
     each step): no requeue, no trip through the queue. The only lines of the script that are
-    ours rather than submitit's."""
+    ours rather than submitit's. A link of a chain that stopped for its successor (its exit
+    code ``link_exit``, set by :func:`jobs.render.chain_lines`) ends the script at once: its
+    successor resumes, and a run rank 0 completed meanwhile is found by the successor's
+    ``link-start`` (the chain ends there)."""
     ask = " ".join([
         safe_python(python), "-m jobs.launch --after-step", shlex.quote(str(folder)),
         '--exit-code "$rc"', '--in-place "$SLURM_TRAIN_IN_PLACE" --job-id "$SLURM_JOB_ID"',
@@ -95,6 +98,8 @@ def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:
         "while :; do",
         f"  {step}",
         "  rc=$?",
+        # a link of a chain (jobs.render.chain_lines sets link_exit) stopped for its successor
+        '  if [ "$rc" = "${link_exit-}" ]; then exit "$rc"; fi',
         f"  next=$({ask}) || next=\"exit $rc\"",
         '  if [ "$next" != restart ]; then exit "${next#exit }"; fi',
         "  SLURM_TRAIN_IN_PLACE=$((SLURM_TRAIN_IN_PLACE + 1))",

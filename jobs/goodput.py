@@ -36,6 +36,12 @@ stop       training stopped (or ended) -> the process left (the save at the stop
            node failure the next attempt recorded (``late``): its last step -> Slurm's End
 ========== ================================================================================
 
+An expedited requeue (25.11+: a job submitted with ``--requeue=expedite`` and requeued after
+a node failure starts again at once, at top priority) is listed apart (``expedited``): the
+attempt it started, the wait it had (its Submit -> Start, counted in ``held``) and the hold a
+plain requeue waits on that cluster (``requeue_delay``, else ``cred_expire``: recorded at
+submission), the difference being the wait it saved. It moves no second between the parts.
+
 Every part is clamped: the cursor never moves past the end of the run, a part never goes
 negative, and a foreign or damaged value (a negative ``seconds``, a ``checkpoint_s`` that is
 not a number, a time that is not finite or lies after the end) cannot make the parts exceed
@@ -69,7 +75,7 @@ from typing import Any, Protocol
 
 from train.runfiles import events_where
 
-__all__ = ["LABELS", "PARTS", "Attempt", "Ledger", "compute", "sum_ledgers"]
+__all__ = ["LABELS", "PARTS", "Attempt", "Expedited", "Ledger", "compute", "sum_ledgers"]
 
 PARTS = (
     "productive",
@@ -118,6 +124,35 @@ class Attempt(Protocol):
     def end(self) -> float | None: ...
 
 
+@dataclass(frozen=True)
+class Expedited:
+    """One expedited requeue: attempt ``attempt`` (its restart count) started ``waited_s``
+    after the requeue, where a plain requeue is held ``hold_s``."""
+
+    attempt: int
+    waited_s: float
+    hold_s: float
+
+    @property
+    def saved_s(self) -> float:
+        return max(0.0, self.hold_s - self.waited_s)
+
+    def line(self) -> str:
+        return (
+            f"expedited requeue: attempt {self.attempt} started {self.waited_s:.0f} s after a "
+            f"node failure's requeue, where a plain requeue is held {self.hold_s:.0f} s "
+            f"(saved {self.saved_s:.0f} s)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "waited_s": round(self.waited_s, 3),
+            "hold_s": round(self.hold_s, 3),
+            "saved_s": round(self.saved_s, 3),
+        }
+
+
 @dataclass
 class Ledger:
     """Seconds per part (:data:`PARTS`); ``wall_s`` is their sum."""
@@ -131,6 +166,9 @@ class Ledger:
     tasks: int = 1
     origin: float | None = None
     end: float | None = None
+    # expedited requeues after a node failure: the attempt they started, its wait, the hold
+    # a plain requeue would have waited (compute's ``expedited_hold_s``)
+    expedited: list[Expedited] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:
@@ -182,6 +220,8 @@ class Ledger:
             "notes": list(self.notes),
             "tasks": self.tasks,
             "span_s": round(self.span_s, 3),
+            "expedited_requeues": [e.to_dict() for e in self.expedited],
+            "expedite_saved_s": round(sum(e.saved_s for e in self.expedited), 3),
         }
 
 
@@ -200,6 +240,7 @@ def sum_ledgers(ledgers: Iterable[Ledger]) -> Ledger:
         total.stops += led.stops
         total.tasks += led.tasks
         total.notes.extend(n for n in led.notes if n not in total.notes)
+        total.expedited.extend(led.expedited)
         if led.origin is not None:
             total.origin = led.origin if total.origin is None else min(total.origin, led.origin)
         if led.end is not None:
@@ -361,6 +402,7 @@ def compute(
     state: str | None = None,
     slurm: bool = True,
     chain: bool = False,
+    expedited_hold_s: float | None = None,
 ) -> Ledger:
     """The ledger of one run (one task of a sweep) from its records (pure).
 
@@ -372,7 +414,9 @@ def compute(
     ``slurm``: False for a run without Slurm (the local executor): its launcher's start is
     start-up, the wait between a recorded stop and the next start a requeue hold. ``chain``:
     the attempts are the links of a chain (their events' ``restart_count`` the link's place):
-    a later attempt's wait is ``links``.
+    a later attempt's wait is ``links``. ``expedited_hold_s``: the run asked for an expedited
+    requeue (``--requeue=expedite``) where a plain requeue is held that long: each attempt
+    that followed a node failure is listed in ``Ledger.expedited``.
     """
     later = "links" if chain else "held"
     ledger = Ledger()
@@ -468,6 +512,8 @@ def compute(
         elif last_of_attempt:
             cursor.to("stop", seg.last_event_time())
         # (an in-place restart: the stop runs to the next process start, above)
+        if expedited_hold_s is not None and last_of_attempt:
+            _note_expedite(ledger, seg, ending, nxt, times, expedited_hold_s)
     # Slurm attempts after the last segment: held, queued, or starting now
     last_restart = segments[-1].restart if segments else -1
     for k, times_k in enumerate(times):
@@ -491,6 +537,29 @@ def compute(
             "included)"
         )
     return ledger
+
+
+def _note_expedite(
+    ledger: Ledger,
+    seg: _Segment,
+    ending: Mapping[str, Any] | None,
+    nxt: _Segment | None,
+    times: Sequence[_Times],
+    hold_s: float,
+) -> None:
+    """An attempt ended by a node failure (its own record, else the one the next attempt
+    wrote) and requeued expedited: the next attempt's wait beside the hold it skipped."""
+    why = ending if ending is not None else seg.explained
+    if why is None or why.get("event") != "node_fail" or seg.restart is None:
+        return
+    if nxt is not None and nxt.restart is not None and nxt.restart > seg.restart:
+        after, restart = _attempt(times, nxt.restart, nxt.sluid), nxt.restart
+    else:
+        after, restart = _attempt(times, seg.restart + 1), seg.restart + 1
+    if after is None or after.start is None or after.submit is None:
+        return  # not started again yet (or Slurm's times unknown): nothing to compare
+    waited = max(0.0, after.start - after.submit)
+    ledger.expedited.append(Expedited(restart, waited, max(0.0, _dur(hold_s))))
 
 
 def _next_t(seg: _Segment | None) -> float:

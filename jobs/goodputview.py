@@ -177,6 +177,7 @@ def task_ledgers(
             state=info.state if info is not None else None,
             slurm=record.executor == "slurm",
             chain=chain,
+            expedited_hold_s=record.expedited_hold_s if record.executor == "slurm" else None,
         )
         if note:
             ledger.notes.append(note)
@@ -219,4 +220,7 @@ def write_goodput(ledger: Ledger, out: IO[str] | None = None) -> dict[str, Any]:
     line = ledger.line()
     if out is not None and line:
         out.write(f"  {line}\n")
+    if out is not None:
+        for expedited in ledger.expedited:  # the wait each expedited requeue saved
+            out.write(f"  {expedited.line()}\n")
     return ledger.to_dict()

@@ -35,15 +35,25 @@ SBATCH_OPTIONS_FILE = "sbatch-options.json"
 SBATCH_OPTIONS_TTL_S = 86400.0
 
 
-def _limits_of(data: dict) -> ClusterLimits:
-    delay = data.get("requeue_delay_s")
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _limits_of(data: dict, *, for_deciding: bool = True) -> ClusterLimits:
+    """The cached entry as limits; an entry written before the restart levers were kept (no
+    ``successor_wait_s``) raises KeyError ``for_deciding`` (the cluster is asked again), else
+    reads as Slurm's defaults."""
+    delay, expire = data.get("requeue_delay_s"), data.get("cred_expire_s")
+    wait = data["successor_wait_s"] if for_deciding else data.get("successor_wait_s", 30)  # Slurm's
     return ClusterLimits(
         int(data["max_array_size"]),
         int(data["max_job_count"]),
         # an entry written before these fields existed reads as none set
         expedited_requeue=data.get("expedited_requeue") is True,
-        requeue_delay_s=delay if isinstance(delay, int) and not isinstance(delay, bool) else None,
+        requeue_delay_s=delay if _whole(delay) else None,
+        cred_expire_s=expire if _whole(expire) else None,
         slurm_version=str(data.get("slurm_version") or ""),
+        successor_wait_s=int(wait),
     )
 
 
@@ -65,7 +75,7 @@ def cached_limits(cache_dir: Path) -> ClusterLimits | None:
     it is damaged or foreign)."""
     try:
         data = json.loads((cache_dir / LIMITS_FILE).read_bytes())
-        return _limits_of(data) if isinstance(data, dict) else None
+        return _limits_of(data, for_deciding=False) if isinstance(data, dict) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

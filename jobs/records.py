@@ -152,6 +152,14 @@ class RunRecord:
     # every id of the run for the whole run). status/list show CANCELLING until it is over.
     cancel_requested_at: float | None = None
     cancel_targets: list[str] = field(default_factory=list)
+    # Submitted with --requeue=expedite (the cluster allows it, issue 43): the hold in seconds
+    # its requeue after a node failure skips (ClusterLimits.requeue_hold_s: requeue_delay,
+    # else cred_expire, as the preflight read them); None: a plain requeue, held as usual.
+    expedited_hold_s: int | None = None
+    # How a stopped run of Slurm's comes back (issue 46): requeue (the same job) or chain (a
+    # successor queued ahead, jobs.chain), and why, as jobs submit's preflight decided.
+    restart_mode: str = ""
+    restart_reason: str = ""
 
     def cancel_requested(self, task_job_id: str) -> bool:
         """``jobs cancel`` asked to cancel this task (its id, its array's or the job's)."""
@@ -232,6 +240,9 @@ RUN_RECORD = Schema(
         "dependents_after": "str",
         "cancel_requested_at": "time",
         "cancel_targets": "list[str]",
+        "expedited_hold_s": "count",
+        "restart_mode": "str",
+        "restart_reason": "str",
     },
 )
 TASK_RECORD = Schema(

@@ -159,6 +159,14 @@ def command_note(spec: JobSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def asks_expedite(spec: JobSpec, cluster: ClusterLimits | None) -> bool:
+    """Whether the job's script asks for ``--requeue=expedite``: it asks to be requeued and
+    the cluster allows an expedited requeue (25.11+, ``enable_expedited_requeue``)."""
+    if cluster is None or not cluster.expedited_requeue:
+        return False
+    return any(key == "requeue" for key, _ in slurm_options(spec).sbatch)
+
+
 def sbatch_script(
     spec: JobSpec,
     run_dir: Path,
@@ -185,7 +193,7 @@ def sbatch_script(
     folder = submitit_folder(run_dir)
     options = list(slurm_options(spec).sbatch)
     setup = setup_lines(spec)
-    if cluster is not None and cluster.expedited_requeue:
+    if asks_expedite(spec, cluster):
         options = [("requeue", "expedite") if k == "requeue" else (k, v) for k, v in options]
     if cluster is not None and cluster.slurm_version:
         setup.insert(1, f"export {SLURM_RELEASE_ENV}={shlex.quote(cluster.slurm_version)}")
@@ -213,6 +221,7 @@ def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
     resumes, ``SLURM_TRAIN_LINK=N`` tells train so; ``exit N`` when the chain is over); when
     the script exits, the chain's end (the links still queued cancelled)."""
     from jobs.executor import safe_python
+    from train.stop import REQUEUE_EXIT_CODE
 
     exe = safe_python(python)
     run = shlex.quote(str(Path(run_dir).absolute()))
@@ -224,9 +233,15 @@ def chain_lines(run_dir: Path, python: str | None = None) -> list[str]:
         '  resume*) n="${link#resume}"; n="${n# }"; export SLURM_TRAIN_LINK="${n:-1}" ;;',
         '  *) exit "${link#exit }" ;;',
         "esac",
+        # the step's exit code that stops this link for the next one (jobs.executor's loop
+        # ends the script with it at once, no after-step interpreter: the successor resumes)
+        f"link_exit={REQUEUE_EXIT_CODE}",
         "link_end() {",
         "  link_rc=$?",
-        f'  {exe} -m jobs.chain link-end {run} --job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
+        # 75: stopped for the next link, which resumes (link-end would do nothing): the link
+        # leaves its nodes without one more interpreter's start (issue 46)
+        f'  [ "$link_rc" = {REQUEUE_EXIT_CODE} ] || {exe} -m jobs.chain link-end {run} '
+        '--job-id "$SLURM_JOB_ID" --exit-code "$link_rc"',
         "}",
         "trap link_end EXIT",
     ]

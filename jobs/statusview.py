@@ -32,6 +32,15 @@ def _elapsed(seconds: int | None) -> str:
     return format_slurm_time(seconds) if seconds else ""
 
 
+def restart_mode_line(mode: str, reason: str) -> str:
+    """``  restarts: a successor queued ahead (chain of jobs): WHY``: how a stopped run comes
+    back, as ``jobs submit`` chose it (run.json's ``restart_mode``; issue 46)."""
+    how = "a successor queued ahead (chain of jobs)" if mode == "chain" else (
+        "requeued (the same job; Slurm holds it in BeginTime before it starts again)"
+    )  # fmt: skip
+    return f"  restarts: {how}" + (f": {reason}" if reason else "")
+
+
 def held(info: JobInfo, now: float | None = None) -> str:
     """``held by Slurm until 20:34:29 (BeginTime: requeue hold), about 130 s``: a pending job
     Slurm holds until a begin time (issue 46: after a requeue, ``cred_expire``: 120-148 s on

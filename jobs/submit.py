@@ -26,7 +26,7 @@ from jobs.errors import SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.pids import wait_exec
 from jobs.records import Plan
-from jobs.render import sbatch_script, submitit_folder, submitted_pickle
+from jobs.render import asks_expedite, sbatch_script, submitit_folder, submitted_pickle
 from jobs.slurmmap import timeout_min
 from train import runfiles
 from train.safepath import python_module_argv
@@ -186,7 +186,8 @@ def submit(
             return submit_local(loaded, plan)
     limit = None
     limits: ClusterLimits | None = None
-    auto = loaded.spec.requeue.mode == "auto" and not loaded.is_array
+    requested = loaded.spec.requeue.mode
+    auto = requested in ("auto", "fastest") and not loaded.is_array
     if preflight:
         from jobs.preflight import (
             array_limit,
@@ -213,20 +214,28 @@ def submit(
         limits = cluster_limits(client, records.state_dir())
         if loaded.is_array:
             limit = array_limit(len(loaded.tasks), limits, loaded.where)
-        loaded = _chain_or_requeue(loaded, client, partition)
+        loaded, why = _chain_or_requeue(loaded, client, partition, limits)
+    else:
+        why = f"requeue.mode: {requested}"
     try:
-        return submit_slurm(loaded, plan, client, array_limit=limit, after=after, cluster=limits)
+        record = submit_slurm(
+            loaded, plan, client, array_limit=limit, after=after, cluster=limits,
+            restart_reason=why,
+        )  # fmt: skip
     except SubmitError as exc:
         from jobs.chain import requeue_refused, with_mode
 
         # a site that refuses --requeue (a job submit plugin): the run as a chain (mode auto)
-        if auto and loaded.spec.requeue.mode != "chain" and requeue_refused(str(exc)):
-            _chain_note(loaded, f"sbatch refused --requeue ({exc})")
-            return submit_slurm(
-                with_mode(loaded, "chain"), plan, client, array_limit=limit, after=after,
-                cluster=limits,
-            )  # fmt: skip
-        raise
+        if not (auto and loaded.spec.requeue.mode != "chain" and requeue_refused(str(exc))):
+            raise
+        why = f"requeue does not work here: sbatch refused --requeue ({_last_line(exc)})"
+        _chain_note(loaded, f"sbatch refused --requeue ({exc})")
+        loaded = with_mode(loaded, "chain")
+        record = submit_slurm(
+            loaded, plan, client, array_limit=limit, after=after, cluster=limits,
+            restart_reason=why,
+        )  # fmt: skip
+    return record
 
 
 def _chain_note(loaded: LoadedSpec, why: str) -> None:
@@ -239,10 +248,15 @@ def _chain_note(loaded: LoadedSpec, why: str) -> None:
     )
 
 
-def _chain_or_requeue(loaded: LoadedSpec, client: Slurm, partition: str) -> LoadedSpec:
-    """``requeue.mode`` auto resolved by the preflight: chain where requeue does not work for
-    this partition (jobs.chain.requeue_support), else requeue."""
-    from jobs.chain import requeue_support, with_mode
+def _chain_or_requeue(
+    loaded: LoadedSpec, client: Slurm, partition: str, limits: ClusterLimits
+) -> tuple[LoadedSpec, str]:
+    """``requeue.mode`` auto or fastest resolved by the preflight, and why: chain where
+    requeue does not work for this partition (jobs.chain.requeue_support); with fastest, chain
+    also where a successor queued ahead is back sooner than a requeued job
+    (jobs.chain.hold_against_successor, from ``limits``: the preflight's cached ``scontrol
+    show config``, no query of its own); else requeue."""
+    from jobs.chain import hold_against_successor, requeue_support, with_mode
 
     mode = loaded.spec.requeue.mode
     if mode == "chain" and loaded.is_array:
@@ -250,16 +264,28 @@ def _chain_or_requeue(loaded: LoadedSpec, client: Slurm, partition: str) -> Load
             f"{loaded.where(('requeue', 'mode'))}: requeue.mode: a sweep cannot run as a chain "
             "of jobs yet (submit its points as separate specs, or requeue.mode: requeue)"
         )
-    if mode != "auto":
-        return loaded
+    if mode not in ("auto", "fastest"):
+        return loaded, f"requeue.mode: {mode}"
     why = requeue_support(client, partition, records.state_dir())
+    if why is None and mode == "fastest":
+        sooner, reason = hold_against_successor(limits)
+        if sooner and not loaded.is_array:
+            print(f"jobs: a successor queued ahead is back sooner than a requeue here: "
+                  f"{reason}; the run goes as a chain of jobs ({loaded.spec.requeue.chain_depth} "
+                  "queued ahead; requeue.mode: requeue to keep one job)",
+                  file=sys.stderr)  # fmt: skip
+            return with_mode(loaded, "chain"), f"requeue.mode: fastest: {reason}"
+        if sooner:
+            reason += "; a sweep cannot be a chain yet"
+        return with_mode(loaded, "requeue"), f"requeue.mode: fastest: {reason}"
     if why is None or loaded.is_array:
         if why is not None:
             print(f"jobs: requeue does not work here ({why}); a sweep cannot be a chain yet: "
                   "a preempted task is not resumed", file=sys.stderr)  # fmt: skip
-        return with_mode(loaded, "requeue")
+            return with_mode(loaded, "requeue"), f"requeue does not work here: {why}"
+        return with_mode(loaded, "requeue"), f"requeue.mode: {mode}: requeue works here"
     _chain_note(loaded, why)
-    return with_mode(loaded, "chain")
+    return with_mode(loaded, "chain"), f"requeue does not work here: {why}"
 
 
 def submit_slurm(
@@ -270,6 +296,7 @@ def submit_slurm(
     array_limit: int | None = None,
     after: Sequence[str] = (),
     cluster: ClusterLimits | None = None,
+    restart_reason: str = "",
 ) -> records.RunRecord:
     """Submit through :class:`cluster.client.SlurmClient` (its environment, passed explicitly).
 
@@ -283,7 +310,9 @@ def submit_slurm(
     all of them. All arrays go in or none: when one sbatch fails, the
     arrays already submitted are cancelled. ``cluster``: the preflight's
     :func:`jobs.preflight.cluster_limits` (the release, ``--requeue=expedite``; see
-    :func:`jobs.render.sbatch_script`). Returns the saved record (one run).
+    :func:`jobs.render.sbatch_script`). ``restart_reason``: why the run comes back as it does
+    (requeue or chain: the record's ``restart_mode``), as the preflight decided. Returns the
+    saved record (one run).
     """
     plan = _claim(plan, lambda: client)  # before anything is written into it
     try:
@@ -331,8 +360,14 @@ def submit_slurm(
     with contextlib.suppress(OSError):
         pending.rmdir()
     record = new_record(loaded, plan, "slurm", files)
+    if cluster is not None and asks_expedite(loaded.spec, cluster):
+        # the script asked --requeue=expedite: the ledger shows the hold its requeue skipped
+        record.expedited_hold_s = cluster.requeue_hold_s
     record.job_id = job_ids[0]
     record.cluster = client.cluster_name()
+    # how a stop comes back, and why (issue 46: each recorded as what it was; jobs status)
+    record.restart_mode = "chain" if chain else "requeue"
+    record.restart_reason = restart_reason or f"requeue.mode: {loaded.spec.requeue.mode}"
     if chain:
         record.chain_job_ids = job_ids
     elif len(job_ids) > 1:

@@ -26,11 +26,12 @@ install_system_packages() {
     command -v rsync >/dev/null || need+=(rsync)
     # the one-time code of its 2FA alias (keyboard-interactive through PAM: pam_oath)
     compgen -G '/lib/*/security/pam_oath.so' >/dev/null || compgen -G '/usr/lib/*/security/pam_oath.so' >/dev/null || need+=(libpam-oath)
-    # A release other than the host's (`make setup SLURM=24.11`) runs in a root file system
-    # that `python -m cluster up --slurm` builds with mmdebstrap (cluster/local/release.py).
-    case "${SLURM:-}" in
-    "" | 22.05) ;;
-    *) command -v mmdebstrap >/dev/null || need+=(mmdebstrap) ;;
+    # A release other than the host's (`make setup SLURM=24.11`, or one of SLURM_RELEASES:
+    # `make test` runs the release-sensitive integration tests on 24.11 and 26.05 too) runs in
+    # a root file system that `python -m cluster up --slurm` builds with mmdebstrap
+    # (cluster/local/release.py).
+    case " ${SLURM:-} ${SLURM_RELEASES:-} " in
+    *" 24.11 "* | *" 26.05 "*) command -v mmdebstrap >/dev/null || need+=(mmdebstrap) ;;
     esac
     if [ "${#need[@]}" -eq 0 ]; then
         return 0

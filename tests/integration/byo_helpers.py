@@ -139,14 +139,11 @@ class ByoRun:
         return urgent
 
     def release_when_requeued(self, timeout: float = 180) -> None:
-        """A requeued job waits ~2 minutes (BeginTime): let it start now."""
-
-        def pending() -> bool:
-            info = self.client.show_job(self.job_id)
-            return info.get("JobState") == "PENDING" and int(info.get("Restarts", "0")) > 0
-
-        self.wait("the job to be requeued", pending, timeout)
-        self.client.release(self.job_id)  # waits for the requeue to settle (Slurm's race)
+        """A requeued job waits ~2 minutes (BeginTime): let it start now. An expedited requeue
+        (26.05 here: ``--requeue=expedite``) is back at once, with nothing to release."""
+        self.wait("the job to be requeued", lambda: requeued(self.client, self.job_id), timeout)
+        if self.client.show_job(self.job_id).get("JobState") == "PENDING":
+            self.client.release(self.job_id)  # waits for the requeue to settle (Slurm's race)
 
     def wait_final(self, timeout: float = 400) -> str:
         final = TERMINAL_STATES
@@ -159,6 +156,18 @@ class ByoRun:
         ids = [j for j in (self.job_id, *self.others) if j]
         if ids:
             self.client.cancel(ids, no_requeue=True)
+
+
+#: States of a requeued job (Restarts > 0): held (PENDING: BeginTime), or back already (an
+#: expedited requeue, 25.11+: EXPEDITING, then RUNNING within seconds, never held).
+_REQUEUED_STATES = frozenset({"PENDING", "EXPEDITING", "RUNNING", *TERMINAL_STATES})
+
+
+def requeued(client: Any, job_id: str) -> bool:
+    """``job_id`` was requeued and is held, or back already where the requeue was expedited."""
+    info = client.show_job(job_id)
+    restarts = info.get("Restarts", "0")
+    return restarts.isdigit() and int(restarts) > 0 and info.get("JobState") in _REQUEUED_STATES
 
 
 def open_run(slurm_env: dict[str, str], slurm_client: Any, tmp: Path) -> Iterator[ByoRun]:

@@ -2,7 +2,9 @@
 order: the tests marked ``long(SECONDS)`` (about what one takes on an idle machine) run first,
 longest first, so that the workers (``make test``: ``--dist load``, which hands tests out in
 this order) do not end waiting on one long test started last. Every test here is marked
-``integration``: the unit half (``make unit``) does not even collect this directory."""
+``integration``: the unit half (``make unit``) does not even collect this directory. Those also
+marked ``release_sensitive(WHY)`` run on the other Slurm releases too (``make test``,
+scripts/test.sh); WHY is required."""
 
 from __future__ import annotations
 
@@ -29,6 +31,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if unmarked:
         raise pytest.UsageError(
             f"not marked integration (neither half of make test would run it): {unmarked[0]}"
+        )
+    # release_sensitive(WHY): make test runs these on the other Slurm releases too
+    # (scripts/test.sh); the reason is what differs between releases that the test touches
+    unexplained = [
+        i.nodeid
+        for i in items
+        if any(
+            not (m.args and isinstance(m.args[0], str) and m.args[0].strip())
+            for m in i.iter_markers("release_sensitive")
+        )
+    ]
+    if unexplained:
+        raise pytest.UsageError(
+            f"release_sensitive without its reason (what differs between releases): "
+            f"{unexplained[0]}"
         )
     items.sort(key=_expected_s, reverse=True)  # stable: the others keep their order
 

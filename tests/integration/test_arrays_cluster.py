@@ -9,6 +9,7 @@ one tiny job runs to COMPLETED to show the sbatch path (no submitit executor) st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from cluster.client import SlurmClient
+from cluster.models import ClusterLimits
 
 REPO = Path(__file__).resolve().parents[2]
 POINTS = 1500
@@ -62,6 +64,7 @@ def submitted(env: dict[str, str], tmp_path: Path, slurm_client: SlurmClient) ->
     slurm_client.cancel(list(reversed(leftover)), no_requeue=True)
 
 
+@pytest.mark.release_sensitive("array job ids and task states in squeue and sacct")
 def test_big_sweep_is_split_shown_and_cancelled_as_one_run(
     env: dict[str, str], submitted: dict, slurm_client: SlurmClient
 ) -> None:
@@ -106,7 +109,9 @@ def test_a_sweep_the_cluster_cannot_hold_is_refused(tmp_path: Path, env: dict[st
     state = Path(env["SLURM_TRAIN_STATE_DIR"])
     state.mkdir(parents=True)
     stamp = SlurmClient(environ=env).conf_stamp()
-    cached = {"stamp": stamp, "at": 0, "max_array_size": 10, "max_job_count": 100}
+    # every field a deciding read needs (an entry missing one is asked again: jobs/preflight.py)
+    limits = ClusterLimits(max_array_size=10, max_job_count=100)
+    cached = {"stamp": stamp, "at": 0, **dataclasses.asdict(limits)}
     (state / "cluster-limits.json").write_text(json.dumps(cached))
     proc = jobs(env, "submit", str(_spec(tmp_path, POINTS, hold=True)))
     assert proc.returncode == 2

@@ -134,8 +134,9 @@ def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
 
 @pytest.mark.skipif(
     _RELEASE != HOST_RELEASE,
-    reason=f"Slurm {_RELEASE}: the user (runuser, not root) cannot run another release's "
-    "chroot wrappers: its jobs would run locally",
+    reason=f"Slurm {_RELEASE}: the user's venv is of the system's /usr/bin/python3, which "
+    "another release's root does not have (the user's plain Slurm commands there: "
+    "test_release_as_user.py)",
 )
 @pytest.mark.long(90)
 def test_a_user_drills_and_cancels_its_own_job_and_is_refused_what_needs_an_operator(

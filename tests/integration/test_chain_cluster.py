@@ -142,22 +142,29 @@ def chain(env: dict[str, str], slurm_client: Any, tmp_path: Path) -> Iterator[Ch
     c.cleanup()
 
 
-def test_a_run_preempted_twice_where_preemption_cancels_completes_as_a_chain(
-    chain: Chain, tmp_path: Path
-) -> None:
+def _undisturbed_then_submitted(
+    chain: Chain, tmp_path: Path, spec_data: dict[str, Any]
+) -> tuple[tuple[int, str], subprocess.CompletedProcess[str]]:
+    """The run left alone (its final parameters), then the same spec submitted with paced steps
+    (a preemption lands mid-run): (the expected final state, the accepted submission)."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(SPEC))
+    spec.write_text(yaml.safe_dump(spec_data))
     reference = tmp_path / "reference"
     from train.loop.trainer import run_training
 
     result = run_training(load_run_config(spec).train, DistEnv.from_env({}), reference)
     assert result.exit_code == 0
-    expected = _final(reference)
-
     pace = tmp_path / "pace"
     chain.env = {**chain.env, **slow_steps(0.25, pace)}
     proc = chain.jobs("submit", str(spec), "--json")
     assert proc.returncode == 0, proc.stderr
+    return _final(reference), proc
+
+
+def test_a_run_preempted_twice_where_preemption_cancels_completes_as_a_chain(
+    chain: Chain, tmp_path: Path
+) -> None:
+    expected, proc = _undisturbed_then_submitted(chain, tmp_path, SPEC)
     assert "PreemptMode is CANCEL" in proc.stderr and "chain of jobs" in proc.stderr
     data = json.loads(proc.stdout)
     chain.run_dir = Path(data["run_dir"])
@@ -170,7 +177,7 @@ def test_a_run_preempted_twice_where_preemption_cancels_completes_as_a_chain(
         chain.wait(f"link {link + 1} to start",
                    lambda lk=link: sum(e["event"] == "link_started" for e in chain.events())
                    > lk + 1, 180)  # fmt: skip
-    pace.unlink()
+    (tmp_path / "pace").unlink()  # the steps go at full speed again
 
     chain.wait("the run to complete",
                lambda: any(e["event"] == "chain_ended" for e in chain.events()), 300)  # fmt: skip
@@ -191,3 +198,60 @@ def test_a_run_preempted_twice_where_preemption_cancels_completes_as_a_chain(
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
     assert status["tasks"][0]["state"] == "COMPLETED", status
+
+
+def test_fastest_cuts_the_requeue_hold_with_a_successor_queued_ahead(
+    chain: Chain, tmp_path: Path
+) -> None:
+    """Issue 46: ``requeue.mode: fastest`` in ``debug`` (``PreemptMode=REQUEUE``, where the
+    requeued job would wait Slurm's default 120 s hold in BeginTime): the run goes as a chain;
+    a real preemption by a job in ``urgent`` ends link 0 and link 1, queued ahead, starts
+    without the hold (never PENDING for BeginTime), resumes from the save the stop made (no
+    step lost) and the run completes bitwise equal to the run left alone."""
+    spec_data = {
+        **SPEC,
+        "name": "fastest",
+        "resources": {**SPEC["resources"], "partition": "debug"},
+        "requeue": {"signal_delay_s": 30, "mode": "fastest"},
+    }
+    expected, proc = _undisturbed_then_submitted(chain, tmp_path, spec_data)
+    assert "a successor queued ahead is back sooner than a requeue here" in proc.stderr
+    data = json.loads(proc.stdout)
+    chain.run_dir = Path(data["run_dir"])
+    record = load_record(chain.run_dir)
+    assert record.restart_mode == "chain" and "120 s in BeginTime" in record.restart_reason
+    links = chain.links()
+    assert len(links) == 3
+
+    chain.wait("link 0 to train", lambda: chain.trained_in_link(0, 15), 240)
+    chain.preempt(0)
+    # link 1 waits on link 0 (afternotok): never held in BeginTime, as a requeued job is
+    reasons: set[str] = set()
+
+    def started() -> bool:
+        info = chain.client.poll_states([links[1]]).get(links[1])
+        if info is not None and info.state == "PENDING":
+            reasons.add(info.reason or "")
+        return sum(e["event"] == "link_started" for e in chain.events()) > 1
+
+    chain.wait("link 1 to start", started, 110)  # the hold alone would be 120 s
+    assert "BeginTime" not in reasons, reasons
+    chain.wait("link 1 to train", lambda: chain.trained_in_link(1, 5), 240)
+    (tmp_path / "pace").unlink()  # the steps go at full speed again
+    chain.wait("the run to complete",
+               lambda: any(e["event"] == "chain_ended" for e in chain.events()), 300)  # fmt: skip
+    events = chain.events()
+    stop = next(e for e in events if e["event"] == "preempted")
+    resumed = [e for e in events if e["event"] == "resume"]
+    # no step lost: link 1 resumed from the step link 0 saved at its stop
+    assert resumed and resumed[0]["step"] == stop["step"], chain.log()
+    # no scontrol requeue: link 0 exited 75 for its successor (recorded as a requeue via chain)
+    assert [e.get("via") for e in events if e["event"] == "requeue"] == ["chain"], chain.log()
+    ended = next(e for e in events if e["event"] == "chain_ended")
+    assert ended["reason"] == "completed", chain.log()
+    assert _final(chain.run_dir) == expected
+    proc = chain.jobs("status", str(chain.run_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert "restarts: a successor queued ahead (chain of jobs): requeue.mode: fastest" in (
+        proc.stdout
+    )

@@ -12,7 +12,13 @@ import pytest
 from cluster.client import SlurmClient
 from cluster.errors import SlurmCommandError
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.release_sensitive(
+        "the release's own daemons and commands: sinfo/scontrol outputs, GRES, preemption, "
+        "a requeued job's states"
+    ),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,13 +26,19 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from byo_helpers import REPO, ByoRun, environ, open_run
+from byo_helpers import REPO, ByoRun, environ, open_run, requeued
 from test_cluster_hang import STEPS_PER_EPOCH, _attempt, _events, _submit, _wait
 
 from cluster.client import SlurmClient
 from train.history import RunHistory, read_jsonl
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.release_sensitive(
+        "a node failure: NODE_FAIL, sacct's rows per run, the requeue hold, the expedited "
+        "requeue (25.11+)"
+    ),
+]
 
 EPOCHS = 4  # STEPS_PER_EPOCH steps each (test_cluster_hang._submit)
 
@@ -112,12 +118,10 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
         _kill_node(slurm_cluster, slurm_client, job, dead)
         # rank 0 survives and records the node failure, or srun (cancelling the step at once)
         # kills it before it can: then the next attempt records it (late). Either way the job
-        # is requeued and held (Slurm's BeginTime after a node failure, 120 s).
+        # is requeued and held (Slurm's BeginTime after a node failure, 120 s), or back at
+        # once where the requeue is expedited (26.05 here).
         _wait(
-            lambda: (
-                _events(run_dir, "node_fail")
-                or slurm_client.show_job(job).get("JobState") == "PENDING"
-            ),
+            lambda: _events(run_dir, "node_fail") or requeued(slurm_client, job),
             90,
             "the node_fail event or the requeue",
             lambda: f"; events: {RunHistory(run_dir).events()}",
@@ -134,8 +138,9 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
         # the same run left alone, on the nodes still up (submitted now: a run on the dead
         # node would have failed with it)
         ref_job, ref_dir = _submit(env, f"train.epochs={EPOCHS}", name="nodefail-ref")
-        _wait(lambda: slurm_client.show_job(job).get("JobState") == "PENDING", 60, "requeue")
-        slurm_client.release(job)
+        _wait(lambda: requeued(slurm_client, job), 60, "requeue")
+        if slurm_client.show_job(job).get("JobState") == "PENDING":
+            slurm_client.release(job)  # held (an expedited requeue is back already)
         if not at_once:  # recorded by the next attempt, from Slurm's account of this one
             failed = _wait(lambda: _events(run_dir, "node_fail"), 120, "the late node_fail")[0]
             assert failed["late"] is True and failed["nodes"] == [dead], failed
@@ -303,3 +308,14 @@ def test_an_expedited_requeue_brings_a_killed_nodes_job_back_without_the_hold(
     names = [e["event"] for e in run.events()]
     assert names.count("node_fail") == 1 and names[-1] == "complete", names
     assert run.steps_done() == 150
+    # the ledger shows the wait it saved: the hold of a plain requeue here (cred_expire,
+    # Slurm's 120 s) beside the seconds the expedited one took
+    status = run.jobs("status", run.job_id)
+    assert status.returncode == 0, status.stderr
+    said = [ln.strip() for ln in status.stdout.splitlines() if "expedited requeue:" in ln]
+    assert len(said) == 1 and said[0].startswith("expedited requeue: attempt 1 started "), said
+    assert "a plain requeue is held 120 s" in said[0], said
+    (expedited,) = json.loads(run.jobs("status", run.job_id, "--json").stdout)["goodput"][
+        "expedited_requeues"
+    ]
+    assert expedited["hold_s"] == 120 and expedited["waited_s"] < 60, expedited

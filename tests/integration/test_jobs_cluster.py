@@ -94,6 +94,9 @@ def wait_state(env: dict[str, str], run: str, wanted: set[str], timeout: float =
     raise AssertionError(f"{run}: states {states}, wanted {wanted}")
 
 
+@pytest.mark.release_sensitive(
+    "squeue's and sacct's outputs through jobs status, --follow and logs"
+)
 def test_example_follows_to_completed_with_status_and_logs(env: dict[str, str]) -> None:
     proc = jobs(env, "submit", str(EXAMPLE), *SMALL, "--follow", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -118,6 +121,7 @@ def test_example_follows_to_completed_with_status_and_logs(env: dict[str, str]) 
     assert job_id in listed.stdout
 
 
+@pytest.mark.release_sensitive("a cancel's state spellings (CANCELLED by UID)")
 def test_cancel_a_running_job(env: dict[str, str]) -> None:
     proc = jobs(_paced(env), "submit", str(EXAMPLE), *SMALL, "--set", "train.max_steps=100000")
     assert proc.returncode == 0, proc.stderr
@@ -304,6 +308,7 @@ def test_one_spec_sees_the_same_environment_on_both_executors(
     assert seen["slurm"][0] == {**env_probe.EXPECTED, "pwd": str(work)}
 
 
+@pytest.mark.release_sensitive("PREEMPTED and REQUEUED as status reads them")
 def test_preemption_shows_in_status(env: dict[str, str]) -> None:
     """A higher-priority job preempts ours: train's guard (not submitit's) handles the signal,
     requeues, and `status` reads the history from events.jsonl."""
@@ -434,6 +439,7 @@ def test_following_and_status_ask_slurm_rarely(env: dict[str, str], tmp_path: Pa
     assert len(calls(log, mark)) <= windows, calls(log, mark)
 
 
+@pytest.mark.release_sensitive("one squeue/sacct for many jobs, in the release's output")
 def test_status_and_list_of_many_runs_is_one_query(env: dict[str, str], tmp_path: Path) -> None:
     env, log = shimmed(env, tmp_path)
     ids = []

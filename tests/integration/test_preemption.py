@@ -277,6 +277,7 @@ def _check_history(
     return stops
 
 
+@pytest.mark.release_sensitive("a preemption's requeue (24.11+ requeue a preempted job themselves)")
 def test_preempted_job_is_requeued_and_resumes_exactly(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:
@@ -359,6 +360,9 @@ def test_preempted_two_rank_ddp_job_resumes_exactly(
     assert digest == _ddp_reference(ddp_spec_path, tmp_path / "reference")
 
 
+@pytest.mark.release_sensitive(
+    "a cancel is never requeued, whatever the release does with a signalled job"
+)
 def test_scancel_checkpoints_and_is_not_requeued(
     cluster: Cluster, spec_path: Path, tmp_path: Path
 ) -> None:

@@ -275,6 +275,7 @@ def _preempt_and_resume(
     return job, batch_log, run_dir
 
 
+@pytest.mark.release_sensitive("a template's exported release and its own requeue on a preemption")
 @pytest.mark.timeout(420)
 def test_requeue_template_survives_preemption(
     jobs: Jobs, tmp_path: Path, slurm_client: Any

@@ -103,6 +103,9 @@ def test_two_nodes_one_task_each(slurm_client: object, tmp_path: Path) -> None:
     assert "via n1:" in _log(tmp_path, job_id)  # MASTER_ADDR = first host of the step
 
 
+@pytest.mark.release_sensitive(
+    "the GPU environment of a task (GRES per node; 24.11 changed it per task)"
+)
 def test_one_node_two_tasks_with_dummy_gpus(slurm_client: object, tmp_path: Path) -> None:
     train = {**TRAIN, "allow_cpu_fallback": True}
     args = ["--nodes=1", "--ntasks-per-node=2", "--gres=gpu:2"]

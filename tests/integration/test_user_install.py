@@ -64,8 +64,9 @@ def _build_wheel(out: Path, scratch: Path) -> Path:
 
 @pytest.mark.skipif(
     _RELEASE != HOST_RELEASE,
-    reason=f"Slurm {_RELEASE}: the user (runuser, not root) cannot run another release's "
-    "chroot wrappers: its jobs would run locally",
+    reason=f"Slurm {_RELEASE}: the user's venv is of the system's /usr/bin/python3, which "
+    "another release's root does not have (the user's plain Slurm commands there: "
+    "test_release_as_user.py)",
 )
 @pytest.mark.long(240)
 def test_a_wheel_installed_by_a_user_runs_the_cifar_example_through_a_preemption(

@@ -26,6 +26,7 @@ NAMES = ["ddp", "dataparallel", "requeue", "array"]
 
 STUB_SRUN = r"""#!/bin/bash
 printf '%s\0' "$@" > "${STUB_DIR}/srun.args"
+printf '%s' "${SLURM_TRAIN_SLURM_RELEASE-unset}" > "${STUB_DIR}/srun.release"
 case "${STUB_MODE:-exit}" in
   exit) exit "${STUB_RC:-0}" ;;
   signal)
@@ -39,6 +40,11 @@ esac
 """
 
 STUB_SCONTROL = r"""#!/bin/bash
+if [[ "$1" == version ]]; then  # counted apart: the templates ask it once per job start
+  echo version >> "${STUB_DIR}/scontrol.version"
+  echo "slurm ${STUB_RELEASE:-24.11.5}"
+  exit 0
+fi
 if [[ "$1" == show ]]; then
   echo "JobId=123 JobState=${STUB_JOB_STATE:-RUNNING} Reason=None PreemptTime=${STUB_PREEMPT:-None}"
   exit 0
@@ -203,6 +209,7 @@ def test_ddp_command_line(h: Harness) -> None:
     ]
     assert _after(args, h.python) == [
         h.python,
+        "-P",  # issue 42: never a package from the working directory
         "-m",
         "train",
         "--config",
@@ -225,6 +232,34 @@ def test_ddp_run_dir_and_log_dir(h: Harness) -> None:
     args = h.srun_args()
     assert f"--output={run_dir}/slurm/%j_%t_log.out" in args
     assert args[-2:] == ["--run-dir", str(run_dir)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_template_runs_train_isolated_and_exports_the_release(h: Harness, name: str) -> None:
+    """Issue 42: ``python -P -m train`` (no package from the working directory); issue 43: the
+    ranks get the cluster's release (train's stop path reads it), asked once per job start."""
+    proc = h.run(name, "spec.yaml", env={"STUB_RELEASE": "26.05.5"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _after(h.srun_args(), h.python)[:4] == [h.python, "-P", "-m", "train"]
+    assert (h.stubs / "srun.release").read_text() == "26.05.5"
+    assert (h.stubs / "scontrol.version").read_text().splitlines() == ["version"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_release_exported_by_jobs_submit_wins_and_slurm_is_not_asked(
+    h: Harness, name: str
+) -> None:
+    proc = h.run(name, "spec.yaml", env={"SLURM_TRAIN_SLURM_RELEASE": "22.05.8"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (h.stubs / "srun.release").read_text() == "22.05.8"
+    assert not (h.stubs / "scontrol.version").exists()
+
+
+def test_an_unreadable_release_is_empty_and_the_job_runs_on(h: Harness) -> None:
+    (h.bin / "scontrol").write_text("#!/bin/bash\nexit 1\n")
+    proc = h.run("ddp", "spec.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (h.stubs / "srun.release").read_text() == ""
 
 
 @pytest.mark.parametrize("name", ["ddp", "dataparallel", "array"])
@@ -285,7 +320,7 @@ def test_dataparallel_classic_srun_line(h: Harness) -> None:
     ):
         assert opt in pre
     assert not any(a.startswith("--mpi") for a in pre)
-    assert _after(args, h.python)[3:] == [
+    assert _after(args, h.python)[4:] == [
         "--config",
         str(h.spec),
         "--set",
@@ -447,7 +482,7 @@ def test_array_directory_of_specs(h: Harness) -> None:
     proc = h.run("array", "sweep", env={"SLURM_ARRAY_TASK_ID": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = h.project / "runs" / "train-test-120" / "task-1"
-    assert _after(h.srun_args(), h.python)[3:] == [
+    assert _after(h.srun_args(), h.python)[4:] == [
         "--config",
         str(sweep / "b.yaml"),
         "--run-dir",
@@ -470,7 +505,7 @@ def test_array_sweep_file(h: Harness) -> None:
     env = {"SWEEP_FILE": "lr.txt", "SLURM_ARRAY_TASK_ID": "1", "RUN_ROOT": str(h.tmp / "r")}
     proc = h.run("array", "spec.yaml", "--set", "train.max_steps=5", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _after(h.srun_args(), h.python)[3:] == [
+    assert _after(h.srun_args(), h.python)[4:] == [
         "--config",
         str(h.spec),
         "--run-dir",
@@ -613,7 +648,7 @@ def test_render_fills_options_from_spec(h: Harness, name: str) -> None:
     assert f"then PROJECT_DIR={REPO}; fi" in text
     proc = h.run_file(out, "--set", "train.seed=7")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _after(h.srun_args(), h.python)[3:] == [
+    assert _after(h.srun_args(), h.python)[4:] == [
         "--config",
         str((h.project / "s.yaml").resolve()),
         "--set",

@@ -105,11 +105,14 @@ class RequeueConfig(StrictModel):
               "environment missing on the node), before the built-in rest (train.stop.causes)"),
     ] = []  # fmt: skip  # noqa: RUF012
     mode: Annotated[
-        Literal["auto", "requeue", "chain"],
+        Literal["auto", "requeue", "chain", "fastest"],
         Field(description="how a stopped run comes back: requeue (the same Slurm job, "
               "scontrol requeue), chain (a chain of jobs, each resuming from the last "
               "checkpoint: for sites where requeue is off or a preempted job is cancelled), "
-              "auto (chain where jobs submit's preflight finds requeue does not work)"),
+              "auto (chain where jobs submit's preflight finds requeue does not work), "
+              "fastest (auto, and chain also where a successor queued ahead is back sooner "
+              "than a requeued job, which Slurm holds in BeginTime: the cluster's "
+              "cred_expire or requeue_delay against its scheduling pass)"),
     ] = "auto"  # fmt: skip
     chain_depth: Annotated[
         int,

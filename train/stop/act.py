@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from cluster import BadInputError
@@ -81,6 +84,41 @@ def failure_details(exc: BaseException) -> dict[str, Any]:
 #: how long a rank whose failure is only a peer's death (connection closed, a collective timed
 #: out: the cascade) leaves the claim to the root, before it claims the failure itself
 ROOT_WAIT_S = 10.0
+#: how long it still looks for the root's claim once srun ends the step (its SIGTERM)
+STEP_ENDING_GRACE_S = 1.0
+
+
+class _StepEnding:
+    """Whether srun is ending this step: the SIGTERM it sends every other task the moment one
+    task exits badly (``--kill-on-bad-exit``; KillWait later, SIGKILL). Installed for the wait
+    only, in the main thread only, over a Python handler (which it calls too) or an ignored
+    SIGTERM; under the default action the signal ends the process as before."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _StepEnding:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is signal.SIG_DFL or previous is None:
+            return self
+        self._previous = previous
+        signal.signal(signal.SIGTERM, self._handle)
+        self._installed = True
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        if callable(self._previous):
+            self._previous(signum, frame)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _left_to_the_root(env: StopEnv, run_dir: Path | str, texts: tuple[object, ...],
@@ -89,15 +127,19 @@ def _left_to_the_root(env: StopEnv, run_dir: Path | str, texts: tuple[object, ..
     (within :data:`ROOT_WAIT_S`) for the root, still alive when it claims, to claim the
     attempt's failure; True once another rank did (this one records nothing: its failure is
     the cascade, never the cause recorded). A root that died without a claim (killed) leaves it
-    to this rank after the wait, unless srun's kill ends it first (the batch script then
-    records the step's end)."""
+    to this rank: at once when srun ends the step (the root's task exited, and a root that
+    claimed did so before it exited: :data:`STEP_ENDING_GRACE_S` for the claim to show on a
+    shared file system), else after the wait."""
     if not (env.job_id and env.world_size > 1) or not decide_cause(texts, rules).cascade:
         return False
     deadline = time.monotonic() + ROOT_WAIT_S
-    while time.monotonic() < deadline:
-        if failure_claimed(run_dir, env.job_id, env.attempt):
-            return True
-        time.sleep(0.1)
+    with _StepEnding() as ending:
+        while time.monotonic() < deadline:
+            if failure_claimed(run_dir, env.job_id, env.attempt):
+                return True
+            if ending.at is not None:
+                deadline = min(deadline, ending.at + STEP_ENDING_GRACE_S)
+            time.sleep(0.05)
     return failure_claimed(run_dir, env.job_id, env.attempt)
 
 

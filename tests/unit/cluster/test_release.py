@@ -15,6 +15,7 @@ from cluster.local.release import (
     HOST_RELEASE,
     RELEASES,
     Root,
+    merge_accounts,
     mount_points,
     release,
     render_wrapper,
@@ -82,6 +83,94 @@ def test_wrapper_keeps_cwd_and_arguments_exactly(tmp_path: Path) -> None:
     cwd = subprocess.run([str(bin_dir / "pwd")], cwd=work, capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     assert cwd.strip() == str(work) and sorted(p.name for p in work.iterdir()) == []
+
+
+def _user_problem() -> str | None:
+    import pwd
+    import shutil
+
+    if os.geteuid() != 0:
+        return "runs a command as another user: needs root"
+    try:
+        pwd.getpwnam("trainee")
+    except KeyError:
+        return "no user trainee (scripts/setup.sh adds it)"
+    if shutil.which("runuser") is None:
+        return "runuser is not installed"
+    probe = subprocess.run(
+        ["runuser", "-u", "trainee", "--", "/usr/bin/unshare", "--user", "--map-current-user",
+         "true"], capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    return None if probe.returncode == 0 else "this machine refuses unprivileged user namespaces"
+
+
+@pytest.mark.skipif(_user_problem() is not None, reason=str(_user_problem()))
+def test_a_user_other_than_root_runs_the_wrapper_as_itself() -> None:
+    """Issue 43: ``trainee`` runs another release's commands too (an unprivileged user
+    namespace mapped to itself, the root's chroot made there): its own uid and gid inside, the
+    working directory and every argument as they were."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="slurm-train-wrapper-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        bin_dir, work = base / "bin", base / "a dir; $(touch x)"
+        bin_dir.mkdir()
+        work.mkdir()
+        shutil.chown(work, "trainee", "trainee")
+        for command in ("printf", "pwd", "id"):
+            (bin_dir / command).write_text(render_wrapper(Path("/"), command, "24.11"))
+            (bin_dir / command).chmod(0o755)
+
+        def as_user(*argv: str) -> str:
+            return subprocess.run(
+                ["runuser", "-u", "trainee", "--", *argv], cwd=work, capture_output=True,
+                text=True, check=True, timeout=30,
+            ).stdout  # fmt: skip
+
+        args = ["%s|", "two words", "$HOME", "';touch y'", "*", ""]
+        assert as_user(str(bin_dir / "printf"), *args) == "two words|$HOME|';touch y'|*||"
+        assert as_user(str(bin_dir / "pwd")).strip() == str(work)
+        assert as_user(str(bin_dir / "id"), "-un").strip() == "trainee"
+        assert as_user(str(bin_dir / "id"), "-u").strip() == as_user("id", "-u").strip()
+        assert sorted(p.name for p in work.iterdir()) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_roots_accounts_gain_the_machines_users_and_keep_their_own() -> None:
+    """The root's slurmd starts a job as its user, and its commands name the user: the
+    machine's accounts it lacks are added; one whose name or id the root has already (its own
+    munge, a system account numbered differently) is left out; junk lines are skipped."""
+    root = "root:x:0:0:root:/root:/bin/bash\nmunge:x:100:101::/nonexistent:/usr/sbin/nologin\n"
+    host = (
+        "root:x:0:0:root:/root:/bin/bash\n"
+        "munge:x:105:107::/var/lib/munge:/usr/sbin/nologin\n"  # the root's own is kept
+        "mysql:x:100:108::/nonexistent:/bin/false\n"  # its id is the root's munge's
+        "# a comment\nbroken\nodd:x:notanumber:1::/:/bin/sh\n"
+        "trainee:x:1001:1001::/home/trainee:/bin/bash\n"
+    )
+    merged = merge_accounts(host, root)
+    assert merged == root + "trainee:x:1001:1001::/home/trainee:/bin/bash\n"
+    assert merge_accounts(host, merged) == merged  # nothing twice
+    assert merge_accounts("", root) == root
+    assert merge_accounts("trainee:x:1001:\n", "root:x:0:") == "root:x:0:\ntrainee:x:1001:\n"
+
+
+def test_prepare_merges_the_accounts_into_the_roots_etc(tmp_path: Path) -> None:
+    etc, root = tmp_path / "etc", tmp_path / "cache" / "slurm-24.11" / "root"
+    etc.mkdir()
+    (root / "etc").mkdir(parents=True)
+    (etc / "passwd").write_text("trainee:x:1001:1001::/home/trainee:/bin/bash\n")
+    (etc / "group").write_text("trainee:x:1001:\n")
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    (root / "etc" / "passwd").chmod(0o644)
+    Root(RELEASES["24.11"], tmp_path / "cache").merge_accounts(etc)
+    assert (root / "etc" / "passwd").read_text().splitlines()[-1].startswith("trainee:x:1001:")
+    assert (root / "etc" / "group").read_text() == "root:x:0:\ntrainee:x:1001:\n"
+    assert (root / "etc" / "passwd").stat().st_mode & 0o777 == 0o644
 
 
 def test_slurm_flag_picks_the_release_cluster(

@@ -135,6 +135,43 @@ def test_restart_levers_read_from_the_config(rec: tuple[str, Path, dict]) -> Non
         "SlurmctldParameters     = enable_expedited_requeue,preempt_send_user_signal\n"
     )
     assert (levers.expedited_requeue, levers.requeue_delay_s) == (True, 45)
+    assert levers.requeue_hold_s == 45  # requeue_delay, where set, is the hold
+
+
+def test_the_requeue_hold_and_a_successors_wait_read_from_the_config(
+    rec: tuple[str, Path, dict],
+) -> None:
+    """Issue 46: the hold of a requeued job (cred_expire, Slurm's default 120 s: every local
+    cluster's) and the longest a newly eligible job waits for a scheduling pass (bf_interval,
+    default 30 s; sched_interval, default 60 s), as jobs submit's preflight reads them."""
+    _, folder, _ = rec
+    limits = parse.parse_config_limits((folder / "scontrol_config.txt").read_text())
+    assert (limits.requeue_hold_s, limits.successor_wait_s) == (120, 30)
+    set_ = parse.parse_config_limits(
+        "AuthInfo                = cred_expire=300,socket=/run/munge/munge.socket.2\n"
+        "SchedulerParameters     = bf_interval=90,sched_interval=45\n"
+        "SchedulerType           = sched/backfill\n"
+    )
+    assert (set_.requeue_hold_s, set_.successor_wait_s) == (300, 45)
+    builtin = parse.parse_config_limits(
+        "SchedulerParameters     = bf_interval=5\nSchedulerType           = sched/builtin\n"
+    )
+    assert builtin.successor_wait_s == 60  # no backfill pass: the main one's interval
+
+
+def test_the_hold_a_requeue_waits_read_from_the_config(rec: tuple[str, Path, dict]) -> None:
+    """What an expedited requeue skips (slurm.conf(5)): requeue_delay where set, else AuthInfo's
+    cred_expire, else Slurm's 120 s (every recorded release sets neither)."""
+    _, folder, _ = rec
+    limits = parse.parse_config_limits((folder / "scontrol_config.txt").read_text())
+    assert (limits.cred_expire_s, limits.requeue_hold_s) == (None, 120)
+    expire = parse.parse_config_limits("AuthInfo                = cred_expire=60,socket=/x\n")
+    assert (expire.cred_expire_s, expire.requeue_hold_s) == (60, 60)
+    both = parse.parse_config_limits(
+        "AuthInfo                = socket=/x,cred_expire=60\n"
+        "SchedulerParameters     = requeue_delay=15\n"
+    )
+    assert both.requeue_hold_s == 15
 
 
 def test_sluid_per_run_where_it_exists(rec: tuple[str, Path, dict]) -> None:

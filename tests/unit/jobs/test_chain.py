@@ -12,9 +12,16 @@ from typing import Any
 import pytest
 
 from cluster.client import SlurmClient
-from cluster.models import JobInfo
+from cluster.models import ClusterLimits, JobInfo
 from jobs import records
-from jobs.chain import chain_state, link_end, link_start, requeue_problem, requeue_support
+from jobs.chain import (
+    chain_state,
+    hold_against_successor,
+    link_end,
+    link_start,
+    requeue_problem,
+    requeue_support,
+)
 from jobs.errors import SubmitError
 from jobs.load import load_text
 from jobs.monitor import cancel, print_logs, states_many
@@ -78,21 +85,96 @@ def test_auto_is_a_chain_where_requeue_does_not_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client = SettingsClient({"cancel": "CANCEL", "debug": "REQUEUE"})
-    loaded = _chain_or_requeue(_loaded(tmp_path), client, "cancel")  # type: ignore[arg-type]
+    loaded, why = _chain_or_requeue(_loaded(tmp_path), client, "cancel", HELD)  # type: ignore[arg-type]
     assert loaded.spec.requeue.mode == "chain"
+    assert why.startswith("requeue does not work here: partition cancel")
     assert all(t.spec.requeue.mode == "chain" for t in loaded.tasks)
     assert "the run goes as a chain of jobs" in capsys.readouterr().err
-    loaded = _chain_or_requeue(_loaded(tmp_path), client, "debug")  # type: ignore[arg-type]
+    # auto (the default) keeps a requeue where it works, whatever the hold
+    loaded, _ = _chain_or_requeue(_loaded(tmp_path), client, "debug", HELD)  # type: ignore[arg-type]
     assert loaded.spec.requeue.mode == "requeue"
     forced = _loaded(tmp_path, "requeue.mode=requeue")
-    assert _chain_or_requeue(forced, client, "cancel").spec.requeue.mode == "requeue"  # type: ignore[arg-type]
+    assert _chain_or_requeue(forced, client, "cancel", HELD)[0].spec.requeue.mode == "requeue"  # type: ignore[arg-type]
+
+
+#: Slurm's defaults, every local cluster's: a requeued job held 120 s (cred_expire), a newly
+#: eligible job started by the next pass within 30 s (bf_interval)
+HELD = ClusterLimits()
+
+
+@pytest.mark.parametrize(
+    ("limits", "sooner", "said"),
+    [
+        (HELD, True, "Slurm holds a requeued job 120 s in BeginTime (cred_expire); a successor "
+                     "queued ahead waits at most 30 s"),
+        # the expedited requeue of 25.11+ lifts the hold after a node failure only
+        (ClusterLimits(expedited_requeue=True), True, "120 s in BeginTime (cred_expire)"),
+        (ClusterLimits(requeue_delay_s=5), False,
+         "holds a requeued job 5 s (requeue_delay), no longer than a successor"),
+        (ClusterLimits(cred_expire_s=30, successor_wait_s=30), False, "30 s (cred_expire)"),
+        (ClusterLimits(cred_expire_s=300, successor_wait_s=60), True, "at most 60 s"),
+    ],
+)  # fmt: skip
+def test_a_successor_is_back_sooner_where_the_hold_is_longer_than_a_pass(
+    limits: ClusterLimits, sooner: bool, said: str
+) -> None:
+    got, why = hold_against_successor(limits)
+    assert got is sooner and said in why
+
+
+def test_fastest_queues_a_successor_ahead_where_it_is_back_sooner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 46: requeue.mode fastest on a cluster with Slurm's default hold: a chain, and
+    why; where requeue_delay is short: a requeue; where requeue does not work: a chain; a
+    sweep (no chains yet): a requeue that says so."""
+    client = SettingsClient({"cancel": "CANCEL", "debug": "REQUEUE"})
+    fastest = _loaded(tmp_path, "requeue.mode=fastest")
+    loaded, why = _chain_or_requeue(fastest, client, "debug", HELD)  # type: ignore[arg-type]
+    assert loaded.spec.requeue.mode == "chain"
+    assert all(t.spec.requeue.mode == "chain" for t in loaded.tasks)
+    assert why.startswith("requeue.mode: fastest: Slurm holds a requeued job 120 s")
+    err = capsys.readouterr().err
+    assert err.startswith("jobs: a successor queued ahead is back sooner than a requeue here")
+    assert len(err.splitlines()) == 1
+    short = ClusterLimits(requeue_delay_s=5)
+    loaded, why = _chain_or_requeue(fastest, client, "debug", short)  # type: ignore[arg-type]
+    assert loaded.spec.requeue.mode == "requeue" and "no longer than" in why
+    loaded, why = _chain_or_requeue(fastest, client, "cancel", short)  # type: ignore[arg-type]
+    assert loaded.spec.requeue.mode == "chain" and "PreemptMode is CANCEL" in why
+    text = (
+        "name: sw\ntrain: {}\nrequeue: {mode: fastest}\nsweep:\n  grid:\n    train.seed: [1, 2]\n"
+    )
+    loaded, why = _chain_or_requeue(_loaded(tmp_path, text=text), client, "debug", HELD)  # type: ignore[arg-type]
+    assert loaded.spec.requeue.mode == "requeue" and why.endswith("a sweep cannot be a chain yet")
+
+
+def test_the_record_and_jobs_status_say_how_the_run_comes_back(
+    tmp_path: Path, stub_slurm: Path
+) -> None:
+    """Issue 46: run.json keeps the restart mode used and why; jobs status shows it."""
+    from jobs.statusview import restart_mode_line
+
+    loaded = _loaded(tmp_path, "requeue.mode=chain")
+    why = "requeue.mode: fastest: Slurm holds a requeued job 120 s in BeginTime (cred_expire)"
+    record = submit_slurm(loaded, make_plan(loaded, tmp_path / "runs"), SlurmClient(),
+                          restart_reason=why)  # fmt: skip
+    saved = records.load_record(record.run_dir)
+    assert (saved.restart_mode, saved.restart_reason) == ("chain", why)
+    assert restart_mode_line(saved.restart_mode, saved.restart_reason) == (
+        f"  restarts: a successor queued ahead (chain of jobs): {why}"
+    )
+    plain = _loaded(tmp_path, "requeue.mode=requeue")
+    record = submit_slurm(plain, make_plan(plain, tmp_path / "runs2"), SlurmClient())
+    saved = records.load_record(record.run_dir)
+    assert (saved.restart_mode, saved.restart_reason) == ("requeue", "requeue.mode: requeue")
 
 
 def test_a_sweep_as_a_chain_is_refused_in_one_line(tmp_path: Path) -> None:
     text = "name: sw\ntrain: {}\nrequeue: {mode: chain}\nsweep:\n  grid:\n    train.seed: [1, 2]\n"
     loaded = _loaded(tmp_path, text=text)
     with pytest.raises(SubmitError, match=r"spec.yaml:3:\d+: requeue.mode: a sweep cannot run"):
-        _chain_or_requeue(loaded, SettingsClient({}), "debug")  # type: ignore[arg-type]
+        _chain_or_requeue(loaded, SettingsClient({}), "debug", HELD)  # type: ignore[arg-type]
 
 
 def test_a_chain_is_its_links_queued_afternotok(tmp_path: Path, stub_slurm: Path) -> None:
@@ -370,6 +452,56 @@ def test_the_link_hook_in_the_batch_script(
         assert DistEnv.from_env(env_of_step).resumed == bool(link)
 
 
+@pytest.mark.parametrize(("code", "ends"), [(75, False), (0, True), (3, True), (1, True)])
+def test_a_link_stopped_for_the_next_leaves_without_the_link_end_interpreter(
+    tmp_path: Path, code: int, ends: bool
+) -> None:
+    """Issue 46: a link that exits 75 (stopped for its successor, which resumes) leaves its
+    nodes without starting link-end (which would do nothing for 75); every other end runs it,
+    and the script keeps the step's exit code."""
+    import subprocess
+
+    from jobs.render import chain_lines
+
+    stub = tmp_path / "python"
+    calls = tmp_path / "calls"
+    answer = 'case "$*" in *link-start*) echo run ;; esac'
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n{answer}\n')
+    stub.chmod(0o755)
+    script = "\n".join([*chain_lines(tmp_path / "run", python=str(stub)), f"exit {code}"])
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    assert subprocess.run(["bash", "-c", script], env=env, check=False).returncode == code
+    lines = calls.read_text().splitlines()
+    assert any("link-end" in ln for ln in lines) is ends
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_a_link_stopped_for_the_next_exits_without_the_after_step_interpreter(
+    tmp_path: Path, chain: bool
+) -> None:
+    """Issue 46: the step of a link exits 75 (stopped for its successor): the script ends with
+    75 at once, starting neither the after-step question nor link-end; a job that is not a
+    link asks the after-step as before (a requeue Slurm refused is retried there)."""
+    import subprocess
+
+    from jobs.executor import in_place_loop
+    from jobs.render import chain_lines
+
+    stub = tmp_path / "python"
+    calls = tmp_path / "calls"
+    answer = 'case "$*" in *link-start*) echo run ;; *after-step*) echo "exit 75" ;; esac'
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n{answer}\n')
+    stub.chmod(0o755)
+    hooks = chain_lines(tmp_path / "run", python=str(stub)) if chain else []
+    loop = in_place_loop("sh -c 'exit 75'", tmp_path / "run" / "slurm", python=str(stub))
+    script = "\n".join([*hooks, loop])
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77"}
+    assert subprocess.run(["bash", "-c", script], env=env, check=False).returncode == 75
+    asked = calls.read_text().splitlines() if calls.exists() else []
+    assert any("--after-step" in ln for ln in asked) is not chain
+    assert not any("link-end" in ln for ln in asked)
+
+
 def test_follow_reads_every_links_log_in_turn(tmp_path: Path) -> None:
     from jobs.follow import ChainTail
 
@@ -410,3 +542,23 @@ def test_progress_counts_the_checkpoints_on_disk_too(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / ".step-40.tmp").mkdir()  # being written, not committed
     assert last_checkpoint_step(events, tmp_path) == 30
     assert last_checkpoint_step([], tmp_path / "missing") is None
+
+
+def test_an_expedited_submission_records_the_hold_its_requeue_skips(
+    tmp_path: Path, stub_slurm: Path
+) -> None:
+    """Issue 43: where the cluster allows it the job asks --requeue=expedite, and run.json
+    keeps the hold a plain requeue waits there (the goodput ledger shows what was saved); a
+    chain (--no-requeue) asks nothing and records none."""
+    from cluster import ClusterLimits
+
+    levers = ClusterLimits(expedited_requeue=True, cred_expire_s=90, slurm_version="26.05.5")
+    loaded = _loaded(tmp_path, "requeue.mode=requeue")
+    record = submit_slurm(
+        loaded, make_plan(loaded, tmp_path / "runs"), SlurmClient(), cluster=levers
+    )
+    assert "#SBATCH --requeue=expedite" in (stub_slurm / "submitted-0.sh").read_text()
+    assert records.load_record(record.run_dir).expedited_hold_s == 90
+    chain = _loaded(tmp_path, "requeue.mode=chain", "requeue.chain_depth=1")
+    record = submit_slurm(chain, make_plan(chain, tmp_path / "runs"), SlurmClient(), cluster=levers)
+    assert records.load_record(record.run_dir).expedited_hold_s is None

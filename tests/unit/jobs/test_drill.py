@@ -394,6 +394,8 @@ def test_a_drill_says_what_a_real_stop_would_cost_the_hold_included(tmp_path: Pa
     assert report.held_s is not None and 125 <= report.held_s <= 130
     assert ("release",) in fake.calls
     assert any("a real stop also waits Slurm's requeue hold" in n for n in report.notes)
+    # and says what cuts it (jobs.chain: a successor queued ahead)
+    assert any("requeue.mode: fastest queues a successor ahead" in n for n in report.notes)
     assert any(ln.strip().startswith("Slurm's requeue hold") for ln in report.lines())
 
 

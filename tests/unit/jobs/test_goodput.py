@@ -582,3 +582,77 @@ def test_sacct_is_asked_for_sluids_only_when_the_run_recorded_one(tmp_path: Any)
         run = _write_run(folder, [ev(1, "start", 0, **named)], [])
         dir_ledger(run, Asked, now=5.0)
     assert asked == [False, True]
+
+
+# -- expedited requeues (issue 43: 25.11+'s --requeue=expedite) ---------------------------------
+def test_an_expedited_node_failure_requeue_shows_the_hold_it_skipped() -> None:
+    """A run submitted with --requeue=expedite on a cluster that holds a requeue 120 s: the
+    attempt after the node failure waited 5 s (its Submit -> Start), so 115 s were saved; the
+    parts are the same as without it (it is shown, never booked twice)."""
+    events, metrics, attempts, _, _ = _recorded_late(0.3)
+    plain = compute(events, metrics, attempts, submitted_at=0.0, now=40.0)
+    led = compute(events, metrics, attempts, submitted_at=0.0, now=40.0, expedited_hold_s=120)
+    assert led.parts == plain.parts and plain.expedited == []
+    assert [e.to_dict() for e in led.expedited] == [
+        {"attempt": 1, "waited_s": 5.0, "hold_s": 120.0, "saved_s": 115.0}
+    ]
+    data = led.to_dict()
+    assert data["expedite_saved_s"] == 115.0 and len(data["expedited_requeues"]) == 1
+    assert "attempt 1" in led.expedited[0].line() and "saved 115 s" in led.expedited[0].line()
+
+
+def test_only_a_node_failure_requeue_counts_as_expedited() -> None:
+    """A preemption's requeue is not expedited (Slurm expedites a node failure's only); nor is
+    a node failure whose next attempt has not started yet."""
+    events, metrics, attempts, _, _ = CASES["preempted, resumed from an older checkpoint"]
+    led = compute(events, metrics, attempts, submitted_at=0.0, now=40.0, expedited_hold_s=120)
+    assert led.expedited == []
+    events, metrics, _, _, _ = _recorded_late(0.3)
+    pending = [A(0, 2, 30), A(30, None, None)]
+    led = compute(events[:3], metrics, pending, submitted_at=0.0, now=40.0, expedited_hold_s=120)
+    assert led.expedited == []
+
+
+def test_a_sweeps_ledger_keeps_every_tasks_expedited_requeues() -> None:
+    events, metrics, attempts, _, _ = _recorded_late(0.3)
+    one = compute(events, metrics, attempts, submitted_at=0.0, now=40.0, expedited_hold_s=60)
+    total = sum_ledgers([one, one])
+    assert [e.saved_s for e in total.expedited] == [55.0, 55.0]
+    assert total.to_dict()["expedite_saved_s"] == 110.0
+
+
+def test_status_shows_each_expedited_requeue_of_a_run(tmp_path: Any) -> None:
+    """The run recorded the hold at submission (run.json's expedited_hold_s); its ledger, read
+    with the one sacct -D, shows one line per expedited requeue under the goodput line."""
+    import io
+    import json
+
+    from cluster.models import JobAttempt
+    from jobs.goodputview import run_ledger, write_goodput
+    from jobs.records import RunRecord, TaskRecord
+
+    events, _, _, _, _ = _recorded_late(0.3)
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    record = RunRecord(
+        run_id="r", name="r", run_dir=str(tmp_path), executor="slurm", job_id="7",
+        submitted_at=0.0, tasks=[TaskRecord(0, str(tmp_path), {})], expedited_hold_s=120,
+    )  # fmt: skip
+
+    class Sacct:
+        def attempt_times(self, job_id: str) -> list[Any]:
+            return [
+                JobAttempt("7", "NODE_FAIL", 0.0, 0.0, 2.0, 30.0),
+                JobAttempt("7", "COMPLETED", 30.0, 30.0, 33.0, 51.0),
+            ]
+
+    out = io.StringIO()
+    data = write_goodput(run_ledger(record, Sacct, now=60.0), out)
+    assert out.getvalue().splitlines()[1] == (
+        "  expedited requeue: attempt 1 started 3 s after a node failure's requeue, where a "
+        "plain requeue is held 120 s (saved 117 s)"
+    )
+    assert data["expedite_saved_s"] == 117.0
+    record.expedited_hold_s = None  # submitted without --requeue=expedite
+    out = io.StringIO()
+    assert write_goodput(run_ledger(record, Sacct, now=60.0), out)["expedited_requeues"] == []
+    assert len(out.getvalue().splitlines()) == 1

@@ -123,10 +123,27 @@ def test_limits_are_cached_on_the_slurm_conf_stamp(tmp_path: Path) -> None:
 def test_restart_levers_survive_the_cache(tmp_path: Path) -> None:
     """25.11+'s expedited requeue and requeue_delay come back from the cache as they went in."""
     levers = ClusterLimits(
-        1001, 10000, expedited_requeue=True, requeue_delay_s=30, slurm_version="26.05.5"
-    )
+        1001, 10000, expedited_requeue=True, requeue_delay_s=30, slurm_version="26.05.5",
+        cred_expire_s=90,
+    )  # fmt: skip
     client = LimitsClient("/etc/slurm.conf:10:1", levers)
     assert [cluster_limits(client, tmp_path) for _ in range(2)] == [levers, levers]  # type: ignore[arg-type]
+    assert client.asked == 1
+
+
+def test_an_entry_cached_before_the_hold_was_read_asks_again(tmp_path: Path) -> None:
+    """Issue 46: a cache entry written before the requeue hold and a successor's wait were
+    kept is asked again (never read as Slurm's defaults): the mode decision reads them."""
+    client = LimitsClient("/etc/slurm.conf:10:1", ClusterLimits(1001, 10000, cred_expire_s=7))
+    old = {"max_array_size": 1001, "max_job_count": 10000, "expedited_requeue": False}
+    from jobs.confcache import write_entry
+
+    write_entry(tmp_path, LIMITS_FILE, client.stamp, old)
+    from jobs.preflight import cached_limits
+
+    shown = cached_limits(tmp_path)  # for showing (jobs status): read, Slurm's defaults
+    assert shown is not None and shown.requeue_hold_s == 120
+    assert cluster_limits(client, tmp_path).requeue_hold_s == 7  # type: ignore[arg-type]
     assert client.asked == 1
 
 
@@ -224,7 +241,7 @@ def routes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
     monkeypatch.setattr(
         mod,
         "submit_slurm",
-        lambda loaded, plan, client, array_limit=None, after=(), cluster=None: taken.append(
+        lambda loaded, plan, client, array_limit=None, after=(), cluster=None, **_: taken.append(
             ("slurm", array_limit)
         ),
     )

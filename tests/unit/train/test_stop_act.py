@@ -391,3 +391,40 @@ def test_a_cascade_leaves_the_claim_to_the_root(
     assert sig.startswith("ValueError: bad batch shape") and sig.endswith(":root_fails"), sig
     assert "@ test_stop_act.py:" in sig
     assert client.requeued == ["42"]
+
+
+def test_a_killed_roots_cascade_claims_once_srun_ends_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46 (a restart in place at the floor): the root was killed (``kill -9``: it never
+    claims) and srun, at its task's bad exit, sends SIGTERM to every other task at once. The
+    cascade stops waiting for a claim then (it waited the whole ROOT_WAIT_S before: 10 of a
+    restart in place's 14 s), records the failure itself and leaves; the handler that was
+    installed still sees the signal."""
+    import threading
+
+    import train.stop.act
+
+    monkeypatch.setattr(train.stop.act, "ROOT_WAIT_S", 20.0)
+    seen: list[int] = []
+
+    def mine(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        start = time.monotonic()
+        cascade = "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500"
+        code = request_requeue(FakeEnv(is_main=False, world_size=2), tmp_path,
+                               RequeueConfig(max_failures=3), "failure", step=7, error=cascade,
+                               client=FakeClient())  # fmt: skip
+        waited = time.monotonic() - start
+        assert signal.getsignal(signal.SIGTERM) is mine  # put back after the wait
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert waited < 20.0  # it did not wait out ROOT_WAIT_S for a claim that never comes
+    assert seen == [signal.SIGTERM]
+    assert code == 1
+    (failure,) = [e for e in RunHistory(tmp_path).events() if e["event"] == "failure"]
+    assert failure["error"] == cascade

@@ -1,0 +1,60 @@
+"""Issue 46's figures against the floor (bench/bench_goodput.py, bench/goodput_hold.py,
+bench/bench_inplace.py): the pure parts that turn what a run recorded into ratios and splits
+(no timing assertions: not a benchmark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.bench_goodput import Row, _floor_figures, _hold_figures
+from bench.bench_inplace import _split
+from bench.goodput_hold import HoldRow, hold_table
+
+
+def _limit(per: float, first: float) -> Row:
+    limit = Row("physical limit", completed=True)
+    limit.restart_s, limit.first_step_s = [per], first
+    return limit
+
+
+def test_every_row_per_preemption_and_first_start_against_the_floor() -> None:
+    ours = Row("ours: plain script, no recipe", restart_s=[10.0, 12.0], first_step_s=6.0)
+    ours.split = [(1.0, 5.0, 4.0), (1.5, 6.0, 4.5)]
+    peer = Row("submitit Checkpointable", restart_s=[8.0], first_step_s=3.0)
+    figures = {f.name: f for f in _floor_figures([ours, peer], _limit(10.0, 4.0))}
+    per = figures["per preemption vs the floor: ours: plain script, no recipe"]
+    assert per.ratio == pytest.approx(1.1) and per.status == "fail"  # 11 s vs 10 s: > 1.05x
+    assert "1.0 / 5.0 / 4.0; 1.5 / 6.0 / 4.5" in per.note
+    first = figures["first start vs the floor: ours: plain script, no recipe"]
+    assert first.ratio == pytest.approx(1.5) and first.goal is not None
+    # a peer is measured the same way, with no goal of ours
+    assert figures["first start vs the floor: submitit Checkpointable"].goal is None
+    assert figures["per preemption vs the floor: submitit Checkpointable"].ratio == 0.8
+
+
+def test_the_successor_against_the_requeue_with_its_hold() -> None:
+    held = HoldRow("hold kept: requeue (the same job)", "requeue", 140.0, (1.0, 130.0, 9.0))
+    held.reasons = {"BeginTime"}
+    fast = HoldRow("hold kept: fastest (successor queued ahead)", "fastest", 14.0,
+                   (1.0, 4.0, 9.0), used="chain: requeue.mode: fastest: ...")  # fmt: skip
+    figures = {f.name: f for f in _hold_figures([held, fast], _limit(10.0, 4.0))}
+    versus = figures["hold kept: fastest (successor) vs requeue"]
+    assert versus.ratio == pytest.approx(0.1) and versus.status == "pass"
+    kept = figures["preemption -> training, hold kept: requeue (the same job)"]
+    assert kept.ratio == pytest.approx(14.0) and "['BeginTime']" in kept.note
+    table = hold_table([held, fast])
+    assert "| 140.0 | 1.0 / 130.0 / 9.0 | BeginTime |" in table
+    failed = HoldRow("hold kept: requeue (the same job)", "requeue", note="error: x")
+    assert _hold_figures([failed], _limit(10.0, 4.0))[0].status == "skipped"
+
+
+def test_a_restart_in_place_split_from_the_runs_events() -> None:
+    events = [
+        {"time": 90.0, "event": "start"},
+        {"time": 101.0, "event": "failure"},
+        {"time": 102.0, "event": "restart_in_place"},
+        {"time": 106.0, "event": "resume", "startup": {"import": 1.5, "group": 0.5}},
+    ]
+    events[-1]["startup"] = {"main": 0.4, "imports": 1.5, "restored": 0.5}
+    assert _split(events, 100.0, 107.0) == (2.0, 5.0, "imports 1.50, restored 0.50")
+    assert _split(events[:2], 100.0, 107.0) is None  # no restart in place recorded
