@@ -384,8 +384,9 @@ def _ours_spec(b: Bench, run: Path, what: str, mode: str | None = None) -> str:
     )
 
 
-def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
-    text = _ours_spec(b, run, what)
+def submit_spec(b: Bench, run: Path, text: str) -> tuple[str, Path]:
+    """``jobs submit`` of the spec ``text`` (written to ``run/spec.yaml``) as a user would:
+    (its job id, its run directory); Skip with the command's last line when it refuses."""
     spec = run / "spec.yaml"
     spec.write_text(text, encoding="utf-8")
     proc = subprocess.run(
@@ -395,7 +396,11 @@ def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
     if proc.returncode != 0:
         raise Skip(f"jobs submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
     sub = json.loads(proc.stdout.strip().splitlines()[-1])
-    job, run_dir = str(sub["job_id"]), Path(sub["run_dir"])
+    return str(sub["job_id"]), Path(sub["run_dir"])
+
+
+def _ours(b: Bench, run: Path, what: str) -> tuple[str, list[float]]:
+    job, run_dir = submit_spec(b, run, _ours_spec(b, run, what))
     if what != "trainer":
         (run / "task").mkdir(exist_ok=True)
         link = run / "task"

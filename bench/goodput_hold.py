@@ -21,14 +21,12 @@ reason ``jobs submit`` recorded (run.json).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.common import REPO, Skip, wait_until
+from bench.common import Skip, wait_until
 from train.history import read_jsonl
 
 if TYPE_CHECKING:
@@ -65,19 +63,10 @@ def _job_ids(run_dir: Path, first: str) -> list[str]:
 def run_hold_row(b: Bench, run: Path, name: str, spec_text: str) -> HoldRow:
     """Submit ``spec_text`` (a plain script under ``jobs submit``), preempt it once
     ``b.sched.after_s`` s after it is seen RUNNING, release nothing, and time it back."""
-    from bench.bench_goodput import _first_node
+    from bench.bench_goodput import _first_node, submit_spec
 
     row = HoldRow(name, MODES[name])
-    spec = run / "spec.yaml"
-    spec.write_text(spec_text, encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobs", "submit", str(spec), "--json", "--runs-dir", str(run)],
-        env=b.env, cwd=str(REPO), capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise Skip(f"jobs submit: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
-    sub = json.loads(proc.stdout.strip().splitlines()[-1])
-    job, run_dir = str(sub["job_id"]), Path(sub["run_dir"])
+    job, run_dir = submit_spec(b, run, spec_text)
     progress = run / "task" / "progress.jsonl"
     try:
         record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))

@@ -24,6 +24,8 @@ install_system_packages() {
     [ -x /usr/sbin/sshd ] || need+=(openssh-server)
     command -v ssh >/dev/null || need+=(openssh-client)
     command -v rsync >/dev/null || need+=(rsync)
+    # the test clusters' hosts (cluster up --hosts net: network namespaces, veth, a bridge)
+    command -v ip >/dev/null || [ -x /usr/sbin/ip ] || need+=(iproute2)
     # the one-time code of its 2FA alias (keyboard-interactive through PAM: pam_oath)
     compgen -G '/lib/*/security/pam_oath.so' >/dev/null || compgen -G '/usr/lib/*/security/pam_oath.so' >/dev/null || need+=(libpam-oath)
     # A release other than the host's (`make setup SLURM=24.11`, or one of SLURM_RELEASES:

@@ -9,10 +9,11 @@
   cluster that ``make demo`` uses.
   ``SLURM_TRAIN_TEST_SLURM=24.11`` (``make test SLURM=24.11``) brings them up on that Slurm
   release (cluster.local.release; 22.05, the host's, by default).
-  ``SLURM_TRAIN_TEST_HOSTS=net`` brings them up with each node a host of its own
-  (cluster.local.hosts; ``shared``, every node on this machine, by default), sharing the
-  session's temporary folder with every host (run directories there); where network
-  namespaces cannot be made, the integration tests skip and say why.
+  Each node is a host of its own (``--hosts net``, cluster.local.hosts), sharing the
+  session's temporary folder with every host (run directories there), wherever network
+  namespaces can be made for the release under test; elsewhere every node runs on this
+  machine (``shared``) and the run's header says why, once. ``SLURM_TRAIN_TEST_HOSTS=shared``
+  (or ``net``) asks for one: ``net`` where it cannot be made skips, saying why.
 - ``slurm_env``: ``os.environ`` plus ``SLURM_CONF`` pointing at that cluster, and ``PATH`` with
   the release's commands first, for subprocesses.
 - ``slurm_client``: a :class:`cluster.client.SlurmClient` for that cluster.
@@ -90,7 +91,47 @@ HOSTS_LAYOUT_ENV = "SLURM_TRAIN_TEST_HOSTS"
 
 
 def hosts_layout_under_test() -> str:
-    return os.environ.get(HOSTS_LAYOUT_ENV) or "shared"
+    """The layout asked for (``$SLURM_TRAIN_TEST_HOSTS``; the run's first process sets it,
+    :func:`pytest_configure`), else the default."""
+    return os.environ.get(HOSTS_LAYOUT_ENV) or default_hosts_layout()[0]
+
+
+def default_hosts_layout() -> tuple[str, str | None]:
+    """``net`` where its namespaces can be made for the release under test, else ``shared``
+    and why not."""
+    from cluster.local.hosts import netns_problem
+    from cluster.local.release import HOST_RELEASE
+
+    wanted = slurm_release_under_test()
+    if wanted != HOST_RELEASE:
+        return "shared", f"--hosts net runs Slurm {HOST_RELEASE} only, not {wanted}"
+    problem = netns_problem()
+    return ("net", None) if problem is None else ("shared", problem)
+
+
+_FALLBACK = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Pick the test clusters' hosts layout once, in the run's first process (pytest-xdist's
+    workers inherit it through the environment): ``net`` by default, ``shared`` where it
+    cannot be made (said once in the header, :func:`pytest_report_header`). Not for a run
+    that selects no integration test (``make unit``) nor where no cluster can run at all."""
+    if hasattr(config, "workerinput") or os.environ.get(HOSTS_LAYOUT_ENV):
+        return
+    if "not integration" in (config.getoption("markexpr") or "") or _skip_reason():
+        return
+    layout, why = default_hosts_layout()
+    os.environ[HOSTS_LAYOUT_ENV] = layout
+    if why is not None:
+        config.stash[_FALLBACK] = why
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    why = config.stash.get(_FALLBACK, None)
+    if why is None:
+        return []
+    return [f"integration clusters: every node on this machine (--hosts shared), not net: {why}"]
 
 
 def slurm_release_under_test() -> str:

@@ -203,9 +203,16 @@ class LocalCluster:
         if not sshd.installed() or sshd.login_user() is None:
             return None
         L = self.layout
+        # with net hosts it is the login host's own: its address, its namespaces
+        if self.net is None:
+            return sshd.LoginServer(
+                L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
+                bin_dir=self.slurm.bin_dir,
+            )  # fmt: skip
         return sshd.LoginServer(
-            L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log, self.slurm.bin_dir
-        )
+            L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
+            address=self.net.addr(LOGIN), on_host=self._on_login_host,
+        )  # fmt: skip
 
     # -- checks ------------------------------------------------------------------------------
     def check_installed(self) -> None:
@@ -380,6 +387,10 @@ class LocalCluster:
             lambda: pid_runs(pid, "sleep"), timeout=20, what="the login host", log=log,
             pid_file=pid_file,
         )  # fmt: skip
+
+    def _on_login_host(self, argv: list[str]) -> list[str]:
+        """``argv`` in the login host's namespaces (joined, as `cluster shell login` does)."""
+        return enter_command(self.host_pid(LOGIN), "/", argv, None)
 
     def host_pid(self, host: str) -> int:
         """The first process of ``host`` (a node's slurmd, the login host's sleep)."""

@@ -1,14 +1,17 @@
-"""The local cluster's login node for ``--remote``: an OpenSSH server on loopback.
+"""The local cluster's login node for ``--remote``: an OpenSSH server on loopback, or on the
+login host's address where the nodes are hosts of their own (``--hosts net``: it runs in the
+login host's namespaces, :mod:`cluster.local.hosts`).
 
 ``python -m cluster up`` starts it (Debian's openssh-server; skipped with a note where it is not
 installed) on a port of the cluster's own (:data:`SSHD_PORT` + the port offset), with a host
 key and a client key made here, and writes an OpenSSH client configuration,
 ``STATE_DIR/ssh/config``, with two aliases:
 
-    slurm-train-login   127.0.0.1:PORT as the unprivileged user (``trainee``), the set-up's key
+    slurm-train-login   ADDRESS:PORT (127.0.0.1, or the login host's) as the unprivileged
+                        user (``trainee``), the set-up's key
     slurm-train-jump    the same server, reached through ``ProxyJump slurm-train-login``
 
-    slurm-train-login-2fa   127.0.0.1:PORT+1 as the same user, no key: a password and, where
+    slurm-train-login-2fa   ADDRESS:PORT+1 as the same user, no key: a password and, where
                             Debian's libpam-oath is installed, a one-time code (TOTP), asked
                             by PAM through keyboard-interactive (``jobs login`` answers them)
 
@@ -32,6 +35,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster.errors import LocalClusterError
@@ -72,13 +76,24 @@ class LoginServer:
     """One sshd for one local cluster (its folder ``ssh/`` under the cluster's state dir)."""
 
     def __init__(
-        self, root: Path, port: int, run: Path, log: Path, bin_dir: Path | None = None
+        self,
+        root: Path,
+        port: int,
+        run: Path,
+        log: Path,
+        address: str = "127.0.0.1",
+        on_host: Callable[[list[str]], list[str]] | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
         """``bin_dir``: the cluster's release's commands (a release other than the host's:
         :attr:`cluster.local.release.Root.bin_dir`), first on PATH in every session, as a
         login node of that release has them."""
         self.dir = root / "ssh"
         self.port = port
+        #: Where it listens and the aliases connect (the login host's address with net hosts).
+        self.address = address
+        #: Turns sshd's argument list into one that runs it on the login host (None: here).
+        self.on_host = on_host
         self.bin_dir = bin_dir
         self.pid_file = run / "sshd.pid"
         self.log = log / "sshd.log"
@@ -174,7 +189,7 @@ class LoginServer:
         two_fa = self._write_two_fa(user)
         ports = [self.port, *([self.two_fa_port] if two_fa else [])]
         (self.dir / "known_hosts").write_text(
-            "".join(f"[127.0.0.1]:{p} {host_pub[0]} {host_pub[1]}\n" for p in ports)
+            "".join(f"[{self.address}]:{p} {host_pub[0]} {host_pub[1]}\n" for p in ports)
         )
         server = self.dir / "sshd_config"
         before = server.read_text() if server.exists() else None
@@ -182,7 +197,7 @@ class LoginServer:
             "\n".join(
                 [
                     *(f"Port {p}" for p in ports),
-                    "ListenAddress 127.0.0.1",
+                    f"ListenAddress {self.address}",
                     f"HostKey {self.dir / 'host_ed25519'}",
                     f"PidFile {self.pid_file}",
                     f"AuthorizedKeysFile {authorized}",
@@ -214,7 +229,7 @@ class LoginServer:
             )
         )
         common = [
-            "  HostName 127.0.0.1",
+            f"  HostName {self.address}",
             f"  Port {self.port}",
             f"  User {user}",
             f"  IdentityFile {self.key}",
@@ -224,7 +239,7 @@ class LoginServer:
         ]
         two_fa_block = [
             f"Host {TWO_FA_ALIAS}",
-            "  HostName 127.0.0.1",
+            f"  HostName {self.address}",
             f"  Port {self.two_fa_port}",
             f"  User {user}",
             "  PubkeyAuthentication no",
@@ -249,14 +264,20 @@ class LoginServer:
         return server.read_text() != before
 
     def start(self) -> None:
+        """Start sshd (it detaches), on the login host where there is one."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation
         self.pid_file.unlink(missing_ok=True)
         # argv[0] names the PAM service (the 2FA port's); the program stays sshd (its comm)
         named = self.program.is_symlink()
         argv0 = str(self.program) if named else SSHD
+        args = ["-f", str(self.dir / "sshd_config"), "-E", str(self.log)]
+        program: str | None = SSHD
+        cmd = [argv0, *args]
+        if self.on_host is not None:  # the same argv[0], in the login host's namespaces
+            program = None
+            cmd = self.on_host(["bash", "-c", 'exec -a "$0" "$@"', argv0, SSHD, *args])
         done = subprocess.run(
-            [argv0, "-f", str(self.dir / "sshd_config"), "-E", str(self.log)],
-            executable=SSHD, capture_output=True, text=True, timeout=30,
+            cmd, executable=program, capture_output=True, text=True, timeout=30
         )  # fmt: skip
         if done.returncode != 0:
             raise LocalClusterError(

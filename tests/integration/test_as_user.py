@@ -110,7 +110,7 @@ def _wait(as_user: AsUser, run: str, wanted: set[str], timeout: float = 240) -> 
 
 @SYSTEM_PYTHON_JOBS
 def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
-    as_user: AsUser, user_home: Path
+    as_user: AsUser, user_home: Path, slurm_cluster: object
 ) -> None:
     proc = _jobs(as_user, "submit", str(EXAMPLE), *TINY, "--set", "train.max_steps=4", "--follow")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -126,6 +126,8 @@ def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
     assert Path(plot.stdout.strip()).stat().st_uid == uid()
     listed = _jobs(as_user, "list")
     assert listed.returncode == 0 and str(run_dir) in listed.stdout
+    if slurm_cluster.hosts_layout == "net":  # type: ignore[attr-defined]  # the login host
+        assert as_user("hostname").stdout.strip() == "login"
 
 
 @SYSTEM_PYTHON_JOBS

@@ -142,22 +142,29 @@ def chain(env: dict[str, str], slurm_client: Any, tmp_path: Path) -> Iterator[Ch
     c.cleanup()
 
 
-def test_a_run_preempted_twice_where_preemption_cancels_completes_as_a_chain(
-    chain: Chain, tmp_path: Path
-) -> None:
+def _undisturbed_then_submitted(
+    chain: Chain, tmp_path: Path, spec_data: dict[str, Any]
+) -> tuple[tuple[int, str], subprocess.CompletedProcess[str]]:
+    """The run left alone (its final parameters), then the same spec submitted with paced steps
+    (a preemption lands mid-run): (the expected final state, the accepted submission)."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(SPEC))
+    spec.write_text(yaml.safe_dump(spec_data))
     reference = tmp_path / "reference"
     from train.loop.trainer import run_training
 
     result = run_training(load_run_config(spec).train, DistEnv.from_env({}), reference)
     assert result.exit_code == 0
-    expected = _final(reference)
-
     pace = tmp_path / "pace"
     chain.env = {**chain.env, **slow_steps(0.25, pace)}
     proc = chain.jobs("submit", str(spec), "--json")
     assert proc.returncode == 0, proc.stderr
+    return _final(reference), proc
+
+
+def test_a_run_preempted_twice_where_preemption_cancels_completes_as_a_chain(
+    chain: Chain, tmp_path: Path
+) -> None:
+    expected, proc = _undisturbed_then_submitted(chain, tmp_path, SPEC)
     assert "PreemptMode is CANCEL" in proc.stderr and "chain of jobs" in proc.stderr
     data = json.loads(proc.stdout)
     chain.run_dir = Path(data["run_dir"])
@@ -170,7 +177,7 @@ def test_a_run_preempted_twice_where_preemption_cancels_completes_as_a_chain(
         chain.wait(f"link {link + 1} to start",
                    lambda lk=link: sum(e["event"] == "link_started" for e in chain.events())
                    > lk + 1, 180)  # fmt: skip
-    pace.unlink()
+    (tmp_path / "pace").unlink()  # the steps go at full speed again
 
     chain.wait("the run to complete",
                lambda: any(e["event"] == "chain_ended" for e in chain.events()), 300)  # fmt: skip
@@ -207,19 +214,7 @@ def test_fastest_cuts_the_requeue_hold_with_a_successor_queued_ahead(
         "resources": {**SPEC["resources"], "partition": "debug"},
         "requeue": {"signal_delay_s": 30, "mode": "fastest"},
     }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(spec_data))
-    reference = tmp_path / "reference"
-    from train.loop.trainer import run_training
-
-    result = run_training(load_run_config(spec).train, DistEnv.from_env({}), reference)
-    assert result.exit_code == 0
-    expected = _final(reference)
-
-    pace = tmp_path / "pace"
-    chain.env = {**chain.env, **slow_steps(0.25, pace)}
-    proc = chain.jobs("submit", str(spec), "--json")
-    assert proc.returncode == 0, proc.stderr
+    expected, proc = _undisturbed_then_submitted(chain, tmp_path, spec_data)
     assert "a successor queued ahead is back sooner than a requeue here" in proc.stderr
     data = json.loads(proc.stdout)
     chain.run_dir = Path(data["run_dir"])
@@ -242,7 +237,7 @@ def test_fastest_cuts_the_requeue_hold_with_a_successor_queued_ahead(
     chain.wait("link 1 to start", started, 110)  # the hold alone would be 120 s
     assert "BeginTime" not in reasons, reasons
     chain.wait("link 1 to train", lambda: chain.trained_in_link(1, 5), 240)
-    pace.unlink()
+    (tmp_path / "pace").unlink()  # the steps go at full speed again
     chain.wait("the run to complete",
                lambda: any(e["event"] == "chain_ended" for e in chain.events()), 300)  # fmt: skip
     events = chain.events()

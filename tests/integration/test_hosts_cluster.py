@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -142,3 +143,19 @@ def test_shell_runs_as_trainee_by_default(hosts_cluster: LocalCluster, tmp_path:
         pytest.skip("no user trainee here (scripts/setup.sh adds it)")
     res = _cli(hosts_cluster, "shell", "n1", "--", "id", "-un", cwd=Path("/"))
     assert res.returncode == 0 and res.stdout.strip() == "trainee", res.stdout + res.stderr
+
+
+def test_the_login_alias_reaches_the_login_host(hosts_cluster: LocalCluster) -> None:
+    """--remote's login node (cluster/local/sshd.py) is the login host: its sshd runs there."""
+    from cluster.local import sshd
+
+    server = hosts_cluster.login_server()
+    if server is None or shutil.which("ssh") is None:
+        pytest.skip("no login node here: openssh-server, ssh or the user trainee is missing")
+    res = subprocess.run(
+        ["ssh", "-F", str(server.client_config), "-o", "BatchMode=yes", sshd.LOGIN_ALIAS,
+         "hostname; id -un"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["login", sshd.login_user()]

@@ -97,7 +97,9 @@ def test_a_wheel_installed_by_a_user_runs_the_cifar_example_through_a_preemption
         [pip, "install", "-q", "--find-links", str(WHEELS), f"torch=={torch}"],
         [pip, "install", "-q", str(wheel)],
     ):
-        proc = user(*args, timeout=900)
+        # on this machine, not the cluster's login host: pip needs the package index, and the
+        # local cluster's hosts reach nothing outside it (a real login node has the internet)
+        proc = run_as_user(args, home=home, cwd=work, venv=venv, env={}, timeout=900)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     work = user_dir(home / "project")  # the user's own folder, far from the checkout
     spec = work / "cifar.yaml"

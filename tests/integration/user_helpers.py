@@ -1,9 +1,10 @@
 """Running the tool as an unprivileged user (``trainee``, made by ``scripts/setup.sh``): the
 integration tests test_as_user.py and test_user_install.py.
 
-Every command runs through ``runuser`` in a clean environment (``env -i``): a HOME of the
-test's own, a PATH with the user's venv first, the cluster's ``SLURM_CONF`` and the few
-variables a test passes on purpose; nothing else of root's environment reaches it.
+Every command runs through ``runuser`` in a clean environment (``env -i``), on the cluster's
+login host where its nodes are hosts of their own (``--hosts net``): a HOME of the test's own,
+a PATH with the user's venv first, the cluster's ``SLURM_CONF`` and the few variables a test
+passes on purpose; nothing else of root's environment reaches it.
 """
 
 from __future__ import annotations
@@ -76,8 +77,23 @@ def run_as_user(
     cmd = ["runuser", "-u", USER, "--", "env", "-i", f"HOME={home}", f"PATH={path}"]
     cmd += ["LANG=C.UTF-8", *keep, *argv]
     return subprocess.run(
-        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
+        on_login_host(cmd, cwd, env), cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def on_login_host(cmd: list[str], cwd: Path, env: Mapping[str, str]) -> list[str]:
+    """``cmd`` on the login host of the cluster ``env`` names where its nodes are hosts of
+    their own (``--hosts net``: as a user of a real cluster submits, from a host that runs no
+    slurmd), else as it is (on this machine)."""
+    from cluster.local.hosts import LOGIN
+    from cluster.local.manager import LocalCluster
+
+    if "SLURM_TRAIN_CLUSTER_DIR" not in env:
+        return cmd
+    offset = int(env.get("SLURM_TRAIN_CLUSTER_PORT_OFFSET", "0"))
+    lc = LocalCluster(Path(env["SLURM_TRAIN_CLUSTER_DIR"]), port_offset=offset)
+    return cmd if lc.net is None else lc.shell_command(LOGIN, cmd, str(cwd), None)
 
 
 def make_venv(venv: Path, home: Path) -> None:

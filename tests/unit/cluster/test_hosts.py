@@ -4,6 +4,7 @@ and refuses; the hosts themselves run in tests/integration/test_hosts_cluster.py
 from __future__ import annotations
 
 import ipaddress
+import shutil
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,23 @@ def test_a_recorded_layout_is_kept(tmp_path: Path) -> None:
     lc = LocalCluster(tmp_path, port_offset=1200)
     assert lc.hosts_layout == "net" and lc.net is not None and lc.net.shared == ("/tmp/runs",)
     assert LocalCluster(tmp_path, port_offset=1200, hosts="shared").net is None
+
+
+def test_the_login_node_of_net_hosts_is_the_login_host(tmp_path: Path) -> None:
+    """--remote's sshd listens on the login host's address and the aliases go there; with the
+    nodes on this machine it stays on loopback."""
+    from cluster.local import sshd
+
+    if shutil.which("ssh-keygen") is None or not sshd.installed() or sshd.login_user() is None:
+        pytest.skip("no login node here: openssh-server or the user trainee is missing")
+    net = LocalCluster(tmp_path / "a", port_offset=1200, hosts="net")
+    shared = LocalCluster(tmp_path / "b", port_offset=1200, hosts="shared")
+    assert net.net is not None
+    for lc, addr in ((net, net.net.addr("login")), (shared, "127.0.0.1")):
+        server = lc.login_server()
+        assert server is not None
+        server.write("trainee")
+        assert f"ListenAddress {addr}\n" in (server.dir / "sshd_config").read_text()
+        assert f"  HostName {addr}\n" in server.client_config.read_text()
+        assert (server.dir / "known_hosts").read_text().startswith(f"[{addr}]:13422 ")
+        assert (server.on_host is None) == (lc is shared)  # started in the login host's namespaces

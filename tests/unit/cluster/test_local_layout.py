@@ -4,6 +4,7 @@ the environment can give (SLURM_TRAIN_CLUSTER_DIR, SLURM_TRAIN_CLUSTER_PORT_OFFS
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from cluster.errors import LocalClusterError
 from cluster.local import config as cfg
 from cluster.local.manager import LocalCluster
 from cluster.local.paths import PORT_OFFSET_ENV, STATE_ENV, port_offset
+from tests import conftest
 from tests.conftest import worker_cluster
 from train.env import PORT_BASE, master_port_for_job
 
@@ -71,3 +73,52 @@ def test_the_environment_names_the_cluster(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_a_bad_port_offset_is_one_clear_error(raw: str) -> None:
     with pytest.raises(LocalClusterError, match=PORT_OFFSET_ENV):
         port_offset({PORT_OFFSET_ENV: raw})
+
+
+@pytest.mark.parametrize(
+    ("release", "problem", "layout", "says"),
+    [
+        ("", None, "net", None),
+        ("22.05", None, "net", None),
+        ("", "network namespaces cannot be made here: denied", "shared", "cannot be made here"),
+        ("24.11", None, "shared", "--hosts net runs Slurm 22.05 only, not 24.11"),
+    ],
+)
+def test_the_test_clusters_are_net_hosts_wherever_they_can_be(
+    monkeypatch: pytest.MonkeyPatch,
+    release: str,
+    problem: str | None,
+    layout: str,
+    says: str | None,
+) -> None:
+    """The harness's default (tests/conftest.py): net hosts, else the shared layout and why,
+    said once in the run's header; the layout asked for wins."""
+    import cluster.local.hosts as hosts
+
+    monkeypatch.setattr(hosts, "netns_problem", lambda: problem)
+    monkeypatch.setattr(conftest, "_skip_reason", lambda: None)
+    monkeypatch.setenv(conftest.SLURM_RELEASE_ENV, release)
+    monkeypatch.delenv(conftest.HOSTS_LAYOUT_ENV, raising=False)
+
+    class Config:
+        stash = pytest.Stash()
+
+        @staticmethod
+        def getoption(name: str) -> str:
+            return "integration"
+
+    config = Config()
+    conftest.pytest_configure(config)  # type: ignore[arg-type]
+    assert os.environ[conftest.HOSTS_LAYOUT_ENV] == layout
+    assert conftest.hosts_layout_under_test() == layout
+    header = conftest.pytest_report_header(config)  # type: ignore[arg-type]
+    if says is None:
+        assert header == []
+    else:
+        assert len(header) == 1 and "(--hosts shared)" in header[0] and says in header[0]
+    monkeypatch.setenv(conftest.HOSTS_LAYOUT_ENV, "shared")  # asked for: kept, nothing said
+    config.stash = pytest.Stash()
+    conftest.pytest_configure(config)  # type: ignore[arg-type]
+    assert os.environ[conftest.HOSTS_LAYOUT_ENV] == "shared" and not conftest.pytest_report_header(
+        config
+    )  # type: ignore[arg-type]
