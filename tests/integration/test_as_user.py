@@ -31,9 +31,6 @@ from user_helpers import SYSTEM_PYTHON, USER, run_as_user, skip_reason, uid, use
 
 pytestmark = pytest.mark.integration
 
-#: Only on the host's Slurm release (SLURM_TRAIN_TEST_SLURM: another release runs its commands
-#: through chroot wrappers, tests/conftest.py)
-
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cifar.yaml"
 TINY = [
