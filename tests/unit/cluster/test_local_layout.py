@@ -57,8 +57,14 @@ def test_shifted_clusters_share_no_port_and_start_their_job_ids_apart() -> None:
         ("gw2", Path("/var/tmp/slurm-train-test-2"), 400),
     ],
 )
-def test_each_test_worker_has_its_own_cluster(worker: str | None, root: Path, offset: int) -> None:
+def test_each_test_worker_has_its_own_cluster(
+    worker: str | None, root: Path, offset: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SLURM_TRAIN_TEST_WORKER_BASE", raising=False)  # a worktree's shift
     assert worker_cluster(worker) == (root, offset)
+    monkeypatch.setenv("SLURM_TRAIN_TEST_WORKER_BASE", "8")
+    shifted = worker_cluster(worker)
+    assert shifted[0].name == f"slurm-train-test-{int(root.name.rsplit('-', 1)[1]) + 8}"
 
 
 def test_the_environment_names_the_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
