@@ -11,9 +11,9 @@ ifneq ($(SLURM),)
 export SLURM_TRAIN_TEST_SLURM := $(SLURM)
 endif
 # The releases `make test` and `make integration` run (scripts/test.sh): the whole suite on
-# SLURM's (22.05 by default), the integration tests marked release_sensitive on each other one
-# named here, beside it (`make test SLURM_RELEASES=none`: the one release alone). The set-up
-# installs mmdebstrap for them.
+# SLURM_TRAIN_TEST_SLURM's (22.05 by default), then the whole integration half on each other one
+# named here, one after another (`make test SLURM_RELEASES=none`: the one release alone). The
+# set-up installs mmdebstrap for them.
 test integration: export SLURM_RELEASES ?= 22.05 24.11 26.05
 # The suite's two halves, their workers (pytest-xdist) and the order they run in live in
 # scripts/test.sh: `make test` runs them side by side (the integration half waits on Slurm for

@@ -217,6 +217,20 @@ class SlurmClient:
         mode = parse.parse_key_values(first).get("PreemptMode") or config.get("PreemptMode", "")
         return config.get("JobRequeue", ""), mode
 
+    def installed_release(self) -> str | None:
+        """The release of the ``scontrol`` this client runs (``scontrol --version``: ``slurm
+        24.11.5``, Debian's ``slurm-wlm 24.11.5`` -> ``24.11.5``; the program answers itself
+        from slurm.conf, no daemon is asked), or None when it cannot be run or read."""
+        try:
+            done = self.run(["scontrol", "--version"], timeout=10, check=False)
+        except (SlurmCommandError, SlurmNotFoundError):
+            return None
+        words = done.stdout.split() if done.returncode == 0 else []
+        if len(words) != 2 or not words[0].lower().startswith("slurm"):
+            return None
+        parts = words[1].split(".")
+        return words[1] if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
     def sbatch_options(self) -> frozenset[str]:
         """The long options the ``sbatch`` this client runs lists in ``sbatch --help`` (its
         release's; see :func:`cluster.parse.parse_sbatch_help`). Callers may cache it per
@@ -366,6 +380,11 @@ class SlurmClient:
         """``scontrol update JobId=ID Dependency=...`` of a pending job."""
         self.run(["scontrol", "update", f"JobId={job_id}", f"Dependency={dependency}"])
 
+    def forbid_requeue(self, job_id: str) -> None:
+        """``scontrol update JobId=ID Requeue=0``: the job ends as it exits, never requeued by
+        Slurm (26.05 requeues a job of ``--requeue=expedite`` that exits non-zero, held)."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
+
     def requeue(self, job_id: str) -> None:
         """Put a running (or finished) batch job back in the queue with the same id.
 
@@ -431,7 +450,15 @@ class SlurmClient:
         """
         if settle_s > 0:
             time.sleep(settle_s)
-        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        cmd = ["scontrol", "update", f"JobId={job_id}", "StartTime=now"]
+        done = self.run(cmd, check=False)
+        if done.returncode == 0:
+            return
+        # Refused: a job that started meanwhile (an expedited requeue, 25.11+, starts at once)
+        # had nothing to release; one that still waits is an error.
+        state = self.show_job(job_id).get("JobState", "")
+        if state in ("", "PENDING") or state.startswith("REQUEUE"):
+            raise SlurmCommandError(cmd, done.returncode, done.stderr or done.stdout)
 
     def wait_for(
         self,

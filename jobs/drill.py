@@ -76,6 +76,8 @@ T = TypeVar("T")
 KINDS = tuple(k.drill for k in EVENT_KINDS if k.drill)
 _STOP_EVENTS = frozenset(k.name for k in EVENT_KINDS if k.drill)
 _TERMINAL = TERMINAL_STATES  # the controller's word (scontrol show job): final
+#: A requeued job's states once the requeue settled: waiting, or already started again.
+_REQUEUED = frozenset({"PENDING", "EXPEDITING", "CONFIGURING", "RUNNING"})
 
 
 class DrillError(JobsError):
@@ -388,13 +390,16 @@ class Drill:
             else:
                 self.wait("the job to be requeued", lambda: self._requeued(restarts))
                 self._restore_time_limit()
-                self._note_hold()
-                self._act(
-                    "the release (StartTime=now)",
-                    lambda: self.client.release(self.job_id),
-                    lambda: self.job().get("Reason") != "BeginTime",
-                )
-                self.say("requeued; released from its BeginTime wait")
+                if self.job().get("JobState") == "PENDING":
+                    self._note_hold()
+                    self._act(
+                        "the release (StartTime=now)",
+                        lambda: self.client.release(self.job_id),
+                        lambda: self.job().get("Reason") != "BeginTime",
+                    )
+                    self.say("requeued; released from its BeginTime wait")
+                else:
+                    self.say("requeued; started again at once (an expedited requeue: no wait)")
                 self.wait("the job to train again", lambda: self._resumed(t0, restarts) is not None)
         finally:
             self._restore_time_limit()  # a drill that gave up leaves no short limit behind
@@ -447,8 +452,11 @@ class Drill:
         return not (self.run_dir / METRICS_FILE).exists()
 
     def _requeued(self, before: int) -> bool:
+        """Requeued: waiting (PENDING), or started again at once (an expedited requeue, 25.11+:
+        it never waits, so a drill that waited for PENDING gave up while the job timed out
+        again and again on the short limit)."""
         info = self.job()
-        return int(info.get("Restarts", "0") or 0) > before and info.get("JobState") == "PENDING"
+        return int(info.get("Restarts", "0") or 0) > before and info.get("JobState") in _REQUEUED
 
     def _stop_event(self, since: float) -> dict[str, Any] | None:
         return next((e for e in self.events(since) if e["event"] in _STOP_EVENTS), None)

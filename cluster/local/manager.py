@@ -205,7 +205,10 @@ class LocalCluster:
         L = self.layout
         # with net hosts it is the login host's own: its address, its namespaces
         if self.net is None:
-            return sshd.LoginServer(L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log)
+            return sshd.LoginServer(
+                L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
+                bin_dir=self.slurm.bin_dir,
+            )  # fmt: skip
         return sshd.LoginServer(
             L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
             address=self.net.addr(LOGIN), on_host=self._on_login_host,
@@ -260,6 +263,7 @@ class LocalCluster:
         self._check_hosts_layout()
         changed = write_config(self.layout, self.hostname, self.release.name, self.net)
         self.layout.release_file.write_text(f"{self.release.name}\n")
+        self._write_bin_file()
         self.layout.hosts_layout_file.write_text(f"{self.hosts_layout}\n")
         if self.net is None:
             self.layout.hosts_json.unlink(missing_ok=True)

@@ -67,6 +67,11 @@ def login_user() -> str | None:
     return name
 
 
+#: The PATH after a release's commands in a session of a cluster of another release (sshd's
+#: own default for a user, which SetEnv replaces).
+SESSION_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/games"
+
+
 class LoginServer:
     """One sshd for one local cluster (its folder ``ssh/`` under the cluster's state dir)."""
 
@@ -78,13 +83,18 @@ class LoginServer:
         log: Path,
         address: str = "127.0.0.1",
         on_host: Callable[[list[str]], list[str]] | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
+        """``bin_dir``: the cluster's release's commands (a release other than the host's:
+        :attr:`cluster.local.release.Root.bin_dir`), first on PATH in every session, as a
+        login node of that release has them."""
         self.dir = root / "ssh"
         self.port = port
         #: Where it listens and the aliases connect (the login host's address with net hosts).
         self.address = address
         #: Turns sshd's argument list into one that runs it on the login host (None: here).
         self.on_host = on_host
+        self.bin_dir = bin_dir
         self.pid_file = run / "sshd.pid"
         self.log = log / "sshd.log"
 
@@ -205,6 +215,7 @@ class LoginServer:
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
                     "Subsystem sftp internal-sftp",
+                    *([f'SetEnv "PATH={self.bin_dir}:{SESSION_PATH}"'] if self.bin_dir else []),
                     *(
                         [
                             f"Match LocalPort {self.two_fa_port}",

@@ -2,9 +2,10 @@
 order: the tests marked ``long(SECONDS)`` (about what one takes on an idle machine) run first,
 longest first, so that the workers (``make test``: ``--dist load``, which hands tests out in
 this order) do not end waiting on one long test started last. Every test here is marked
-``integration``: the unit half (``make unit``) does not even collect this directory. Those also
-marked ``release_sensitive(WHY)`` run on the other Slurm releases too (``make test``,
-scripts/test.sh); WHY is required."""
+``integration``: the unit half (``make unit``) does not even collect this directory. The whole
+integration half runs on the other Slurm releases too (``make test``, scripts/test.sh); the
+tests marked ``release_sensitive(WHY)`` are those that touch what differs between releases (WHY,
+required, says what)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(
             f"not marked integration (neither half of make test would run it): {unmarked[0]}"
         )
-    # release_sensitive(WHY): make test runs these on the other Slurm releases too
-    # (scripts/test.sh); the reason is what differs between releases that the test touches
+    # release_sensitive(WHY): documentation of what differs between releases that the test
+    # touches (make test runs the whole integration half on every release: scripts/test.sh)
     unexplained = [
         i.nodeid
         for i in items

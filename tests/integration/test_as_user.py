@@ -14,7 +14,6 @@ path: ``test_user_install.py``). Root keeps only the daemons, and one job of its
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,17 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.local.release import HOST_RELEASE
-
 sys.path.insert(0, str(Path(__file__).parent))
+from releases import SYSTEM_PYTHON_JOBS
 from slow_saves import slow_steps
 from user_helpers import SYSTEM_PYTHON, USER, run_as_user, skip_reason, uid, user_dir
 
 pytestmark = pytest.mark.integration
-
-#: Only on the host's Slurm release (SLURM_TRAIN_TEST_SLURM: another release runs its commands
-#: through chroot wrappers, tests/conftest.py)
-_RELEASE = os.environ.get("SLURM_TRAIN_TEST_SLURM") or HOST_RELEASE
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "cifar.yaml"
@@ -111,6 +105,7 @@ def _wait(as_user: AsUser, run: str, wanted: set[str], timeout: float = 240) -> 
         time.sleep(2)
 
 
+@SYSTEM_PYTHON_JOBS
 def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
     as_user: AsUser, user_home: Path, slurm_cluster: object
 ) -> None:
@@ -132,12 +127,7 @@ def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
         assert as_user("hostname").stdout.strip() == "login"
 
 
-@pytest.mark.skipif(
-    _RELEASE != HOST_RELEASE,
-    reason=f"Slurm {_RELEASE}: the user's venv is of the system's /usr/bin/python3, which "
-    "another release's root does not have (the user's plain Slurm commands there: "
-    "test_release_as_user.py)",
-)
+@SYSTEM_PYTHON_JOBS
 @pytest.mark.long(90)
 def test_a_user_drills_and_cancels_its_own_job_and_is_refused_what_needs_an_operator(
     as_user: AsUser, slurm_env: dict[str, str]

@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from byo_helpers import REPO, ByoRun, open_run
+from releases import preemption_requeue_via
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -91,7 +92,7 @@ def test_script_that_ignores_signals_is_requeued_and_completes(run: ByoRun) -> N
     steps = 120
     run.submit(spec("byo-plain-it", "ignores_signals.py", 1, steps, "--save-every", "10"))
     preempt_and_finish(run, at_step=25)
-    check_history(run, via="scontrol")
+    check_history(run, via=preemption_requeue_via(run.client))
     starts = restarts(run)
     assert [s["restart"] for s in starts] == [0, 1]
     # it resumed from its last periodic save: at most --save-every steps trained again (all
@@ -106,7 +107,7 @@ def test_torchrun_style_ddp_saves_on_usr1_and_resumes(run: ByoRun) -> None:
     steps = 150
     run.submit(spec("byo-ddp-it", "plain_ddp.py", 2, steps, "--save-every", "1000"))
     preempt_and_finish(run, at_step=20)
-    check_history(run, via="scontrol")
+    check_history(run, via=preemption_requeue_via(run.client))
     progress = run.progress()
     saved = [p for p in progress if p.get("event") == "saved"]
     assert len(saved) == 1, progress[-5:]  # SIGUSR1 came once, every rank agreed
@@ -134,7 +135,7 @@ def test_torchrun_launch_spans_the_nodes_and_resumes(run: ByoRun) -> None:
     ]
     run.submit(job)
     preempt_and_finish(run, at_step=20)
-    check_history(run, via="scontrol")
+    check_history(run, via=preemption_requeue_via(run.client))
     starts = restarts(run)
     assert [(s["restart"], s["world"]) for s in starts] == [(0, 4), (1, 4)], starts
     saved = [p for p in run.progress() if p.get("event") == "saved"]

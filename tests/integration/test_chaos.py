@@ -274,11 +274,14 @@ class Chaos:
         """Put back what the faults took and release the job from Slurm's BeginTime hold, when
         it is requeued and held; whether it was."""
         info = self.info() if info is None else info
-        if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
+        if info.get("JobState") != "PENDING":
             return False
+        # an expedited requeue (26.05 here) has no BeginTime hold: it waits for the nodes the
+        # faults took (Resources), which only the put-back gives it
         self.put_back()
-        with contextlib.suppress(Exception):
-            self.client.release(self.job)
+        if info.get("Reason") == "BeginTime":
+            with contextlib.suppress(Exception):
+                self.client.release(self.job)
         return True
 
     def cleanup(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from releases import preemption_requeue_via
 from slow_saves import slow_saves
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -330,10 +331,11 @@ def test_requeue_template_scancel_stays_cancelled(
 @pytest.mark.timeout(420)
 def test_ddp_template_survives_preemption(jobs: Jobs, tmp_path: Path, slurm_client: Any) -> None:
     """--signal=USR2@T (no B:) reaches the ranks at preemption; train checkpoints and requeues
-    the job itself with scontrol; the restarted job resumes from that checkpoint."""
+    the job itself with scontrol (Slurm requeues it on 24.11+: releases.py); the restarted job
+    resumes from that checkpoint."""
     _, _, run_dir = _preempt_and_resume(jobs, tmp_path, "ddp", {}, slurm_client)
     requeue = next(e for e in _events(run_dir) if e["event"] == "requeue")
-    assert requeue.get("via") == "scontrol", requeue
+    assert requeue.get("via") == preemption_requeue_via(slurm_client), requeue
 
 
 @pytest.mark.timeout(300)

@@ -1,14 +1,15 @@
 """scripts/test.sh without pytest: which runs it starts for which Slurm release (issue 43).
 
 The script is copied into a folder of its own beside a stub ``.venv/bin/python`` that records
-its arguments and the release and worker base it was given, so what ``make test`` runs on each
-release (the whole suite on one, the integration tests marked ``release_sensitive`` on the
-others, on worker clusters of their own) is checked without a cluster.
+its arguments, the release and worker base it was given, and whether another run of it was
+going on at the time, so what ``make test`` runs on each release (the whole suite on one, the
+whole integration half on each other one, one after another) is checked without a cluster.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 STUB = r"""#!/bin/bash
 release="${SLURM_TRAIN_TEST_SLURM:-default}"
-printf '%s|%s|%s\n' "$release" "${SLURM_TRAIN_TEST_WORKER_BASE:-unset}" "$*" >> "${STUB_LOG}"
+beside=alone
+if ! mkdir "${STUB_LOG}.running" 2>/dev/null; then beside=beside; fi
+printf '%s|%s|%s|%s\n' "$release" "${SLURM_TRAIN_TEST_WORKER_BASE:-unset}" "$beside" "$*" \
+    >> "${STUB_LOG}"
+sleep 0.3
+[[ "$beside" == alone ]] && rmdir "${STUB_LOG}.running"
 if [[ "$release" == "${STUB_FAIL:-}" ]]; then exit 3; fi
 exit 0
 """
@@ -43,43 +49,60 @@ def _run(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedPr
     calls = []
     if log.exists():
         for line in log.read_text().splitlines():
-            release, worker_base, argv = line.split("|", 2)
-            calls.append((release, worker_base, argv))
-    return proc, sorted(calls)
+            release, worker_base, beside, argv = line.split("|", 3)
+            calls.append((release, worker_base, beside, argv))
+    return proc, calls
 
 
 def _marker(argv: str) -> str:
-    return argv.split(" -m ", 1)[1].split(" -n ")[0]
+    return re.split(r" -n | --", argv.split(" -m ", 1)[1])[0]
 
 
-def test_by_default_the_other_releases_run_their_release_sensitive_tests_beside(
+def test_by_default_the_other_releases_run_the_whole_integration_half_one_after_another(
     tmp_path: Path,
 ) -> None:
+    """The default release first, then 24.11, then 26.05, each alone on the same worker
+    indexes (each session brings the last one's clusters down)."""
     proc, calls = _run(tmp_path, "integration", SLURM_TRAIN_TEST_WORKER_BASE="10")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = [(r, b, _marker(a)) for r, b, a in calls]
+    got = [(r, b, beside, _marker(a)) for r, b, beside, a in calls]
     assert got == [
-        ("24.11", "16", "integration and release_sensitive"),  # after the default run's 6
-        ("26.05", "19", "integration and release_sensitive"),  # and 24.11's 3 workers
-        ("default", "10", "integration"),
+        ("default", "10", "alone", "integration"),
+        ("24.11", "10", "alone", "integration"),
+        ("26.05", "10", "alone", "integration"),
     ]
-    assert "== integration tests on Slurm 24.11 (release_sensitive) ==" in proc.stdout
+    assert "== integration tests on Slurm 24.11 (the whole integration half) ==" in proc.stdout
+
+
+def test_all_runs_the_other_releases_after_both_halves_of_the_default_one(tmp_path: Path) -> None:
+    proc, calls = _run(tmp_path, "all")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [(r, _marker(a)) for r, _, _, a in calls[:2]] in (
+        [("default", "integration"), ("default", "not integration")],
+        [("default", "not integration"), ("default", "integration")],
+    )
+    # (whether the unit half's stub met the other's is timing: not asserted)
+    assert [(r, beside, _marker(a)) for r, _, beside, a in calls[2:]] == [
+        ("24.11", "alone", "integration"),
+        ("26.05", "alone", "integration"),
+    ]
 
 
 def test_one_release_alone_and_another_main_release(tmp_path: Path) -> None:
     proc, calls = _run(tmp_path, "integration", SLURM_RELEASES="none")
     assert proc.returncode == 0 and [c[0] for c in calls] == ["default"]
     proc, calls = _run(tmp_path, "integration", SLURM_TRAIN_TEST_SLURM="24.11")
-    # the whole suite on 24.11 (SLURM_TRAIN_TEST_SLURM), the others' selection beside it
-    assert sorted(c[0] for c in calls) == ["22.05", "24.11", "26.05"]
-    assert [_marker(a) for r, _, a in calls if r == "24.11"] == ["integration"]
+    # the whole suite on 24.11 (SLURM_TRAIN_TEST_SLURM), then the others' integration halves
+    assert [c[0] for c in calls] == ["24.11", "22.05", "26.05"]
+    assert {_marker(a) for *_, a in calls} == {"integration"}
     proc, calls = _run(tmp_path, "unit")
     assert proc.returncode == 0 and [c[0] for c in calls] == ["default"]  # no cluster at all
 
 
-def test_a_failing_release_fails_the_run(tmp_path: Path) -> None:
-    proc, _ = _run(tmp_path, "integration", STUB_FAIL="26.05")
+def test_a_failing_release_fails_the_run_and_the_next_release_still_runs(tmp_path: Path) -> None:
+    proc, calls = _run(tmp_path, "integration", STUB_FAIL="24.11")
     assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert [c[0] for c in calls] == ["default", "24.11", "26.05"]
 
 
 @pytest.mark.parametrize("bad", ["23.02", "24.11 latest"])

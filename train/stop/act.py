@@ -294,6 +294,13 @@ def carry_out(
         history.append("requeue", **base, via="exit_code")
         log.warning("not under Slurm: exiting %d so the launcher can restart the run",
                     REQUEUE_EXIT_CODE)  # fmt: skip
+    if decision.exhausted and job_id and exit_code != 0:
+        # the run ends for good: Slurm must not requeue the job either (26.05 requeues a job of
+        # --requeue=expedite that exits non-zero, held: REQUEUE_HOLD instead of FAILED)
+        try:
+            _client(client).forbid_requeue(str(job_id))
+        except Exception as exc:  # the job ends as it would have: at worst held, never lost
+            log.warning("scontrol update JobId=%s Requeue=0 failed: %s", job_id, exc)
     if decision.exclude and job_id and decision.requeues:
         from train.stop.quarantine import exclude
 

@@ -69,6 +69,23 @@ def requeues_preempted(release: str | None) -> bool:
     return (int(parts[0]), int(parts[1])) >= SELF_REQUEUE_RELEASE
 
 
+def _release(client: object, *, ask: bool) -> str | None:
+    """The cluster's Slurm release for a preemption's stop: what the batch script exported
+    (:data:`train.env.SLURM_RELEASE_ENV`, from the submission's preflight), else the release of
+    the ``scontrol`` the job runs (``installed_release``: the program's own answer, no daemon
+    asked), for a batch script written by hand, which exports none. Without either, a 24.11+
+    cluster ran such a job twice more: it requeued it itself and so did our ``scontrol
+    requeue``. ``ask``: whether the answer matters (Slurm preempted the job): scontrol runs
+    only then."""
+    from train.env import SLURM_RELEASE_ENV  # stdlib only
+
+    exported = os.environ.get(SLURM_RELEASE_ENV, "").strip()
+    if exported or not ask:
+        return exported or None
+    installed = getattr(client, "installed_release", None)
+    return installed() if callable(installed) else None
+
+
 def _parse_slurm_timestamp(value: str | None) -> float | None:
     if value is None or value.strip().lower() in _UNSET:
         return None
@@ -411,11 +428,10 @@ def gather(
     requeued = lost is None and slurm_requeued
     if requeued and not preempted and trigger in ("signal", "cancel"):
         kind = "requeued"  # scontrol requeue from outside (an administrator): not a preemption
-    from train.env import SLURM_RELEASE_ENV  # stdlib only
-
+    release = _release(client, ask=preempted)
     return facts(
         "slurm",
-        slurm_requeues_preempted=requeues_preempted(os.environ.get(SLURM_RELEASE_ENV)),
+        slurm_requeues_preempted=requeues_preempted(release),
         slurm_kind=kind,
         nodes_lost=lost or {},
         job_info=info or None,

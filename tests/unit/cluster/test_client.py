@@ -139,6 +139,26 @@ def test_missing_command(tmp_path: Path) -> None:
     assert not client.installed() and not client.ping()
 
 
+@pytest.mark.parametrize(
+    ("stdout", "rc", "release"),
+    [
+        ("slurm 24.11.5\n", 0, "24.11.5"),
+        ("slurm-wlm 22.05.8\n", 0, "22.05.8"),  # Debian's
+        ("slurm-wlm unknown\n", 0, None),
+        ("", 1, None),
+    ],
+)
+def test_installed_release_is_the_scontrol_programs_own_answer(
+    tmp_path: Path, stdout: str, rc: int, release: str | None
+) -> None:
+    """``scontrol --version`` (no daemon asked); an answer it cannot read, a failed or missing
+    scontrol: None, never an error."""
+    _stub(tmp_path, "scontrol", stdout, rc)
+    assert _client(tmp_path).installed_release() == release
+    assert _calls(tmp_path) == ["scontrol --version"]
+    assert SlurmClient(environ={"PATH": str(tmp_path / "none")}).installed_release() is None
+
+
 class _RecordedSleeps:
     """cluster.client's ``time``: its sleeps are recorded, not slept; the rest is the real
     module. (Patching ``time.sleep`` itself also recorded subprocess's own polls while it waited
@@ -164,6 +184,28 @@ def test_release_waits_for_the_requeue_to_settle(
     assert _calls(tmp_path) == ["scontrol update JobId=7 StartTime=now"]
     _client(tmp_path).release("8", settle_s=0)
     assert slept == [2.0]
+
+
+@pytest.mark.parametrize(("state", "refused"), [("RUNNING", False), ("PENDING", True)])
+def test_a_release_refused_because_the_job_started_meanwhile_is_done(
+    tmp_path: Path, state: str, refused: bool
+) -> None:
+    """An expedited requeue (26.05 here) starts the job at once: the release, refused for a job
+    no longer pending, had nothing to do; refused for a job that still waits: an error."""
+    script = tmp_path / "scontrol"
+    script.write_text(
+        "#!/bin/bash\n"
+        f'echo "scontrol $*" >> {tmp_path / "calls.log"}\n'
+        'if [ "$1" = update ]; then echo "refused" >&2; exit 1; fi\n'
+        f'echo "JobId=7 JobState={state} Restarts=1"\n'
+    )
+    script.chmod(0o755)
+    if refused:
+        with pytest.raises(SlurmCommandError, match="refused"):
+            _client(tmp_path).release("7", settle_s=0)
+    else:
+        _client(tmp_path).release("7", settle_s=0)
+    assert _calls(tmp_path)[0] == "scontrol update JobId=7 StartTime=now"
 
 
 _SINFO_OUT = (Path(__file__).parent / "data" / "sinfo.txt").read_text()

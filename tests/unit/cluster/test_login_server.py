@@ -78,6 +78,31 @@ def test_no_2fa_alias_where_it_cannot_be_made_safely(
     assert "KbdInteractiveAuthentication no" in conf
 
 
+@pytest.mark.parametrize("slurm", ["24.11", "22.05"])
+def test_a_login_session_has_the_clusters_release_first_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm: str
+) -> None:
+    """A cluster of another release than the host's: every session of its login node has that
+    release's commands first on PATH (a remote user's ``scontrol`` there is 24.11's, not the
+    host's 22.05, which its controller refuses); the host's release: sshd's own PATH."""
+    from cluster.local.manager import LocalCluster
+
+    monkeypatch.setattr(sshd, "PAM_DIR", tmp_path / "pam.d")
+    monkeypatch.setattr(sshd.LoginServer, "two_fa_possible", lambda self: False)
+    monkeypatch.setattr(sshd, "installed", lambda: True)
+    monkeypatch.setattr(sshd, "login_user", lambda: "trainee")
+    monkeypatch.setenv("SLURM_TRAIN_SLURM_ROOTS", str(tmp_path / "roots"))
+    lc = LocalCluster(tmp_path / "state", port_offset=0, slurm=slurm)
+    server = lc.login_server()
+    assert server is not None
+    server.write("trainee")
+    lines = [x for x in (server.dir / "sshd_config").read_text().splitlines() if "PATH" in x]
+    if lc.slurm.bin_dir is None:
+        assert lines == []
+    else:
+        assert lines == [f'SetEnv "PATH={lc.slurm.bin_dir}:{sshd.SESSION_PATH}"']
+
+
 def test_a_changed_server_configuration_makes_a_running_sshd_stale(
     server: sshd.LoginServer, tmp_path: Path
 ) -> None:

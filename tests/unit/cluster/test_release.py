@@ -220,6 +220,41 @@ def test_a_state_dir_keeps_its_release(tmp_path: Path) -> None:
     LocalCluster(tmp_path / "new", port_offset=0, slurm="24.11")._check_release()
 
 
+class _Prepared(Exception):
+    """Ends a stubbed ``cluster up`` where it would start building the release's root."""
+
+
+@pytest.mark.parametrize("slurm", ["24.11", "22.05"])
+def test_up_names_the_releases_commands_beside_its_slurm_conf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm: str
+) -> None:
+    """``cluster up`` writes ``etc/slurm-bin`` (the release's wrappers) beside slurm.conf, so a
+    client given only SLURM_CONF (a remote user's environment.setup) runs that release's
+    commands, never the host's 22.05 (Incompatible versions of client and server code); the
+    host's release: no such file (a stale one removed)."""
+    from cluster.local.manager import LocalCluster
+
+    monkeypatch.setenv("SLURM_TRAIN_SLURM_ROOTS", str(tmp_path / "roots"))
+    lc = LocalCluster(tmp_path / "state", port_offset=0, slurm=slurm)
+    lc.layout.etc.mkdir(parents=True)
+    (lc.layout.etc / "slurm-bin").write_text("/stale\n")
+    monkeypatch.setattr(lc, "check_installed", lambda: None)
+    monkeypatch.setattr(lc, "_ensure_hosts", lambda: None)
+    monkeypatch.setattr("cluster.local.manager.write_config", lambda *a, **k: set())
+
+    def prepared() -> None:
+        raise _Prepared
+
+    monkeypatch.setattr(lc.slurm, "prepare", prepared)
+    with pytest.raises(_Prepared):
+        lc.up()
+    named = lc.layout.etc / "slurm-bin"
+    if lc.slurm.bin_dir is None:
+        assert not named.exists()
+    else:
+        assert named.read_text().strip() == str(lc.slurm.bin_dir)
+
+
 def test_binds_never_cover_the_roots_own_system(monkeypatch: pytest.MonkeyPatch) -> None:
     """A venv of Debian's own python has the prefix /usr: binding it would replace the root's
     Slurm and libraries with the host's. Such a prefix is left out; pyenv's or uv's is bound."""

@@ -148,6 +148,46 @@ def test_drill_comes_back_and_counts_what_was_lost(tmp_path: Path, kind: str) ->
         assert limits[-1] == "00:20:00" and len(limits) == 2
 
 
+class ExpeditedCluster(FakeCluster):
+    """A cluster whose requeue starts the job again at once (``--requeue=expedite``, 26.05
+    here): the job is never seen PENDING, there is nothing to release."""
+
+    def _started_again(self) -> None:
+        self.state = "RUNNING"
+        step = 30 if self.kind == "fail" else 34
+        _append(self.events, event="resume", step=step, restart_count=self.restarts)
+        _append(self.metrics, kind="train", step=step + 1)
+
+    def submit(self, script: Path, args: list[str]) -> str:
+        job = super().submit(script, args)
+        self._started_again()
+        return job
+
+    def set_time_limit(self, job_id: str, limit: str) -> None:
+        super().set_time_limit(job_id, limit)
+        if self.state == "PENDING":
+            self._started_again()
+
+    def requeue(self, job_id: str) -> None:
+        super().requeue(job_id)
+        self._started_again()
+
+    def release(self, job_id: str) -> None:
+        raise AssertionError("an expedited requeue has nothing to release")
+
+
+@pytest.mark.parametrize("kind", ["preempt", "timeout", "fail"])
+def test_a_drill_of_an_expedited_requeue_sees_it_back_without_a_release(
+    tmp_path: Path, kind: str
+) -> None:
+    fake = ExpeditedCluster(tmp_path, kind)
+    report = Drill(_record(tmp_path), fake, kind, poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]
+    assert report.outcome.startswith("back: resumed at step"), report.outcome
+    if kind == "timeout":  # lowered, then put back
+        limits = [c[1] for c in fake.calls if c[0] == "time_limit"]
+        assert limits[-1] == "00:20:00" and len(limits) == 2
+
+
 def test_cancel_drill_stays_cancelled(tmp_path: Path) -> None:
     fake = FakeCluster(tmp_path, "cancel")
     report = Drill(_record(tmp_path), fake, "cancel", poll_s=0.01, timeout_s=5).run()  # type: ignore[arg-type]

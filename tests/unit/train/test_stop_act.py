@@ -30,11 +30,15 @@ class FakeClient:
         self.info = info or {}
         self.fail = fail
         self.requeued: list[str] = []
+        self.forbidden: list[str] = []
 
     def show_job(self, job_id: str) -> dict[str, str]:
         if self.fail:
             raise self.fail
         return self.info
+
+    def forbid_requeue(self, job_id: str) -> None:
+        self.forbidden.append(job_id)
 
     def requeue(self, job_id: str) -> None:
         if self.fail:
@@ -267,6 +271,9 @@ def test_budget_exhausted_stops_without_requeue(tmp_path: Path) -> None:
     assert code == BUDGET_EXHAUSTED_EXIT_CODE
     assert client.requeued == ["42"]
     assert _events(tmp_path) == ["failure", "requeue", "failure", "budget_exhausted"]
+    # the run ends for good: Slurm must not requeue the job either (26.05 requeues a failed job
+    # of --requeue=expedite, held); the requeued failure before it left the job requeueable
+    assert client.forbidden == ["42"]
     assert "max_failures=1" in RunHistory(tmp_path).summary()
 
 

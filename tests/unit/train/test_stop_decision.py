@@ -496,8 +496,14 @@ def _restart_in_place_tells_the_command(tmp: Any) -> Any:
 class _Preempting:
     """Slurm preempting job 7 (PreemptTime set): what it is asked, what it is told."""
 
-    def __init__(self) -> None:
+    def __init__(self, installed: str | None = None) -> None:
         self.asked, self.requeued = 0, 0
+        self.installed = installed
+
+    def installed_release(self) -> str | None:
+        """``scontrol --version``: asked only where the batch script exported no release."""
+        assert self.installed is not None, "the release was asked though the script exported it"
+        return self.installed
 
     def show_job(self, job_id: str) -> dict[str, str]:
         self.asked += 1
@@ -507,19 +513,23 @@ class _Preempting:
         self.requeued += 1
 
 
-def _preempted_on(release: str) -> Any:
+def _preempted_on(release: str, exported: bool = True) -> Any:
     """Rank 0's stop of a preempted attempt, the release exported by the batch script: on 22.05
     it asks for the requeue; on 24.11 and 26.05 it leaves it to Slurm, recorded as Slurm's. One
-    scontrol show job, no query for the release."""
+    scontrol show job, no query for the release. A batch script written by hand exports none:
+    the release is the job's own ``scontrol --version`` (else 24.11 runs the job twice more:
+    Slurm's requeue and ours)."""
     import os
     from unittest import mock
 
     from train.env import SLURM_RELEASE_ENV
 
     def run(tmp: Any) -> Any:
-        client = _Preempting()
+        client = _Preempting(None if exported else release)
         env = DistEnv(job_id="7", restart_count=0, rank=0, world_size=1)
         with mock.patch.dict(os.environ, {SLURM_RELEASE_ENV: release}):
+            if not exported:
+                del os.environ[SLURM_RELEASE_ENV]
             code, _ = stop_attempt(env, tmp, RequeueConfig(), None, client=client)  # type: ignore[arg-type]
         events = [(e["event"], e.get("via")) for e in RunHistory(tmp).events()]
         return code, client.asked, client.requeued, events
@@ -534,6 +544,10 @@ PATH_CASES = [
      (0, 1, 0, [("preempted", None), ("requeue", "slurm")])),
     ("preempted-on-26.05", _preempted_on("26.05.5"),
      (0, 1, 0, [("preempted", None), ("requeue", "slurm")])),
+    ("preempted-on-24.11-by-hand", _preempted_on("24.11.5", exported=False),
+     (0, 1, 0, [("preempted", None), ("requeue", "slurm")])),
+    ("preempted-on-22.05-by-hand", _preempted_on("22.05.8", exported=False),
+     (0, 1, 1, [("preempted", None), ("requeue", "scontrol")])),
     ("restart-in-place-tells-the-command", _restart_in_place_tells_the_command,
      ["0", "1", "1", "3"]),
     ("completed-then-a-rank-fails", _completed_then_a_rank_fails, 0),

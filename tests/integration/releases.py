@@ -1,0 +1,34 @@
+"""What the Slurm release under test does where releases differ (README's release table), for
+the integration tests to expect exactly that: a test asks here, never accepts either answer
+where the release decides one."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from cluster.local.release import HOST_RELEASE
+from train.stop.facts import requeues_preempted
+
+
+def preemption_requeue_via(client: Any) -> str:
+    """The ``via`` of a preempted run's requeue event on ``client``'s cluster (a
+    ``cluster.client.SlurmClient``): ``slurm`` where the release requeues a preempted job
+    itself (24.11+: train.stop.facts.SELF_REQUEUE_RELEASE), else ``scontrol`` (ours)."""
+    return "slurm" if requeues_preempted(client.limits().slurm_version) else "scontrol"
+
+
+#: The release the test workers' clusters run (tests/conftest.py: SLURM_TRAIN_TEST_SLURM).
+RELEASE = os.environ.get("SLURM_TRAIN_TEST_SLURM") or HOST_RELEASE
+
+#: A job whose Python is the system's ``/usr/bin/python3`` (a user's own venv of it, a remote
+#: user's ``--remote-python``) runs only on the host's release: another release's nodes run in
+#: its root file system, which has no such interpreter (the checkout's, bound in, is root's).
+SYSTEM_PYTHON_JOBS = pytest.mark.skipif(
+    RELEASE != HOST_RELEASE,
+    reason=f"Slurm {RELEASE}: the job's Python is the system's /usr/bin/python3, which another "
+    "release's root does not have (the user's plain Slurm commands there: "
+    "test_release_as_user.py)",
+)
