@@ -24,12 +24,16 @@ __all__ = ["JobQueries", "Slurm", "SlurmFactory", "slurm_client"]
 
 class JobQueries(Protocol):
     """The part of :class:`Slurm` a stop asks (``train.stop``): one job's fields, its
-    partition, the nodes' states. A stop's cache (:class:`train.stop.facts.AskedOnce`) is one,
-    and so is every :class:`Slurm`."""
+    partition, the nodes' states, the release of the commands it runs. A stop's cache
+    (:class:`train.stop.facts.AskedOnce`) is one, and so is every :class:`Slurm`."""
 
     def show_job(self, job_id: str) -> dict[str, str]: ...
     def partition(self, name: str) -> Partition | None: ...
     def nodes(self) -> list[Node]: ...
+    def installed_release(self) -> str | None:
+        """The release of the ``scontrol`` the client runs (the program's own answer, no daemon
+        asked); None when it cannot say."""
+        ...
 
 
 class Slurm(JobQueries, Protocol):

@@ -69,7 +69,7 @@ def requeues_preempted(release: str | None) -> bool:
     return (int(parts[0]), int(parts[1])) >= SELF_REQUEUE_RELEASE
 
 
-def _release(client: object, *, ask: bool) -> str | None:
+def _release(client: JobQueries, *, ask: bool) -> str | None:
     """The cluster's Slurm release for a preemption's stop: what the batch script exported
     (:data:`train.env.SLURM_RELEASE_ENV`, from the submission's preflight), else the release of
     the ``scontrol`` the job runs (``installed_release``: the program's own answer, no daemon
@@ -82,8 +82,7 @@ def _release(client: object, *, ask: bool) -> str | None:
     exported = os.environ.get(SLURM_RELEASE_ENV, "").strip()
     if exported or not ask:
         return exported or None
-    installed = getattr(client, "installed_release", None)
-    return installed() if callable(installed) else None
+    return client.installed_release()
 
 
 def _parse_slurm_timestamp(value: str | None) -> float | None:
@@ -236,6 +235,9 @@ class AskedOnce:
 
     def nodes(self) -> list[Node]:
         return self._client.nodes()
+
+    def installed_release(self) -> str | None:
+        return self._client.installed_release()
 
 
 @dataclass(frozen=True)

@@ -346,6 +346,9 @@ class FakeSlurm:
     def restarts(self) -> str:
         return "1" if self.flag.exists() else "0"
 
+    def installed_release(self) -> str | None:
+        return None  # scontrol cannot say: the stop asks for the requeue itself (22.05's way)
+
     def show_job(self, job_id: str) -> dict[str, str]:
         self.calls.append("show_job")
         return {

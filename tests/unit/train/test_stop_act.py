@@ -40,6 +40,9 @@ class FakeClient:
     def forbid_requeue(self, job_id: str) -> None:
         self.forbidden.append(job_id)
 
+    def installed_release(self) -> str | None:
+        return None  # scontrol cannot say: the stop asks for the requeue itself (22.05's way)
+
     def requeue(self, job_id: str) -> None:
         if self.fail:
             raise self.fail
