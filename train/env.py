@@ -89,6 +89,12 @@ def attempt_key(restart_count: int, in_place: int) -> str:
     return f"{restart_count}.{in_place}" if in_place else str(restart_count)
 
 
+def exported_release(environ: Mapping[str, str]) -> str | None:
+    """The Slurm release the batch script exported (:data:`SLURM_RELEASE_ENV`), None where it
+    exported none (a batch script written by hand)."""
+    return (environ.get(SLURM_RELEASE_ENV) or "").strip() or None
+
+
 def job_hosts(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The job's nodes (``SLURM_JOB_NODELIST``: the batch script's whole allocation); none
     where Slurm does not say, or says something malformed."""
@@ -161,6 +167,9 @@ class DistEnv:
     visible_devices: tuple[str, ...] | None = None
     cpus_per_task: int | None = None
     hosts: tuple[str, ...] = field(default=())
+    #: The cluster's Slurm release the batch script exported (:data:`SLURM_RELEASE_ENV`, from
+    #: the submission's preflight); None for a batch script written by hand.
+    slurm_release: str | None = None
     #: True when MASTER_PORT came from the environment rather than from the job id.
     port_from_env: bool = False
     #: The cluster says its GPUs are dummies (``SLURM_TRAIN_DUMMY_GPUS=1``): CPU is expected.
@@ -216,6 +225,7 @@ class DistEnv:
             sluid=(environ.get("SLURM_JOB_SLUID") or "").strip(),
             link=_int(environ, LINK_ENV, 0) or 0,
             submission=environ.get(SUBMISSION_ENV) or None,
+            slurm_release=exported_release(environ),
         )
         in_step = "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ
         torchrun_vars = "RANK" in environ and "WORLD_SIZE" in environ

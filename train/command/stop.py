@@ -109,6 +109,7 @@ class StopHandling:
             signal=signal_name(trigger),
             failure_claimed=claimed,
             no_rank_failed=not claimed and not self._rank_failed(),
+            slurm_release=self.env.slurm_release,
         )
         assert self.history is not None
         counts = self.history.budget_counts(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train.env import job_hosts
+from train.env import exported_release, job_hosts
 from train.hang.evidence import NodeView, RankView, Verdict, judge, node_view
 from train.hang.heartbeat import (
     COMMAND_FLOOR_S,
@@ -502,6 +502,7 @@ def _record_and_requeue(a: _Args, node: _Node, verdict: Verdict, views: list[Nod
         world_size=a.world_size,
         hosts=job_hosts(os.environ),
         node_name=a.node,
+        slurm_release=exported_release(os.environ),
     )
     code = request_requeue(
         env,

@@ -371,6 +371,7 @@ def stop_attempt(
         signal=signal,
         # a stop signal is decided here after every rank saved and met at a barrier
         peers_met=trigger not in ("failure", "hang"),
+        slurm_release=env.slurm_release,
     )
     decision = decide(
         trigger,

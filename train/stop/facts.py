@@ -69,17 +69,14 @@ def requeues_preempted(release: str | None) -> bool:
     return (int(parts[0]), int(parts[1])) >= SELF_REQUEUE_RELEASE
 
 
-def _release(client: JobQueries, *, ask: bool) -> str | None:
-    """The cluster's Slurm release for a preemption's stop: what the batch script exported
-    (:data:`train.env.SLURM_RELEASE_ENV`, from the submission's preflight), else the release of
-    the ``scontrol`` the job runs (``installed_release``: the program's own answer, no daemon
-    asked), for a batch script written by hand, which exports none. Without either, a 24.11+
-    cluster ran such a job twice more: it requeued it itself and so did our ``scontrol
-    requeue``. ``ask``: whether the answer matters (Slurm preempted the job): scontrol runs
-    only then."""
-    from train.env import SLURM_RELEASE_ENV  # stdlib only
-
-    exported = os.environ.get(SLURM_RELEASE_ENV, "").strip()
+def _release(client: JobQueries, exported: str | None, *, ask: bool) -> str | None:
+    """The cluster's Slurm release for a preemption's stop: ``exported``, what the batch
+    script exported (the stopper's :attr:`~train.stop.stopenv.StopEnv.slurm_release`, from the
+    submission's preflight), else the release of the ``scontrol`` the job runs
+    (``installed_release``: the program's own answer, no daemon asked), for a batch script
+    written by hand, which exports none. Without either, a 24.11+ cluster ran such a job twice
+    more: it requeued it itself and so did our ``scontrol requeue``. ``ask``: whether the answer
+    matters (Slurm preempted the job): scontrol runs only then."""
     if exported or not ask:
         return exported or None
     return client.installed_release()
@@ -273,7 +270,7 @@ class StopFacts:
     # None when none is seen
     checkpoint_step: int | None = None
     # the cluster's release requeues a preempted job itself (:func:`requeues_preempted` of
-    # the release the submission exported, train.env.SLURM_RELEASE_ENV)
+    # the release the submission exported: the stopper's StopEnv.slurm_release)
     slurm_requeues_preempted: bool = False
 
 
@@ -367,6 +364,7 @@ def gather(
     signal: str | None = None,
     peers_met: bool = False,
     no_rank_failed: bool = False,
+    slurm_release: str | None = None,
 ) -> StopFacts:
     """The facts of one stop, by the one process that decides it (rank 0, the first failing
     rank, the watcher, the supervisor's rank 0): at most one ``scontrol show job``.
@@ -430,7 +428,7 @@ def gather(
     requeued = lost is None and slurm_requeued
     if requeued and not preempted and trigger in ("signal", "cancel"):
         kind = "requeued"  # scontrol requeue from outside (an administrator): not a preemption
-    release = _release(client, ask=preempted)
+    release = _release(client, slurm_release, ask=preempted)
     return facts(
         "slurm",
         slurm_requeues_preempted=requeues_preempted(release),

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from train.env import job_hosts
+from train.env import exported_release, job_hosts
 from train.history import RunHistory, attempt_completed_at
 from train.runfiles import default_run_dir, events_where
 from train.stop.act import stop_attempt
@@ -114,7 +114,8 @@ def after_step(
     # the batch script decides for a step whose ranks recorded nothing (it acts as rank 0); it
     # restarts steps in place unless it is a template that runs one step (``restarts``), and
     # the allocation's nodes are its hosts
-    env = Decider(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts)
+    env = Decider(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts,
+                  slurm_release=exported_release(os.environ))  # fmt: skip
     mine = _mine(history, env)
     if exit_code == REQUEUE_EXIT_CODE and requeue.mode == "chain":
         return exit_code  # a link of a chain (jobs.chain): the next link resumes, no requeue

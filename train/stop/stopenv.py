@@ -69,6 +69,13 @@ class StopEnv(Protocol):
         """This process's Slurm node (a device fault excludes it), None when not known."""
         ...
 
+    @property
+    def slurm_release(self) -> str | None:
+        """The cluster's Slurm release as the submission's preflight read it (exported by the
+        batch script: :data:`train.env.SLURM_RELEASE_ENV`); None for a batch script written by
+        hand, which exports none (the stop then asks the job's own ``scontrol --version``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Decider:
@@ -84,6 +91,7 @@ class Decider:
     hosts: tuple[str, ...] = ()
     node_name: str | None = None
     is_main: bool = True
+    slurm_release: str | None = None
 
     @property
     def attempt(self) -> str:

@@ -519,18 +519,16 @@ def _preempted_on(release: str, exported: bool = True) -> Any:
     scontrol show job, no query for the release. A batch script written by hand exports none:
     the release is the job's own ``scontrol --version`` (else 24.11 runs the job twice more:
     Slurm's requeue and ours)."""
-    import os
-    from unittest import mock
-
     from train.env import SLURM_RELEASE_ENV
+
+    environ = (
+        {"SLURM_JOB_ID": "7", SLURM_RELEASE_ENV: release} if exported else {"SLURM_JOB_ID": "7"}
+    )
 
     def run(tmp: Any) -> Any:
         client = _Preempting(None if exported else release)
-        env = DistEnv(job_id="7", restart_count=0, rank=0, world_size=1)
-        with mock.patch.dict(os.environ, {SLURM_RELEASE_ENV: release}):
-            if not exported:
-                del os.environ[SLURM_RELEASE_ENV]
-            code, _ = stop_attempt(env, tmp, RequeueConfig(), None, client=client)  # type: ignore[arg-type]
+        env = DistEnv.from_env(environ)  # the stopper's environment says what was exported
+        code, _ = stop_attempt(env, tmp, RequeueConfig(), None, client=client)  # type: ignore[arg-type]
         events = [(e["event"], e.get("via")) for e in RunHistory(tmp).events()]
         return code, client.asked, client.requeued, events
 
