@@ -162,7 +162,7 @@ def _autogroup_nice(path: Path) -> int | None:
 
 
 def step_back(
-    nice: int = STEP_BACK_NICE, *, session: bool = False, proc: Path = PROC, tries: int = 3
+    nice: int = STEP_BACK_NICE, *, session: bool = False, proc: Path = PROC, tries: int = 12
 ) -> None:
     """Let the user's processes have the CPU first: the calling thread (and every thread and
     process it starts from now on: they inherit it) at ``nice`` unless it is lower already, and
@@ -192,7 +192,8 @@ def step_back(
         try:
             os.write(fd, str(nice).encode())
             return
-        except BlockingIOError:  # EAGAIN: one change per 100 ms on the machine, unprivileged
+        except BlockingIOError:  # EAGAIN: unprivileged, one change per 100 ms on the machine
+            # (a node's tasks start together: each gets its turn within ~1 s)
             if attempt + 1 < tries:
                 time.sleep(0.11)
         except OSError:

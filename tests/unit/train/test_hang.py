@@ -147,6 +147,20 @@ def test_the_watcher_steps_back_for_the_ranks(tmp_path: Path) -> None:
         wd.close()
 
 
+def test_the_watcher_starts_without_the_spec_models() -> None:
+    # Issue 46: the watcher starts beside the ranks' own start; the spec models (pydantic, most
+    # of its imports) wait for a hang, the one time it asks for the run's budgets
+    probe = (
+        "import sys, train.hang.watcher; "
+        "print(sorted(m for m in sys.modules if m.startswith(('pydantic', 'train.spec'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "[]"
+
+
 def _r(rank: int, node: str, step: int, phase: str = "train", idle: float = 100.0,
        state: str | None = "S", timeout: float = 10.0) -> RankView:  # fmt: skip
     return RankView(rank, node, step, phase, idle, allowance(phase, timeout), timeout, state)
