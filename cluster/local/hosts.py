@@ -23,8 +23,12 @@ no ``slurmd``:
 
 munge stays one daemon on the machine (its socket is in the state directory, which every host
 sees); Slurm talks over the addresses (``NodeAddr`` per node, ``SlurmctldHost`` and the
-accounting host at the bridge's address). Only the host's release (22.05) runs this way: a
-release in a root file system would need the private mounts inside its root too.
+accounting host at the bridge's address). A release in a root file system of its own
+(:mod:`cluster.local.release`: 24.11, 26.05) runs the same way: each host's mount namespace
+binds its private ``/tmp`` (with the shared paths under it), ``/dev/shm`` and ``/etc/hosts``
+over the root's too, so what a node's ``slurmd`` and its jobs see inside the root is that
+host's, not the machine's (the root's own binds of the machine's folders stay for the shared
+hosts and the machine itself).
 """
 
 from __future__ import annotations
@@ -137,15 +141,17 @@ class Network:
         out = [["ip", "netns", "del", self.netns(h)] for h in self.hosts]
         return [*out, ["ip", "link", "del", self.bridge]]
 
-    def host_command(self, host: str, argv: Sequence[str]) -> list[str]:
+    def host_command(self, host: str, argv: Sequence[str], root: Path | None = None) -> list[str]:
         """``argv`` run as the first process of ``host``: in its network namespace (joined by
         ``nsenter``, not ``ip netns exec``: that one mounts a sysfs of its own, without
         /sys/fs/cgroup, and slurmd 22.05 refuses to start), with its host name, /etc/hosts,
         private ``/dev/shm`` and ``/tmp`` (the shared paths under ``/tmp``
-        bound back from the machine's ``/tmp``). An argument list; the script is fixed, every
-        value reaches it as an argument."""
+        bound back from the machine's ``/tmp``). ``root``: the release's root file system
+        (None: the host's release), whose ``/tmp`` (recursively, with the shared paths),
+        ``/dev/shm`` and ``/etc/hosts`` get the host's own too, inside this namespace only.
+        An argument list; the script is fixed, every value reaches it as an argument."""
         script = (
-            'set -e; name=$1; dir=$2; hosts=$3; shift 3; hostname "$name"; '
+            'set -e; name=$1; dir=$2; hosts=$3; root=$4; shift 4; hostname "$name"; '
             'mount --bind "$hosts" /etc/hosts; '
             'mkdir -p "$dir/tmp" "$dir/machine-tmp"; chmod 1777 "$dir/tmp"; '
             'mount --bind /tmp "$dir/machine-tmp"; '
@@ -153,13 +159,17 @@ class Network:
             'mount --bind "$dir/tmp" /tmp; '
             'while [ "$1" != "--" ]; do rel=${1#/tmp/}; mkdir -p "/tmp/$rel" '
             '"$dir/machine-tmp/$rel"; mount --bind "$dir/machine-tmp/$rel" "/tmp/$rel"; shift; '
-            'done; shift; exec "$@"'
+            "done; shift; "
+            'if [ -n "$root" ]; then mount --rbind /tmp "$root/tmp"; '
+            'mount --bind /dev/shm "$root/dev/shm"; mount --bind "$hosts" "$root/etc/hosts"; fi; '
+            'exec "$@"'
         )
         return [
             "nsenter", f"--net=/run/netns/{self.netns(host)}", "--",
             "unshare", "--uts", "--mount", "--propagation", "private",
             "sh", "-c", script, "sh", host, str(self.host_dir(host)),
-            str(self.etc_hosts(host)), *self.shared, *self.own, "--", *argv,
+            str(self.etc_hosts(host)), "" if root is None else str(root),
+            *self.shared, *self.own, "--", *argv,
         ]  # fmt: skip
 
     def to_json(self) -> str:

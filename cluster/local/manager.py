@@ -129,11 +129,6 @@ class LocalCluster:
                 )
             shared_paths = tuple(shared)
         self.net: Network | None = None
-        if self.hosts_layout == "net" and not self.release.on_host:
-            raise LocalClusterError(
-                f"--hosts net runs Slurm {HOST_RELEASE} only (the host's release), not "
-                f"{self.release.name}: use --hosts shared for it"
-            )
         if self.hosts_layout == "net":
             # the checkout and this interpreter are the shared file system of the hosts too,
             # also where they live under /tmp (a CI's clone): bound into every host's /tmp
@@ -211,7 +206,7 @@ class LocalCluster:
             )  # fmt: skip
         return sshd.LoginServer(
             L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
-            address=self.net.addr(LOGIN), on_host=self._on_login_host,
+            address=self.net.addr(LOGIN), on_host=self._on_login_host, bin_dir=self.slurm.bin_dir,
         )  # fmt: skip
 
     # -- checks ------------------------------------------------------------------------------
@@ -376,7 +371,7 @@ class LocalCluster:
 
     def _as_host(self, host: str, argv: list[str]) -> list[str]:
         """``argv`` as the first process of ``host`` (as it is in the shared layout)."""
-        return argv if self.net is None else self.net.host_command(host, argv)
+        return argv if self.net is None else self.net.host_command(host, argv, self.slurm.path)
 
     def _start_login(self) -> None:
         L = self.layout

@@ -5,7 +5,8 @@ A newer release comes from Debian's own registry as a whole root file system, bu
 ``mmdebstrap`` (24.11 from Debian 13 "trixie", 26.05 from "sid") and kept under
 :data:`DEFAULT_CACHE` keyed by release (``slurm-24.11/root``). Every Slurm daemon of that
 release is "a program run in its root" (:meth:`Root.command`: ``chroot ROOT PROGRAM ...``);
-a node is a ``slurmd -N NODE`` run in the root, the one place a later per-node namespace wraps.
+a node is a ``slurmd -N NODE`` run in the root (on net hosts, from inside its host's namespaces:
+:meth:`cluster.local.hosts.Network.host_command` binds the host's folders over the root's).
 
 What the root needs, and why (../shared/SLURM-NOTES.md, "Newer Slurm releases"):
 
@@ -17,6 +18,12 @@ What the root needs, and why (../shared/SLURM-NOTES.md, "Newer Slurm releases"):
   Never delete a root with ``rm -r`` while they are mounted: unmount them first
   (``umount -R ROOT/proc`` and the rest, the lines of ``/proc/self/mountinfo`` under ROOT);
 - ``libffi8`` (the interpreter's ctypes), the host's ``/etc/hosts`` (node names resolve);
+- the machine's system Python (``/usr/bin/python3`` -> ``python3.X``, its standard library
+  ``/usr/lib/python3.X`` and the shared libraries its interpreter links that the root lacks:
+  :func:`system_python_binds`), where the root has no Python of its own: on a real cluster the
+  login node and the compute nodes share one image, so a user's venv of the login node's
+  ``/usr/bin/python3`` runs on the nodes; here the login host is this machine (Debian 12) and
+  the nodes are the release's root (another Debian), which shows that one interpreter the same;
 - its munge: the cluster's own munged (its own key and socket in the state directory) serves
   the root's commands through the bind-mounted socket; MariaDB stays the host's.
 
@@ -128,6 +135,63 @@ def bind_sources() -> list[Path]:
         if path.is_dir() and not any(path == p or p in path.parents for p in out):
             out.append(path)
     return out
+
+
+#: The machine's system Python, as a user's venv names it (``home = /usr/bin``).
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def system_python() -> tuple[Path, Path] | None:
+    """(the interpreter ``/usr/bin/python3.X``, its standard library ``/usr/lib/python3.X``)
+    of the machine, None where there is no such Debian-style system Python."""
+    binary = Path(os.path.realpath(SYSTEM_PYTHON))
+    name = binary.name
+    if binary.parent != Path("/usr/bin") or not name.startswith("python3.") or not binary.is_file():
+        return None
+    stdlib = Path("/usr/lib") / name
+    return (binary, stdlib) if stdlib.is_dir() else None
+
+
+def linked_libraries(ldd_output: str) -> list[Path]:
+    """The shared libraries ``ldd`` names with a path (``name => /path (0x...)``)."""
+    out = []
+    for line in ldd_output.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/"):
+            out.append(Path(parts[2]))
+    return out
+
+
+def system_python_binds(root: Path, ldd_output: str) -> list[tuple[Path, Path]]:
+    """(source on the machine, target in ``root``) for the machine's system Python where the
+    root has none of its own: the interpreter, its standard library, and each library the
+    interpreter links (``ldd_output``) that the root lacks, under the same folder as on the
+    machine (its real path: ``/lib`` is a link to ``usr/lib`` in both). Nothing where the root
+    has a ``python3.X`` of its own, nothing over a file of the root's."""
+    found = system_python()
+    if found is None:
+        return []
+    binary, stdlib = found
+    rel_binary = binary.relative_to("/")
+    if _own_file(root / rel_binary) or _own_file(root / stdlib.relative_to("/") / "os.py"):
+        return []
+    out = [(binary, root / rel_binary), (stdlib, root / stdlib.relative_to("/"))]
+    for lib in linked_libraries(ldd_output):
+        real = Path(os.path.realpath(lib))
+        folder = real.parent.relative_to("/")
+        target = root / folder / lib.name
+        if not real.is_file() or target.exists() or target.is_symlink():
+            continue  # the root's own (or its link to it)
+        out.append((real, target))
+    return out
+
+
+def _own_file(path: Path) -> bool:
+    """A file of the root's own there (not an empty placeholder we bind over)."""
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 #: Top folders of a root that are its own system: never bind-mounted over.
@@ -338,6 +402,47 @@ class Root:
                     f"mount --bind {source} {target} exited {proc.returncode}: "
                     f"{proc.stderr.strip()}"
                 )
+        self._bind_system_python(mounted)
+
+    def _bind_system_python(self, mounted: set[str]) -> None:
+        """The machine's system Python in the root (:func:`system_python_binds`), and
+        ``/usr/bin/python3`` linking to it where the root has no ``python3`` of its own."""
+        assert self.path is not None
+        found = system_python()
+        if found is None:
+            return
+        try:
+            ldd = subprocess.run(
+                ["ldd", str(found[0])], capture_output=True, text=True, timeout=30, check=False
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            ldd = ""
+        root = self.path.resolve()
+        binds = [(s, t) for s, t in system_python_binds(root, ldd) if str(t) not in mounted]
+        for source, target in binds:
+            parent = Path(os.path.realpath(target.parent))
+            if parent != root and root not in parent.parents:
+                continue  # a link in the root pointing out of it: never follow it
+            if source.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.touch(exist_ok=True)  # an empty placeholder the bind covers
+            proc = subprocess.run(
+                ["mount", "--bind", str(source), str(target)],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                raise LocalClusterError(
+                    f"mount --bind {source} {target} exited {proc.returncode}: "
+                    f"{proc.stderr.strip()}"
+                )
+        link = root / SYSTEM_PYTHON.relative_to("/")
+        if (
+            not link.exists()
+            and not link.is_symlink()
+            and (root / found[0].relative_to("/")).exists()
+        ):
+            link.symlink_to(found[0].name)  # relative: python3.X beside it, in the root
 
     def write_wrappers(self) -> None:
         assert self.path is not None and self.bin_dir is not None

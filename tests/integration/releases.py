@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import pytest
-
 from cluster.local.release import HOST_RELEASE
 from train.stop.facts import requeues_preempted
 
@@ -22,16 +20,6 @@ def preemption_requeue_via(client: Any) -> str:
 
 #: The release the test workers' clusters run (tests/conftest.py: SLURM_TRAIN_TEST_SLURM).
 RELEASE = os.environ.get("SLURM_TRAIN_TEST_SLURM") or HOST_RELEASE
-
-#: A job whose Python is the system's ``/usr/bin/python3`` (a user's own venv of it, a remote
-#: user's ``--remote-python``) runs only on the host's release: another release's nodes run in
-#: its root file system, which has no such interpreter (the checkout's, bound in, is root's).
-SYSTEM_PYTHON_JOBS = pytest.mark.skipif(
-    RELEASE != HOST_RELEASE,
-    reason=f"Slurm {RELEASE}: the job's Python is the system's /usr/bin/python3, which another "
-    "release's root does not have (the user's plain Slurm commands there: "
-    "test_release_as_user.py)",
-)
 
 
 def restarts_after_a_self_requeue() -> list[int]:

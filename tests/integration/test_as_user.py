@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from releases import SYSTEM_PYTHON_JOBS
 from slow_saves import slow_steps
 from user_helpers import SYSTEM_PYTHON, USER, run_as_user, skip_reason, uid, user_dir
 
@@ -105,7 +104,6 @@ def _wait(as_user: AsUser, run: str, wanted: set[str], timeout: float = 240) -> 
         time.sleep(2)
 
 
-@SYSTEM_PYTHON_JOBS
 def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
     as_user: AsUser, user_home: Path, slurm_cluster: object
 ) -> None:
@@ -127,7 +125,6 @@ def test_a_user_submits_follows_and_plots_in_folders_of_its_own(
         assert as_user("hostname").stdout.strip() == "login"
 
 
-@SYSTEM_PYTHON_JOBS
 @pytest.mark.long(90)
 def test_a_user_drills_and_cancels_its_own_job_and_is_refused_what_needs_an_operator(
     as_user: AsUser, slurm_env: dict[str, str]

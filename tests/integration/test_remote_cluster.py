@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from releases import SYSTEM_PYTHON_JOBS
 
 pytestmark = pytest.mark.integration
 
@@ -329,7 +328,6 @@ def _as_here(cmd: list[str], spec: Path) -> list[str]:
     return [swap.get(word, word) for word in cmd[3:]]
 
 
-@SYSTEM_PYTHON_JOBS  # the cluster user's --remote-python runs its job
 def test_readme_example_from_the_laptop(laptop: dict) -> None:
     """README: From your laptop, command by command, from root's shell to the cluster user:
     login, submit, list, a preemption, the log followed to the end across a dropped

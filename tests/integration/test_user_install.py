@@ -12,7 +12,6 @@ would. The test skips, saying why, where that wheel or the user is missing.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,8 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from cluster.local.release import HOST_RELEASE
-
 sys.path.insert(0, str(Path(__file__).parent))
 from slow_saves import HOOKS
 from user_helpers import USER, make_venv, run_as_user, skip_reason, user_dir
@@ -32,7 +29,6 @@ pytestmark = pytest.mark.integration
 
 #: Only on the host's Slurm release (SLURM_TRAIN_TEST_SLURM: another release runs its commands
 #: through chroot wrappers, tests/conftest.py)
-_RELEASE = os.environ.get("SLURM_TRAIN_TEST_SLURM") or HOST_RELEASE
 
 REPO = Path(__file__).resolve().parents[2]
 WHEELS = Path("/opt/wheels")
@@ -62,12 +58,6 @@ def _build_wheel(out: Path, scratch: Path) -> Path:
     return wheel
 
 
-@pytest.mark.skipif(
-    _RELEASE != HOST_RELEASE,
-    reason=f"Slurm {_RELEASE}: the user's venv is of the system's /usr/bin/python3, which "
-    "another release's root does not have (the user's plain Slurm commands there: "
-    "test_release_as_user.py)",
-)
 @pytest.mark.long(240)
 def test_a_wheel_installed_by_a_user_runs_the_cifar_example_through_a_preemption(
     slurm_env: dict[str, str],

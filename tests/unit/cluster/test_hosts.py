@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from cluster.cli import main
-from cluster.errors import LocalClusterError
 from cluster.local import config as cfg
 from cluster.local.hosts import Network, is_shareable, shared_from_json
 from cluster.local.manager import LocalCluster
@@ -96,9 +95,27 @@ def test_the_hosts_record_round_trips() -> None:
     assert shared_from_json(_net(shared=("/tmp/a",)).to_json()) == ("/tmp/a",)
 
 
-def test_net_runs_the_host_release_only(tmp_path: Path) -> None:
-    with pytest.raises(LocalClusterError, match=r"--hosts net runs Slurm 22\.05 only"):
-        LocalCluster(tmp_path, port_offset=1200, slurm="24.11", hosts="net")
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_a_release_in_a_root_runs_on_net_hosts_with_each_hosts_own_folders_in_its_root(
+    tmp_path: Path, release: str
+) -> None:
+    """Each host's first process (a node's slurmd, chrooted into the release's root) gets the
+    root's path as an argument of the one fixed script, which binds the host's private /tmp,
+    /dev/shm and /etc/hosts over the root's inside that host's mount namespace only."""
+    lc = LocalCluster(tmp_path, port_offset=1200, slurm=release, hosts="net")
+    assert lc.net is not None and lc.slurm.path is not None
+    argv = lc._as_host("n1", lc._cmd("slurmd", "-N", "n1"))
+    plain = _net().host_command("n1", ["slurmd"])
+    script = argv[argv.index("-c") + 1]
+    assert script == plain[plain.index("-c") + 1]
+    root = str(lc.slurm.path)
+    assert argv[argv.index("-c") + 6] == root  # sh -c SCRIPT sh HOST DIR HOSTS ROOT
+    assert plain[plain.index("-c") + 6] == ""  # the host's release: no root
+    assert argv[-6:] == ["--", "chroot", root, "slurmd", "-N", "n1"]
+    for target in ('"$root/tmp"', '"$root/dev/shm"', '"$root/etc/hosts"'):
+        assert target in script
+    server = lc.login_server()  # the login host's sshd puts the release's commands first
+    assert server is None or server.bin_dir == lc.slurm.bin_dir
 
 
 def _cli(tmp_path: Path, *args: str) -> list[str]:

@@ -87,7 +87,8 @@ def test_a_bad_port_offset_is_one_clear_error(raw: str) -> None:
         ("", None, "net", None),
         ("22.05", None, "net", None),
         ("", "network namespaces cannot be made here: denied", "shared", "cannot be made here"),
-        ("24.11", None, "shared", "--hosts net runs Slurm 22.05 only, not 24.11"),
+        ("24.11", None, "net", None),
+        ("26.05", "no ip", "shared", "no ip"),
     ],
 )
 def test_the_test_clusters_are_net_hosts_wherever_they_can_be(

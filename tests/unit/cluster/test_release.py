@@ -267,3 +267,85 @@ def test_binds_never_cover_the_roots_own_system(monkeypatch: pytest.MonkeyPatch)
     assert str(rel.checkout()) in sources or any(
         str(rel.checkout()).startswith(s + "/") for s in sources
     )
+
+
+_LDD = """\tlinux-vdso.so.1 (0x00007ffd)
+\tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x00007f1d)
+\tlibexpat.so.1 => /lib/x86_64-linux-gnu/libexpat.so.1 (0x00007f1e)
+\t/lib64/ld-linux-x86-64.so.2 (0x00007f1d)
+"""
+
+
+def test_the_libraries_ldd_names_with_a_path() -> None:
+    import cluster.local.release as rel
+
+    assert rel.linked_libraries(_LDD) == [
+        Path("/lib/x86_64-linux-gnu/libm.so.6"),
+        Path("/lib/x86_64-linux-gnu/libexpat.so.1"),
+    ]
+    assert rel.linked_libraries("not a dynamic executable\n") == []
+
+
+def _fake_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    """A machine's python3.X and its libraries under tmp_path/machine; a root beside it."""
+    import cluster.local.release as rel
+
+    machine = tmp_path / "machine"
+    binary = machine / "usr/bin/python3.11"
+    stdlib = machine / "usr/lib/python3.11"
+    libs = machine / "usr/lib/x86_64-linux-gnu"
+    for folder in (binary.parent, stdlib, libs):
+        folder.mkdir(parents=True)
+    binary.write_text("elf")
+    (stdlib / "os.py").write_text("# os")
+    for name in ("libm.so.6", "libexpat.so.1"):
+        (libs / name).write_text("so")
+    monkeypatch.setattr(rel, "system_python", lambda: (binary, stdlib))
+    root = tmp_path / "root"
+    (root / libs.relative_to("/")).mkdir(parents=True)  # the same folder as on the machine
+    (root / libs.relative_to("/") / "libm.so.6").write_text("the root's own")
+    return machine, libs, root
+
+
+def test_a_root_without_python_shows_the_machines_and_only_the_libraries_it_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's venv of the login node's /usr/bin/python3 runs on the nodes (one image on a
+    real cluster): the root shows the machine's interpreter, its standard library and the
+    libraries the interpreter links that the root lacks; never one of the root's own."""
+    import cluster.local.release as rel
+
+    _, libs, root = _fake_machine(tmp_path, monkeypatch)
+    ldd = f"\tlibm.so.6 => {libs}/libm.so.6 (0x1)\n\tlibexpat.so.1 => {libs}/libexpat.so.1 (0x2)\n"
+    binds = dict(rel.system_python_binds(root, ldd))
+    found = rel.system_python()
+    assert found is not None
+    binary, stdlib = found
+    assert binds[binary] == root / binary.relative_to("/")
+    assert binds[stdlib] == root / stdlib.relative_to("/")
+    assert binds[libs / "libexpat.so.1"] == root / libs.relative_to("/") / "libexpat.so.1"
+    assert libs / "libm.so.6" not in binds  # the root's own is kept
+
+
+def test_a_root_with_a_python_of_its_own_shows_none_of_the_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cluster.local.release as rel
+
+    _, _, root = _fake_machine(tmp_path, monkeypatch)
+    found = rel.system_python()
+    assert found is not None
+    binary = found[0]
+    own = root / binary.relative_to("/")
+    own.parent.mkdir(parents=True)
+    own.write_text("the root's own python3.11")
+    assert rel.system_python_binds(root, "") == []
+    own.write_text("")  # an empty placeholder of ours (a bind that is gone): bound again
+    assert rel.system_python_binds(root, "")
+
+
+def test_no_debian_style_system_python_binds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cluster.local.release as rel
+
+    monkeypatch.setattr(rel, "system_python", lambda: None)
+    assert rel.system_python_binds(Path("/nonexistent-root"), _LDD) == []
