@@ -133,12 +133,14 @@ def test_the_watcher_steps_back_for_the_ranks(tmp_path: Path) -> None:
         assert wd._watcher is not None
         pid = wd._watcher.pid
         deadline = time.monotonic() + 60
+        # the watcher steps back as it starts: its nice, then its autogroup (a change the
+        # kernel takes once per 100 ms on the machine: it may try a few times)
         while (
-            _nice_of(pid)[0] != STEP_BACK_NICE
+            _nice_of(pid) not in ((STEP_BACK_NICE, None), (STEP_BACK_NICE, STEP_BACK_NICE))
             and time.monotonic() < deadline
             and wd._watcher.poll() is None
         ):
-            time.sleep(0.05)  # the watcher steps back as it starts
+            time.sleep(0.05)
         nice, group = _nice_of(pid)
         assert nice == STEP_BACK_NICE, (nice, wd._watcher.poll())
         assert group in (None, STEP_BACK_NICE)  # None: a kernel without autogroups
