@@ -202,11 +202,12 @@ class LocalCluster:
         if self.net is None:
             return sshd.LoginServer(
                 L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
-                bin_dir=self.slurm.bin_dir,
+                bin_dir=self.slurm.bin_dir, slurm_conf=L.slurm_conf,
             )  # fmt: skip
         return sshd.LoginServer(
             L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
             address=self.net.addr(LOGIN), on_host=self._on_login_host, bin_dir=self.slurm.bin_dir,
+            slurm_conf=L.slurm_conf,
         )  # fmt: skip
 
     # -- checks ------------------------------------------------------------------------------

@@ -84,10 +84,13 @@ class LoginServer:
         address: str = "127.0.0.1",
         on_host: Callable[[list[str]], list[str]] | None = None,
         bin_dir: Path | None = None,
+        slurm_conf: Path | None = None,
     ) -> None:
         """``bin_dir``: the cluster's release's commands (a release other than the host's:
         :attr:`cluster.local.release.Root.bin_dir`), first on PATH in every session, as a
-        login node of that release has them."""
+        login node of that release has them. ``slurm_conf``: the cluster's configuration,
+        ``SLURM_CONF`` in every session (a real login node has its cluster's in /etc/slurm:
+        plain ``sinfo`` after ``ssh slurm-train-login`` reaches this cluster)."""
         self.dir = root / "ssh"
         self.port = port
         #: Where it listens and the aliases connect (the login host's address with net hosts).
@@ -95,8 +98,18 @@ class LoginServer:
         #: Turns sshd's argument list into one that runs it on the login host (None: here).
         self.on_host = on_host
         self.bin_dir = bin_dir
+        self.slurm_conf = slurm_conf
         self.pid_file = run / "sshd.pid"
         self.log = log / "sshd.log"
+
+    def _set_env(self) -> list[str]:
+        """sshd's ``SetEnv`` line (one: sshd keeps the first of a repeated keyword)."""
+        pairs = []
+        if self.bin_dir is not None:
+            pairs.append(f'"PATH={self.bin_dir}:{SESSION_PATH}"')
+        if self.slurm_conf is not None:
+            pairs.append(f'"SLURM_CONF={self.slurm_conf}"')
+        return [f"SetEnv {' '.join(pairs)}"] if pairs else []
 
     @property
     def client_config(self) -> Path:
@@ -215,7 +228,7 @@ class LoginServer:
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
                     "Subsystem sftp internal-sftp",
-                    *([f'SetEnv "PATH={self.bin_dir}:{SESSION_PATH}"'] if self.bin_dir else []),
+                    *self._set_env(),
                     *(
                         [
                             f"Match LocalPort {self.two_fa_port}",

@@ -166,7 +166,12 @@ def test_lightning_script_requeues_itself_once_and_resumes(run: ByoRun) -> None:
     handled = log.count("Handling auto-requeue signal")
     assert handled <= 1, log  # rank 0 logs it; never handled twice
     starts = restarts(run)
-    if status["requeue_via"] == "command":  # Lightning's own requeue: what the release does
+    # Lightning's own requeue (its handler's one line after `scontrol requeue` succeeded), also
+    # where our record says another requeue came first: Lightning's exit and its requeue may both
+    # come before our next look (recorded "slurm" on 24.11, which requeues a preemption itself);
+    # then what the release does with a job that requeued itself in its grace time follows
+    self_requeued = status["requeue_via"] == "command" or "Requeued SLURM job" in log
+    if self_requeued:
         assert [s["restart"] for s in starts] == restarts_after_a_self_requeue()
     else:
         assert [s["restart"] for s in starts] == [0, 1]

@@ -146,7 +146,9 @@ def test_shell_runs_as_trainee_by_default(hosts_cluster: LocalCluster, tmp_path:
 
 
 def test_the_login_alias_reaches_the_login_host(hosts_cluster: LocalCluster) -> None:
-    """--remote's login node (cluster/local/sshd.py) is the login host: its sshd runs there."""
+    """--remote's login node (cluster/local/sshd.py) is the login host: its sshd runs there,
+    and a session there reaches the cluster with plain Slurm commands of its release, as on a
+    real login node (no SLURM_CONF or PATH given)."""
     from cluster.local import sshd
 
     server = hosts_cluster.login_server()
@@ -154,8 +156,9 @@ def test_the_login_alias_reaches_the_login_host(hosts_cluster: LocalCluster) -> 
         pytest.skip("no login node here: openssh-server, ssh or the user trainee is missing")
     res = subprocess.run(
         ["ssh", "-F", str(server.client_config), "-o", "BatchMode=yes", sshd.LOGIN_ALIAS,
-         "hostname; id -un"],
+         "hostname; id -un; sinfo -h -o %P | head -1; scontrol version"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["login", sshd.login_user()]
+    assert res.stdout.split()[:3] == ["login", sshd.login_user(), "debug*"]
+    assert hosts_cluster.release.name in res.stdout.splitlines()[-1]

@@ -96,11 +96,12 @@ def test_a_login_session_has_the_clusters_release_first_on_path(
     server = lc.login_server()
     assert server is not None
     server.write("trainee")
-    lines = [x for x in (server.dir / "sshd_config").read_text().splitlines() if "PATH" in x]
+    lines = [x for x in (server.dir / "sshd_config").read_text().splitlines() if "SetEnv" in x]
+    conf = f'"SLURM_CONF={lc.conf}"'  # every release: plain sinfo in a session reaches it
     if lc.slurm.bin_dir is None:
-        assert lines == []
+        assert lines == [f"SetEnv {conf}"]
     else:
-        assert lines == [f'SetEnv "PATH={lc.slurm.bin_dir}:{sshd.SESSION_PATH}"']
+        assert lines == [f'SetEnv "PATH={lc.slurm.bin_dir}:{sshd.SESSION_PATH}" {conf}']
 
 
 def test_a_changed_server_configuration_makes_a_running_sshd_stale(
