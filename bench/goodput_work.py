@@ -21,6 +21,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -30,6 +31,7 @@ from typing import Any
 __all__ = ["SubmititWork", "main"]
 
 _STOP = [False]
+_LOADED = time.time()  # this module's import: the interpreter's start, give or take ~50 ms
 
 
 def _on_stop(signum: int, frame: object) -> None:
@@ -83,6 +85,7 @@ class Loop:
         self.run, self.step_s, self.attempt = run, step_s, attempt
         self.ckpt = run / "ckpt.pt"
         self.step = 0
+        self._first = True
         if self.ckpt.exists():
             state = torch.load(self.ckpt, weights_only=True)
             self.model.load_state_dict(state["model"])
@@ -104,7 +107,13 @@ class Loop:
         self.opt.step()
         time.sleep(max(0.0, self.step_s - (time.perf_counter() - t0)))
         self.step += 1
-        self.record(step=self.step)
+        if self._first:  # this process's start, in its own CPU time: what no load changes
+            self._first = False
+            use = resource.getrusage(resource.RUSAGE_SELF)
+            self.record(step=self.step, cpu_s=round(use.ru_utime + use.ru_stime, 3),
+                        start_s=round(time.time() - _LOADED, 3))  # fmt: skip
+        else:
+            self.record(step=self.step)
 
     def save(self, barrier: bool = True) -> None:
         if self.rank == 0:

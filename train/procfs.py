@@ -4,14 +4,30 @@ The one reader of ``/proc`` inside ``train/``: the command supervisor (:mod:`tra
 which signals its command catches, what it writes, its process tree) and the hang watcher
 (:mod:`train.hang`: whether a rank is stopped, the processes of a hung command) ask here. Every
 read survives a process that is gone or a ``/proc`` that says nothing: the answer is then empty.
+
+:func:`step_back` is the one thing here that changes a process: our own processes beside the
+user's (the command's supervisor, the hang watcher) give the CPU to the user's first (issue 46).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from pathlib import Path
 
-__all__ = ["PROC", "describe_tree", "is_child", "proc_state", "process_tree", "status"]
+__all__ = [
+    "PROC",
+    "STEP_BACK_NICE",
+    "describe_tree",
+    "is_child",
+    "proc_state",
+    "process_tree",
+    "session_is_ours",
+    "status",
+    "step_back",
+    "stepped_from",
+]
 
 PROC = Path("/proc")
 
@@ -95,3 +111,92 @@ def describe_tree(root: int) -> list[str]:
         stack = _read(proc / "stack")
         lines.extend(f"    {frame}" for frame in stack.splitlines() if frame.strip())
     return lines
+
+
+#: The nice value our own processes beside the user's take (issue 46): the supervisor once the
+#: command is started, the hang watcher from its start. They mostly sleep (a poll, a /proc scan);
+#: what they do at once with the command's start (the supervisor's imports and set-up, the
+#: watcher's) then waits for the CPU the command leaves, instead of taking a share of it.
+STEP_BACK_NICE = 10
+
+_STEPPED_FROM: list[int] = []  # this process's nice before it stepped back (once)
+
+
+def stepped_from() -> int | None:
+    """The nice value this process had before :func:`step_back` (None: it never stepped back):
+    what a process it starts afterwards that must not inherit the step back asks for."""
+    return _STEPPED_FROM[0] if _STEPPED_FROM else None
+
+
+def session_is_ours(pid: int, proc: Path = PROC) -> bool:
+    """Whether every process of ``pid``'s session is ``pid``, one of its descendants or Slurm's
+    ``slurmstepd`` (the task's session under Slurm; the session a process started with
+    ``start_new_session`` leads): the session's autogroup then holds no one else's processes
+    (never a user's shell). False when /proc does not say."""
+    try:
+        sid = os.getsid(pid)
+        entries = [int(e) for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return False
+    tree = process_tree(pid, proc)
+    for other in entries:
+        if other in tree:
+            continue
+        try:
+            if os.getsid(other) != sid:
+                continue
+        except OSError:
+            continue  # gone
+        if _read(proc / str(other) / "comm") != "slurmstepd":
+            return False
+    return True
+
+
+def _autogroup_nice(path: Path) -> int | None:
+    """The nice value of an autogroup (``/autogroup-123 nice 0``); None where there is none."""
+    words = _read(path).split()
+    if len(words) == 3 and words[1] == "nice":
+        with contextlib.suppress(ValueError):
+            return int(words[2])
+    return None
+
+
+def step_back(
+    nice: int = STEP_BACK_NICE, *, session: bool = False, proc: Path = PROC, tries: int = 12
+) -> None:
+    """Let the user's processes have the CPU first: the calling thread (and every thread and
+    process it starts from now on: they inherit it) at ``nice`` unless it is lower already, and
+    with ``session`` (the caller checked :func:`session_is_ours`) the autogroup of this
+    process's session too: where the kernel groups processes by session (autogroups, on in most
+    distributions) it shares the CPU between sessions first, and the user's command runs in a
+    session of its own. Never raises: a kernel that refuses leaves the priority as it was. An
+    unprivileged process cannot take it back, so a caller steps back only after starting what
+    must run at its own priority (the user's command)."""
+    with contextlib.suppress(OSError):
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        if before < nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+            if not _STEPPED_FROM:
+                _STEPPED_FROM.append(before)
+    if not session:
+        return
+    path = proc / "self" / "autogroup"
+    for attempt in range(tries):
+        now = _autogroup_nice(path)
+        if now is None or now >= nice:
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            os.write(fd, str(nice).encode())
+            return
+        except BlockingIOError:  # EAGAIN: unprivileged, one change per 100 ms on the machine
+            # (a node's tasks start together: each gets its turn within ~1 s)
+            if attempt + 1 < tries:
+                time.sleep(0.11)
+        except OSError:
+            return
+        finally:
+            os.close(fd)

@@ -118,7 +118,7 @@ def _watcher_of(pid: int) -> int | None:
         with contextlib.suppress(OSError):
             stat = (entry / "stat").read_text()
             cmdline = (entry / "cmdline").read_bytes()
-            if stat.rsplit(")", 1)[1].split()[1] == str(pid) and b"train.hang.watcher" in cmdline:
+            if stat.rsplit(")", 1)[1].split()[1] == str(pid) and b"train.hang" in cmdline:
                 return int(entry.name)
     return None
 

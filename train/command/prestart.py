@@ -6,7 +6,9 @@ command's argv as ``jobs submit`` resolved it from the validated spec (a command
 nothing of the allocation to be rendered: no ``${NAME}``, no torchrun; else nothing is
 started first and the supervisor starts it as before). Only stdlib and the torch-free, pydantic-free
 modules of ``train`` are imported here: the command's interpreter gets the cores while ours
-imports the rest.
+imports the rest, and this process steps back once the command is started (its nice and, where
+its session is the task's own, the session's autogroup: :func:`train.procfs.step_back`), so
+that what it does next never takes CPU from the command's own start.
 
 What the command is told must not change after it started, so it starts first only where the
 run's resume decision is known without the spec: this run directory holds no checkpoint
@@ -29,7 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.command.processes import child_environ, resolve_argv, signum_of, spawn
+from train.command.processes import (
+    child_environ,
+    resolve_argv,
+    signum_of,
+    spawn,
+    step_back_for_command,
+)
 from train.env import DistEnv
 from train.runfiles import CHECKPOINTS
 
@@ -90,6 +98,8 @@ def start_first(
         return None
     started = Prestarted(proc, argv, time.time())
     _STARTED.append(started)
+    # the imports and the set-up of ours that follow wait for the CPU the command leaves
+    step_back_for_command()
     return started
 
 

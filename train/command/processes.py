@@ -17,6 +17,7 @@ handler replaces it) and we send the signal it listens for ourselves, once.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import signal
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from train.env import DistEnv
-from train.procfs import PROC, process_tree, status
+from train.procfs import PROC, process_tree, session_is_ours, status, step_back, stepped_from
 from train.runfiles import CHECKPOINTS
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "signal_group",
     "signal_name",
     "signum_of",
+    "step_back_for_command",
     "stop_group",
     "topmost",
     "wait_exit",
@@ -215,7 +217,12 @@ def spawn(
     says so (only a signal disposition in the child, then exec). OSError when it cannot."""
     shield = shields(job_signal, stop_signal)
 
+    prior = stepped_from()
+
     def before_exec() -> None:
+        if prior is not None:  # started after we stepped back: the command's own priority
+            with contextlib.suppress(OSError):  # where the kernel allows it (privileged)
+                os.setpriority(os.PRIO_PROCESS, 0, prior)
         if shield:
             signal.signal(job_signal, signal.SIG_IGN)
 
@@ -226,6 +233,16 @@ def spawn(
         start_new_session=True,
         preexec_fn=before_exec,
     )
+
+
+def step_back_for_command() -> None:
+    """The command has started: from now on this process (the supervisor: its set-up, the
+    hang watcher it starts, its polls) gives the CPU to the command first
+    (:func:`train.procfs.step_back`; the session's autogroup too where it holds only this
+    task's processes). Once: a supervisor that took over a command started first finds it
+    done. Never before the command is started: it would inherit it."""
+    if stepped_from() is None:
+        step_back(session=session_is_ours(os.getpid()))
 
 
 def child_environ(

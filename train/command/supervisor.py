@@ -50,6 +50,7 @@ from train.command.processes import (
     signal_name,
     signum_of,
     spawn,
+    step_back_for_command,
     stop_group,
     wait_exit,
     written_bytes,
@@ -195,6 +196,7 @@ class CommandRun(StopHandling):
                     raise EntrypointError(
                         f"entrypoint.command {self.argv[0]!r}: {exc.strerror or exc}"
                     ) from exc
+            step_back_for_command()  # after the command's start: it never inherits it
             assert proc.stderr is not None
             tail = StderrTail(proc.stderr)
             try:

@@ -31,9 +31,10 @@ mean step, 3 x the longest pause between two steps that no busy phase explains)`
 phase ``max(T, BUSY_FLOOR_S)``; a command's ranks ``T`` with a default of
 ``max(COMMAND_FLOOR_S, 3 x the longest silence)``.
 
-Watcher: ONE process per node (``python -m train.hang.watcher``, no torch), started by the
-node's first local rank (a command's supervisor: at the command's first write) in its own
-session (a ``kill -STOP`` of the rank or its process group does not freeze it). It reads its
+Watcher: ONE process per node (``python -m train.hang``: :mod:`train.hang.watcher`, no torch),
+started by the node's first local rank (a command's supervisor: at the command's first write)
+in its own session (a ``kill -STOP`` of the rank or its process group does not freeze it),
+stepped back for the ranks' processes (``train/hang/__main__.py``, issue 46). It reads its
 node's heartbeats (node-local) every poll (T/10, 0.2-5 s) and, every :data:`SUMMARY_S`,
 publishes one small summary of its node (``RUN_DIR/.progress/ATTEMPT/nodes/NODE.json``: each
 local rank's step, phase, silence, allowance and process state, and a sequence number) and looks
@@ -292,7 +293,7 @@ class Watchdog:
         if local_rank != 0:
             return
         cmd = python_module_argv(
-            "train.hang.watcher",
+            "train.hang",  # the watcher, stepped back for the ranks (train/hang/__main__.py)
             "--run-dir", str(run_dir), "--attempt", attempt, "--node", node,
             "--local-dir", str(self.local_dir), "--world-size", str(world_size),
             "--local-world-size", str(local_world_size), "--pid", str(os.getpid()),

@@ -44,7 +44,6 @@ from train.runfiles import (
     remove_own_tree,
     write_text,
 )
-from train.spec import RequeueConfig
 from train.stop import Decider, claim_hang, hang_dir, is_claimed, request_requeue
 
 __all__ = ["main"]
@@ -494,6 +493,9 @@ def _record_and_requeue(a: _Args, node: _Node, verdict: Verdict, views: list[Nod
     # the one stop decision, with the facts a rank would give it: the hang event, its budget,
     # a restart in place (no suspect, a batch script that restarts steps, budget left) or the
     # requeue and the suspects' nodes
+    from train.spec import RequeueConfig  # here: the spec models (pydantic) are most of what
+    # a watcher would import at its start, beside the ranks' own start (issue 46)
+
     env = Decider(
         a.job_id,
         a.restart_count,

@@ -13,6 +13,7 @@ import pytest
 
 from jobs.launch import command_first
 from train.command.prestart import can_prestart
+from train.procfs import STEP_BACK_NICE
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -20,7 +21,13 @@ REPO = Path(__file__).resolve().parents[3]
 # reports, for every process started, whether the spec models (pydantic) or train's CLI were
 # imported by then; last, whether a command started first is still running.
 _DRIVER = r"""
-import json, subprocess, sys
+import json, os, subprocess, sys
+nice0 = os.getpriority(os.PRIO_PROCESS, 0)
+setup = []  # the nice when the spec models are first imported: the run's set-up
+def audit(event, args):
+    if event == "import" and args[0] == "pydantic" and not setup:
+        setup.append(os.getpriority(os.PRIO_PROCESS, 0))
+sys.addaudithook(audit)
 seen = []
 _Popen = subprocess.Popen
 class Popen(_Popen):
@@ -38,7 +45,9 @@ except SystemExit as exc:
     code = exc.code
 from train.command import prestart
 alive = [s.proc.poll() is None for s in prestart._STARTED]
-print(json.dumps({"code": code, "seen": seen, "alive": alive}))
+nice = os.getpriority(os.PRIO_PROCESS, 0)
+print(json.dumps({"code": code, "seen": seen, "alive": alive, "nice0": nice0, "nice": nice,
+                  "setup": setup}))
 """
 
 
@@ -123,3 +132,28 @@ def test_only_a_run_directory_without_checkpoints_of_ours(tmp_path: Path) -> Non
     assert can_prestart(tmp_path / "run")
     (tmp_path / "run" / "checkpoints" / ".step-3.tmp").mkdir()  # an interrupted save
     assert not can_prestart(tmp_path / "run")
+
+
+_NICE = "import os, sys; open(sys.argv[1], 'w').write(str(os.getpriority(os.PRIO_PROCESS, 0)))"
+
+
+@pytest.mark.parametrize(("first", "out"), [(True, "nice.txt"), (False, "${RUN_DIR}/../nice.txt")])
+def test_the_task_steps_back_for_the_command_once_it_started(
+    tmp_path: Path, first: bool, out: str
+) -> None:
+    # Issue 46: the command runs at the task's own priority; the task (the supervisor: its
+    # set-up after a command started first, its polls, the watcher it starts) steps back after
+    # the command's start, whether it was started first or by the supervisor.
+    command = ["python", "-c", _NICE, str(tmp_path / out) if first else out]
+    assert bool(command_first(command)) is first
+    # what jobs submit pickles: the command where it starts first, else none
+    started_first = list(command_first(command))
+    result = _launch(tmp_path, _spec(tmp_path, command), tmp_path / "run", started_first)
+    assert result["code"] == 0
+    nice0 = result["nice0"]
+    assert isinstance(nice0, int)
+    assert int((tmp_path / "nice.txt").read_text()) == nice0  # never inherited
+    assert result["nice"] == max(nice0, STEP_BACK_NICE)
+    # the set-up of a command started first waits for the CPU the command leaves; the
+    # supervisor that starts the command itself has set up before it
+    assert result["setup"] == [max(nice0, STEP_BACK_NICE) if first else nice0]
