@@ -144,6 +144,10 @@ def spawn_detached(cmd: Sequence[str], *, env: Mapping[str, str], log: Path) -> 
     return proc.pid
 
 
+#: How long a pid file must name the same dead process before a start counts as failed.
+DEAD_PID_S = 1.0
+
+
 def wait_until(
     check: Callable[[], bool], *, timeout: float, what: str, log: Path, pid_file: Path | None = None
 ) -> None:
@@ -151,12 +155,21 @@ def wait_until(
     deadline = time.monotonic() + timeout
     delay = 0.05
     how = f"did not become ready within {timeout:g}s"
+    dead: tuple[int | None, float] | None = None  # a dead pid in the pid file, since when
     while time.monotonic() < deadline:
         if check():
             return
-        if pid_file is not None and pid_file.exists() and not pid_alive(read_pid(pid_file)):
-            how = "exited before it was ready"
-            break
+        if pid_file is not None and pid_file.exists():
+            pid = read_pid(pid_file)
+            if pid_alive(pid):
+                dead = None
+            elif dead is None or dead[0] != pid:
+                dead = (pid, time.monotonic())
+            elif time.monotonic() - dead[1] >= DEAD_PID_S:
+                # the same dead pid for a while: not a daemonizing parent's, which the
+                # daemon replaces with its own a moment later (26.05's slurmctld was seen so)
+                how = "exited before it was ready"
+                break
         time.sleep(delay)
         # Capped low: slurmctld answers a ping ~1 s after its start; a long sleep here is
         # most of a cold `up`.
