@@ -286,6 +286,18 @@ def merge_accounts(host: str, root: str) -> str:
     return head + "\n".join(added) + "\n"
 
 
+def _bind_mount(source: Path, target: Path) -> None:
+    """``mount --bind SOURCE TARGET``; a refusal is one line naming both."""
+    proc = subprocess.run(
+        ["mount", "--bind", str(source), str(target)],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise LocalClusterError(
+            f"mount --bind {source} {target} exited {proc.returncode}: {proc.stderr.strip()}"
+        )
+
+
 class Root:
     """Runs a release's programs: in its root file system, or as they are for the host's."""
 
@@ -393,15 +405,7 @@ class Root:
             if str(target) in mounted:
                 continue
             target.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.run(
-                ["mount", "--bind", str(source), str(target)],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-            if proc.returncode != 0:
-                raise LocalClusterError(
-                    f"mount --bind {source} {target} exited {proc.returncode}: "
-                    f"{proc.stderr.strip()}"
-                )
+            _bind_mount(source, target)
         self._bind_system_python(mounted)
 
     def _bind_system_python(self, mounted: set[str]) -> None:
@@ -427,15 +431,7 @@ class Root:
                 target.mkdir(parents=True, exist_ok=True)
             else:
                 target.touch(exist_ok=True)  # an empty placeholder the bind covers
-            proc = subprocess.run(
-                ["mount", "--bind", str(source), str(target)],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-            if proc.returncode != 0:
-                raise LocalClusterError(
-                    f"mount --bind {source} {target} exited {proc.returncode}: "
-                    f"{proc.stderr.strip()}"
-                )
+            _bind_mount(source, target)
         link = root / SYSTEM_PYTHON.relative_to("/")
         if (
             not link.exists()
