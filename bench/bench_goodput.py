@@ -563,7 +563,7 @@ def _wait_idle(client: Any, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):
-            if all(n.state.split("+")[0].upper() == "IDLE" for n in client.nodes()):
+            if all(n.idle for n in client.nodes()):
                 return
         time.sleep(0.5)
 

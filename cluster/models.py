@@ -88,6 +88,12 @@ class Node:
         return base.rstrip("*~#!%$@^-") in {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
 
     @property
+    def idle(self) -> bool:
+        """Whether the node runs nothing and takes work (``IDLE``; not ``IDLE+DRAIN``, not a
+        node that does not answer, ``idle*``)."""
+        return self.state.upper().split("+", 1)[0] == "IDLE" and self.usable
+
+    @property
     def down(self) -> bool:
         """Whether the node is gone for the jobs it runs: down or failed (``down*``, ``FAIL``,
         ``MIXED+FAIL``, ``DOWN+DRAIN``). A draining node still runs its jobs."""

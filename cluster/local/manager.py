@@ -197,17 +197,13 @@ class LocalCluster:
         """The cluster's sshd, None where openssh-server or the login user is missing."""
         if not sshd.installed() or sshd.login_user() is None:
             return None
-        L = self.layout
+        L, net = self.layout, self.net
         # with net hosts it is the login host's own: its address, its namespaces
-        if self.net is None:
-            return sshd.LoginServer(
-                L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
-                bin_dir=self.slurm.bin_dir, slurm_conf=L.slurm_conf,
-            )  # fmt: skip
         return sshd.LoginServer(
             L.root, sshd.SSHD_PORT + L.port_offset, L.run, L.log,
-            address=self.net.addr(LOGIN), on_host=self._on_login_host, bin_dir=self.slurm.bin_dir,
-            slurm_conf=L.slurm_conf,
+            address="127.0.0.1" if net is None else net.addr(LOGIN),
+            on_host=None if net is None else self._on_login_host,
+            bin_dir=self.slurm.bin_dir, slurm_conf=L.slurm_conf,
         )  # fmt: skip
 
     # -- checks ------------------------------------------------------------------------------

@@ -181,3 +181,14 @@ def test_sacct_attempts_skip_short_or_empty_lines(line: str) -> None:
 def test_sacct_attempts_unknown_times_are_none() -> None:
     (a,) = parse.parse_sacct_attempts("7_2|PENDING|2026-11-25T02:46:34|Unknown|None|Unknown\n")
     assert (a.job_id, a.state, a.eligible, a.start, a.end) == ("7_2", "PENDING", None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("state", "idle"),
+    [("IDLE", True), ("idle", True), ("IDLE+DRAIN", False), ("IDLE*", False),
+     ("MIXED", False), ("ALLOCATED", False), ("COMPLETING", False), ("DOWN*", False)],
+)  # fmt: skip
+def test_a_node_is_idle_when_it_runs_nothing_and_takes_work(state: str, idle: bool) -> None:
+    from cluster.models import Node
+
+    assert Node("n1", state, 2).idle is idle
