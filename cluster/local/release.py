@@ -14,7 +14,9 @@ What the root needs, and why (../shared/SLURM-NOTES.md, "Newer Slurm releases"):
   (node-local heartbeats), ``/tmp``, ``/var/tmp`` (the clusters' state directories), ``/root``
   and ``$HOME``, ``/home``, the checkout and the virtual environment's interpreter prefix
   (``realpath``: a venv's ``python`` is a link to it). They are made once, in the machine's
-  mount namespace, and kept while the root exists (every cluster of the release shares them).
+  mount namespace, and kept while the root exists (every cluster of the release shares them);
+  one whose source was removed or replaced since (a checkout cloned again at the same path) is
+  unmounted and made again (:func:`bind`).
   Never delete a root with ``rm -r`` while they are mounted: unmount them first
   (``umount -R ROOT/proc`` and the rest, the lines of ``/proc/self/mountinfo`` under ROOT);
 - ``libffi8`` (the interpreter's ctypes), the host's ``/etc/hosts`` (node names resolve);
@@ -46,7 +48,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,25 +164,34 @@ def linked_libraries(ldd_output: str) -> list[Path]:
     return out
 
 
-def system_python_binds(root: Path, ldd_output: str) -> list[tuple[Path, Path]]:
+def system_python_binds(
+    root: Path, ldd_output: str, mounted: Collection[str] = ()
+) -> list[tuple[Path, Path]]:
     """(source on the machine, target in ``root``) for the machine's system Python where the
     root has none of its own: the interpreter, its standard library, and each library the
     interpreter links (``ldd_output``) that the root lacks, under the same folder as on the
     machine (its real path: ``/lib`` is a link to ``usr/lib`` in both). Nothing where the root
-    has a ``python3.X`` of its own, nothing over a file of the root's."""
+    has a ``python3.X`` of its own, nothing over a file of the root's. A target that is a
+    mount point (``mounted``) is a bind of ours, listed again (:func:`bind` keeps it or, when
+    stale, replaces it)."""
     found = system_python()
     if found is None:
         return []
     binary, stdlib = found
     rel_binary = binary.relative_to("/")
-    if _own_file(root / rel_binary) or _own_file(root / stdlib.relative_to("/") / "os.py"):
+    own_binary = _own_file(root / rel_binary) and str(root / rel_binary) not in mounted
+    own_stdlib = str(root / stdlib.relative_to("/")) not in mounted and _own_file(
+        root / stdlib.relative_to("/") / "os.py"
+    )
+    if own_binary or own_stdlib:
         return []
     out = [(binary, root / rel_binary), (stdlib, root / stdlib.relative_to("/"))]
     for lib in linked_libraries(ldd_output):
         real = Path(os.path.realpath(lib))
         folder = real.parent.relative_to("/")
         target = root / folder / lib.name
-        if not real.is_file() or target.exists() or target.is_symlink():
+        theirs = (target.exists() or target.is_symlink()) and str(target) not in mounted
+        if not real.is_file() or theirs:
             continue  # the root's own (or its link to it)
         out.append((real, target))
     return out
@@ -284,6 +295,47 @@ def merge_accounts(host: str, root: str) -> str:
         return root
     head = root if not root or root.endswith("\n") else root + "\n"
     return head + "\n".join(added) + "\n"
+
+
+def shows(source: Path, target: Path) -> bool:
+    """Whether ``target`` is ``source`` itself (a bind of it shows its device and inode)."""
+    try:
+        s, t = os.stat(source), os.stat(target)
+    except OSError:
+        return False
+    return (s.st_dev, s.st_ino) == (t.st_dev, t.st_ino)
+
+
+def _read_mount_points() -> set[str]:
+    return mount_points(Path("/proc/self/mountinfo").read_text())
+
+
+def bind(source: Path, target: Path, mounted: set[str] | None = None) -> None:
+    """``target`` (in a root of ours) showing ``source``: bound unless it shows it already. A
+    bind left by an earlier run whose source was removed or replaced since (a checkout cloned
+    again at the same path: the mount still shows the deleted folder, and a job there finds
+    nothing) is unmounted first (lazily: a process still in it keeps it), every layer of it."""
+    mounted = _read_mount_points() if mounted is None else mounted
+    for _ in range(16):
+        if str(target) not in mounted:
+            break
+        if shows(source, target):
+            return
+        _run_mount(["umount", "--lazy", str(target)], f"umount --lazy {target} (stale)")
+        mounted = _read_mount_points()
+    else:
+        raise LocalClusterError(f"{target}: more than 16 stale mounts on it; unmount them")
+    if source.is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+    else:
+        target.touch(exist_ok=True)  # an empty placeholder the bind covers
+    _bind_mount(source, target)
+
+
+def _run_mount(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise LocalClusterError(f"{what} exited {proc.returncode}: {proc.stderr.strip()}")
 
 
 def _bind_mount(source: Path, target: Path) -> None:
@@ -399,16 +451,11 @@ class Root:
 
     def _bind(self) -> None:
         assert self.path is not None
-        mounted = mount_points(Path("/proc/self/mountinfo").read_text())
         for source in bind_sources():
-            target = self.path / source.relative_to("/")
-            if str(target) in mounted:
-                continue
-            target.mkdir(parents=True, exist_ok=True)
-            _bind_mount(source, target)
-        self._bind_system_python(mounted)
+            bind(source, self.path / source.relative_to("/"))
+        self._bind_system_python()
 
-    def _bind_system_python(self, mounted: set[str]) -> None:
+    def _bind_system_python(self) -> None:
         """The machine's system Python in the root (:func:`system_python_binds`), and
         ``/usr/bin/python3`` linking to it where the root has no ``python3`` of its own."""
         assert self.path is not None
@@ -422,16 +469,11 @@ class Root:
         except (OSError, subprocess.TimeoutExpired):
             ldd = ""
         root = self.path.resolve()
-        binds = [(s, t) for s, t in system_python_binds(root, ldd) if str(t) not in mounted]
-        for source, target in binds:
+        for source, target in system_python_binds(root, ldd, _read_mount_points()):
             parent = Path(os.path.realpath(target.parent))
             if parent != root and root not in parent.parents:
                 continue  # a link in the root pointing out of it: never follow it
-            if source.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-            else:
-                target.touch(exist_ok=True)  # an empty placeholder the bind covers
-            _bind_mount(source, target)
+            bind(source, target)
         link = root / SYSTEM_PYTHON.relative_to("/")
         if (
             not link.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from cluster.local.release import (
     HOST_RELEASE,
     RELEASES,
     Root,
+    bind,
     merge_accounts,
     mount_points,
     release,
@@ -63,6 +65,66 @@ def test_mount_points_unescaped() -> None:
         "37 35 98:0 /x /var/cache/a\\040b/root/tmp rw - ext4 /dev/x rw\n"
     )
     assert mount_points(text) == {"/proc", "/var/cache/a b/root/tmp"}
+
+
+def _mount_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "bind mounts need root"
+    try:
+        proc = subprocess.run(["mount", "--bind", "/", "/nonexistent-probe"], capture_output=True,
+                              timeout=30, check=False)  # fmt: skip
+    except OSError as e:
+        return f"mount: {e}"
+    # refused for the missing target (exit 32), not for a lack of privilege (exit 1)
+    return None if proc.returncode == 32 else f"mount --bind refused here (exit {proc.returncode})"
+
+
+@pytest.mark.skipif(_mount_problem() is not None, reason=str(_mount_problem()))
+def test_a_bind_whose_source_was_cloned_again_shows_the_new_one(tmp_path: Path) -> None:
+    """CI clones the checkout again at the same path: the root's bind of the old one shows a
+    deleted folder (a job there finds no module, sbatch no working directory). bind() keeps a
+    live bind, and replaces a stale one (both layers when it was stacked)."""
+    source, target = tmp_path / "checkout", tmp_path / "root" / "checkout"
+    source.mkdir()
+    (source / "old").write_text("")
+    try:
+        bind(source, target)
+        bind(source, target)  # shows it already: nothing stacked on it
+        assert mount_points(Path("/proc/self/mountinfo").read_text()) >= {str(target)}
+        shutil.rmtree(source)
+        source.mkdir()  # cloned again: another folder at the same path
+        (source / "new").write_text("")
+        assert not (target / "new").exists()  # the stale bind
+        bind(source, target)
+        assert sorted(p.name for p in target.iterdir()) == ["new"]
+    finally:
+        while str(target) in mount_points(Path("/proc/self/mountinfo").read_text()):
+            subprocess.run(["umount", "--lazy", str(target)], check=True, timeout=30)
+
+
+def test_a_mounted_python_target_is_ours_and_listed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target of ours that is mounted (it shows the machine's file, so it looks like one of
+    the root's own) is listed again, for bind() to keep or replace; without the mount, not."""
+    import cluster.local.release as rel
+
+    _, libs, root = _fake_machine(tmp_path, monkeypatch)
+    found = rel.system_python()
+    assert found is not None
+    binary, stdlib = found
+    for source in (binary, stdlib / "os.py", libs / "libexpat.so.1"):
+        target = root / source.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source.read_text() or "x")  # what a bind of it shows
+    ldd = f"\tlibexpat.so.1 => {libs}/libexpat.so.1 (0x2)\n"
+    assert rel.system_python_binds(root, ldd) == []
+    mounted = {str(root / p.relative_to("/")) for p in (binary, stdlib, libs / "libexpat.so.1")}
+    assert dict(rel.system_python_binds(root, ldd, mounted)) == {
+        binary: root / binary.relative_to("/"),
+        stdlib: root / stdlib.relative_to("/"),
+        libs / "libexpat.so.1": root / libs.relative_to("/") / "libexpat.so.1",
+    }
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
