@@ -4,9 +4,13 @@ bench/bench_inplace.py): the pure parts that turn what a run recorded into ratio
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
-from bench.bench_goodput import Row, _floor_figures, _hold_figures
+from bench.bench_goodput import Row, _floor_figures, _hold_figures, _table
 from bench.bench_inplace import _split
 from bench.goodput_hold import HoldRow, hold_table
 
@@ -20,6 +24,7 @@ def _limit(per: float, first: float) -> Row:
 def test_every_row_per_preemption_and_first_start_against_the_floor() -> None:
     ours = Row("ours: plain script, no recipe", restart_s=[10.0, 12.0], first_step_s=6.0)
     ours.split = [(1.0, 5.0, 4.0), (1.5, 6.0, 4.5)]
+    ours.first_split = (0.5, 3.25, 2.25)
     peer = Row("submitit Checkpointable", restart_s=[8.0], first_step_s=3.0)
     figures = {f.name: f for f in _floor_figures([ours, peer], _limit(10.0, 4.0))}
     per = figures["per preemption vs the floor: ours: plain script, no recipe"]
@@ -27,6 +32,9 @@ def test_every_row_per_preemption_and_first_start_against_the_floor() -> None:
     assert "1.0 / 5.0 / 4.0; 1.5 / 6.0 / 4.5" in per.note
     first = figures["first start vs the floor: ours: plain script, no recipe"]
     assert first.ratio == pytest.approx(1.5) and first.goal is not None
+    assert "0.50 / 3.25 / 2.25" in first.note
+    assert "| 6.0 | 0.50 / 3.25 / 2.25 |" in _table([ours, peer], _limit(10.0, 4.0))
+    assert "| 3.0 | - |" in _table([ours, peer], _limit(10.0, 4.0))  # no split recorded
     # a peer is measured the same way, with no goal of ours
     assert figures["first start vs the floor: submitit Checkpointable"].goal is None
     assert figures["per preemption vs the floor: submitit Checkpointable"].ratio == 0.8
@@ -58,3 +66,16 @@ def test_a_restart_in_place_split_from_the_runs_events() -> None:
     events[-1]["startup"] = {"main": 0.4, "imports": 1.5, "restored": 0.5}
     assert _split(events, 100.0, 107.0) == (2.0, 5.0, "imports 1.50, restored 0.50")
     assert _split(events[:2], 100.0, 107.0) is None  # no restart in place recorded
+
+
+def test_a_process_start_is_read_from_proc_on_the_wall_clock() -> None:
+    """The first start's split needs when the process running the user's code began: read from
+    /proc (its start after boot) against the boot clock, on the wall clock the bench uses."""
+    before = time.time()
+    code = "from bench.goodput_work import process_start; print(process_start())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    after = time.time()
+    began = float(out)
+    assert before - 0.05 <= began <= after  # 10 ms ticks; the interpreter started in between
