@@ -137,8 +137,14 @@ class Network:
         return out
 
     def teardown_commands(self) -> list[list[str]]:
-        """Removing the namespaces removes their veth pairs; then the bridge."""
-        out = [["ip", "netns", "del", self.netns(h)] for h in self.hosts]
+        """Each host's veth pair (its machine end, by our name: both ends go at once), its
+        namespace, then the bridge. Not the namespace alone: its veth pair goes only once the
+        kernel destroys it, after its last process exits and then asynchronously, so a cluster
+        made again at once met the old pair ("RTNETLINK answers: File exists", CI: the 24.11
+        half after the 22.05 one on the same worker)."""
+        out: list[list[str]] = []
+        for h in self.hosts:
+            out += [["ip", "link", "del", self.veth(h)], ["ip", "netns", "del", self.netns(h)]]
         return [*out, ["ip", "link", "del", self.bridge]]
 
     def host_command(self, host: str, argv: Sequence[str], root: Path | None = None) -> list[str]:

@@ -172,3 +172,39 @@ def test_the_login_node_of_net_hosts_is_the_login_host(tmp_path: Path) -> None:
         assert f"  HostName {addr}\n" in server.client_config.read_text()
         assert (server.dir / "known_hosts").read_text().startswith(f"[{addr}]:13422 ")
         assert (server.on_host is None) == (lc is shared)  # started in the login host's namespaces
+
+
+def _netns_problem() -> str | None:
+    from cluster.local.hosts import netns_problem
+
+    return netns_problem()
+
+
+@pytest.mark.skipif(_netns_problem() is not None, reason=str(_netns_problem()))
+def test_a_network_brought_down_while_a_process_lives_in_a_host_is_made_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """A namespace outlives ``ip netns del`` while a process lives in it, and its veth pair with
+    it: a cluster made again at once on the same worker met "File exists" (CI, the 24.11 half
+    after the 22.05 one). The teardown deletes each pair by its machine end first."""
+    import subprocess
+
+    net = Network(9990, ("n1",), tmp_path / "hosts")
+
+    def run_all(cmds: list[list[str]], check: bool) -> None:
+        for cmd in cmds:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+            assert not check or proc.returncode == 0, (cmd, proc.stderr)
+
+    run_all(net.teardown_commands(), check=False)  # a test run before that died
+    run_all(net.setup_commands(), check=True)
+    lingering = subprocess.Popen(["nsenter", f"--net=/run/netns/{net.netns('n1')}", "sleep", "60"])
+    try:
+        run_all(net.teardown_commands(), check=False)
+        assert not Path(f"/sys/class/net/{net.veth('n1')}").exists()
+        run_all(net.setup_commands(), check=True)  # at once, the old namespace still alive
+    finally:
+        lingering.kill()
+        lingering.wait()
+        run_all(net.teardown_commands(), check=False)
+    assert not Path(f"/sys/class/net/{net.bridge}").exists()
