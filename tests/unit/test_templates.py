@@ -818,3 +818,54 @@ def test_run_dir_among_trains_options_is_not_refused_as_anothers(h: Harness) -> 
     proc = h.run("ddp", "spec.yaml", "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((run_dir / "run.json").read_text())["run_id"] == "t-job123"
+
+
+# -- the batch log before the run directory is known ---------------------------------------------
+
+
+def _as_batch(
+    h: Harness, name: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, Path]:
+    """The template run as sbatch runs it with the template's own ``--output``: stdout and
+    stderr into ``/tmp/slurm-train-USER-JOBID.out`` (a name of this test's own)."""
+    log = Path(f"/tmp/slurm-train-unit{os.getpid()}-{h.tmp.name}-123.out")
+    try:
+        with open(log, "w", encoding="utf-8") as out:
+            rc = subprocess.run(
+                ["bash", str(h.script(name)), *args], cwd=h.project,
+                env={**h.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, timeout=60,
+                check=False,
+            ).returncode  # fmt: skip
+    except BaseException:
+        log.unlink(missing_ok=True)
+        raise
+    return rc, log
+
+
+@pytest.mark.parametrize("name", ["ddp", "dataparallel", "requeue"])
+def test_an_exit_before_the_run_directory_leaves_its_lines_where_sbatch_would(
+    h: Harness, name: str
+) -> None:
+    """The early batch log is in the batch node's /tmp, node-local on most clusters: a script
+    that exits before the run directory is known (here a usage error) leaves those lines in
+    SLURM_SUBMIT_DIR/slurm-JOBID.out, sbatch's own place, and nothing in /tmp."""
+    rc, log = _as_batch(h, name)
+    assert rc == 2
+    assert "usage:" in (h.project / "slurm-123.out").read_text()
+    assert not log.exists()
+
+
+def test_an_early_exit_with_no_writable_submit_dir_goes_to_home(h: Harness) -> None:
+    rc, log = _as_batch(h, "ddp", env={"SLURM_SUBMIT_DIR": str(h.tmp / "gone")})
+    assert rc == 2
+    assert "usage:" in (h.tmp / "slurm-123.out").read_text()
+    assert not log.exists()
+
+
+def test_a_run_that_goes_on_keeps_its_batch_log_in_the_run_directory_only(h: Harness) -> None:
+    run_dir = h.tmp / "run"
+    rc, log = _as_batch(h, "ddp", "spec.yaml", env={"RUN_DIR": str(run_dir), "STUB_RC": "3"})
+    assert rc == 3  # a failure after the run directory is known: the trap is gone by then
+    assert "[ddp.sbatch] job 123" in (run_dir / "slurm" / "batch-123.out").read_text()
+    assert not (h.project / "slurm-123.out").exists()
+    assert not log.exists()
