@@ -168,6 +168,35 @@ def _checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
+@pytest.mark.timeout(120)
+def test_an_early_exit_leaves_its_lines_where_sbatch_ran_not_in_the_nodes_tmp(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """With the template's own --output (the batch node's /tmp, private to each host here as on
+    a real cluster), a script that exits before its run directory is known (no spec: a usage
+    error) leaves its lines in slurm-JOBID.out where sbatch ran, and nothing in the node's /tmp."""
+    submit_dir = tmp_path / "submit"  # under the tests' shared folder: every host sees it
+    submit_dir.mkdir()
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "-N1", "--time=2", str(TEMPLATES / "ddp.sbatch")],
+        cwd=submit_dir, env=jobs.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    jobs.ids.append(job)
+    info = jobs.wait(job, {"FAILED", "COMPLETED"}, timeout=90)
+    assert info.state == "FAILED"
+    kept = submit_dir / f"slurm-{job}.out"
+    deadline = time.monotonic() + 30  # the batch step's exit may reach Slurm before the file
+    while not kept.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "usage:" in kept.read_text()
+    # every host's own /tmp (net hosts: STATE/hosts/HOST/tmp on the machine), and the machine's
+    state = Path(jobs.env["SLURM_TRAIN_CLUSTER_DIR"])
+    tmps = [Path("/tmp"), *(state / "hosts").glob("*/tmp")]
+    assert not [p for t in tmps for p in t.glob(f"slurm-train-*-{job}.out")]
+
+
 @pytest.mark.timeout(300)
 def test_ddp_template_two_nodes(jobs: Jobs, tmp_path: Path) -> None:
     spec = _spec(tmp_path, max_steps=4, interval=2)
