@@ -19,6 +19,7 @@ and what it costs the shared file system.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -258,8 +259,53 @@ def _file_ops(opts: Options) -> list[Figure]:
     ]  # fmt: skip
 
 
+_TREE = (
+    "import subprocess, time; subprocess.Popen(['sh', '-c', 'sleep 60 & sleep 60 & wait']); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+
+
+def _tree_cost(repeats: int) -> Figure:
+    """The command's process tree, as the supervisor and the watcher read it at every look
+    (train.procfs.process_tree), walked down from the command (``/proc/PID/task/TID/children``)
+    against every process's parent read (the earlier way, and the fallback): a command with
+    three descendants, on this machine's /proc as it is. Goal: at most half."""
+    from train.procfs import scan_tree, walk_tree
+
+    cmd = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert cmd.stdout is not None
+        cmd.stdout.readline()
+        time.sleep(0.2)  # sh has started its sleeps
+        if walk_tree(cmd.pid) is None:
+            return skipped(SECTION, "process tree, walked", "no /proc children files here")
+
+        def timed(fn: object) -> float:
+            t0 = time.perf_counter()
+            for _ in range(20):
+                fn(cmd.pid)  # type: ignore[operator]
+            return (time.perf_counter() - t0) / 20 * 1e3
+
+        runs = interleave({"walk": lambda: timed(walk_tree), "scan": lambda: timed(scan_tree)},
+                          repeats)  # fmt: skip
+        procs = sum(1 for e in os.listdir("/proc") if e.isdigit())
+        return Figure.measured(
+            SECTION, "process tree of the command, walked down", "ms", runs["walk"],
+            runs["scan"], baseline_name="every process's parent read",
+            goal=Goal("<=", 0.5),
+            note=f"{len(walk_tree(cmd.pid) or {})} processes in the tree, {procs} on the "
+            "machine; 20 reads per sample",
+        )  # fmt: skip
+    finally:
+        for pid in sorted(scan_tree(cmd.pid), reverse=True):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        cmd.wait()
+
+
 def run(opts: Options) -> list[Figure]:
-    """All rows (cost per step, detection latency, file operations on the run directory)."""
+    """All rows (cost per step, detection latency, file operations on the run directory, the
+    command's process tree)."""
     opts.workdir.mkdir(parents=True, exist_ok=True)
     repeats = 3 if opts.quick else max(5, opts.repeats)
     opts.log("watchdog: training steps with and without the heartbeat")
@@ -268,6 +314,7 @@ def run(opts: Options) -> list[Figure]:
         opts.log(f"watchdog: detection latency, timeout {timeout:g} s")
         figures.append(_latency(opts, timeout, 2 if opts.quick else 3))
     figures += _file_ops(opts)
+    figures.append(_tree_cost(repeats))
     return figures
 
 

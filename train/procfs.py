@@ -23,10 +23,12 @@ __all__ = [
     "is_child",
     "proc_state",
     "process_tree",
+    "scan_tree",
     "session_is_ours",
     "status",
     "step_back",
     "stepped_from",
+    "walk_tree",
 ]
 
 PROC = Path("/proc")
@@ -47,7 +49,48 @@ def status(pid: int, proc: Path = PROC) -> dict[str, str]:
 
 
 def process_tree(root: int, proc: Path = PROC) -> dict[int, int]:
-    """``{pid: parent}`` for ``root`` and all its descendants (``{root: 0}`` without /proc)."""
+    """``{pid: parent}`` for ``root`` and all its descendants (``{root: 0}`` without /proc).
+
+    Walked down from ``root`` through each thread's ``/proc/PID/task/TID/children``: what it
+    costs grows with the command's own processes and threads, not with every process on the
+    node (a node of eight ranks with their data-loader workers holds thousands, and every
+    supervisor looks every second). Where the kernel has no ``children`` files
+    (``CONFIG_PROC_CHILDREN``), every process's parent is read instead (:func:`scan_tree`)."""
+    tree = walk_tree(root, proc)
+    return tree if tree is not None else scan_tree(root, proc)
+
+
+def walk_tree(root: int, proc: Path = PROC) -> dict[int, int] | None:
+    """:func:`process_tree` through the ``children`` files; None where there are none (a
+    ``root`` that is gone: ``{root: 0}``)."""
+    try:
+        tasks = os.listdir(proc / str(root) / "task")
+    except OSError:
+        return {root: 0} if (proc / "self" / "task").is_dir() else None
+    if not tasks or not (proc / str(root) / "task" / tasks[0] / "children").exists():
+        return None
+    tree, todo = {root: 0}, [(root, tasks)]
+    while todo:
+        pid, threads = todo.pop()
+        for tid in threads:
+            try:
+                kids = (proc / str(pid) / "task" / tid / "children").read_text().split()
+            except OSError:
+                continue  # the thread or the process is gone
+            for kid in kids:
+                child = int(kid)
+                if child in tree:
+                    continue
+                tree[child] = pid
+                try:
+                    todo.append((child, os.listdir(proc / kid / "task")))
+                except OSError:
+                    continue  # gone already
+    return tree
+
+
+def scan_tree(root: int, proc: Path = PROC) -> dict[int, int]:
+    """:func:`process_tree` from every process's parent (``/proc/PID/status``)."""
     parents: dict[int, int] = {}
     try:
         entries = [e for e in os.listdir(proc) if e.isdigit()]
