@@ -29,6 +29,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import REPO, Figure, Goal, Options, interleave, skipped
@@ -280,10 +281,10 @@ def _tree_cost(repeats: int) -> Figure:
         if walk_tree(cmd.pid) is None:
             return skipped(SECTION, "process tree, walked", "no /proc children files here")
 
-        def timed(fn: object) -> float:
+        def timed(fn: Callable[[int], object]) -> float:
             t0 = time.perf_counter()
             for _ in range(20):
-                fn(cmd.pid)  # type: ignore[operator]
+                fn(cmd.pid)
             return (time.perf_counter() - t0) / 20 * 1e3
 
         runs = interleave({"walk": lambda: timed(walk_tree), "scan": lambda: timed(scan_tree)},

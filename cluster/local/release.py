@@ -310,18 +310,18 @@ def _read_mount_points() -> set[str]:
     return mount_points(Path("/proc/self/mountinfo").read_text())
 
 
-def bind(source: Path, target: Path, mounted: set[str] | None = None) -> None:
+def bind(source: Path, target: Path) -> None:
     """``target`` (in a root of ours) showing ``source``: bound unless it shows it already. A
     bind left by an earlier run whose source was removed or replaced since (a checkout cloned
     again at the same path: the mount still shows the deleted folder, and a job there finds
     nothing) is unmounted first (lazily: a process still in it keeps it), every layer of it."""
-    mounted = _read_mount_points() if mounted is None else mounted
+    mounted = _read_mount_points()
     for _ in range(16):
         if str(target) not in mounted:
             break
         if shows(source, target):
             return
-        _run_mount(["umount", "--lazy", str(target)], f"umount --lazy {target} (stale)")
+        _mount(["umount", "--lazy", str(target)])  # stale
         mounted = _read_mount_points()
     else:
         raise LocalClusterError(f"{target}: more than 16 stale mounts on it; unmount them")
@@ -329,25 +329,14 @@ def bind(source: Path, target: Path, mounted: set[str] | None = None) -> None:
         target.mkdir(parents=True, exist_ok=True)
     else:
         target.touch(exist_ok=True)  # an empty placeholder the bind covers
-    _bind_mount(source, target)
+    _mount(["mount", "--bind", str(source), str(target)])
 
 
-def _run_mount(cmd: list[str], what: str) -> None:
+def _mount(cmd: list[str]) -> None:
+    """``mount`` or ``umount``; a refusal is one line naming the command."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
     if proc.returncode != 0:
-        raise LocalClusterError(f"{what} exited {proc.returncode}: {proc.stderr.strip()}")
-
-
-def _bind_mount(source: Path, target: Path) -> None:
-    """``mount --bind SOURCE TARGET``; a refusal is one line naming both."""
-    proc = subprocess.run(
-        ["mount", "--bind", str(source), str(target)],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise LocalClusterError(
-            f"mount --bind {source} {target} exited {proc.returncode}: {proc.stderr.strip()}"
-        )
+        raise LocalClusterError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()}")
 
 
 class Root:
