@@ -176,7 +176,8 @@ def test_lightning_script_requeues_itself_once_and_resumes(run: ByoRun) -> None:
     else:
         assert [s["restart"] for s in starts] == [0, 1]
     assert run.steps_done() == steps
-    if status["requeue_via"] == "command":
+    # handled by Lightning (keyed as above: on 24.11 our record may name Slurm for its requeue)
+    if self_requeued:
         assert handled == 1, log
         assert starts[1]["step"] > 0  # trainer.fit restored hpc_ckpt_1.ckpt by itself
         assert list(run.run_dir.glob("hpc_ckpt_*.ckpt"))
