@@ -9,6 +9,12 @@ and what it costs the shared file system.
   (``python -m train.hang.watcher``); one is frozen with SIGSTOP and the time until the ``hang``
   event is recorded is compared with the configured timeout. The watcher polls every
   timeout/10 (at least 0.2 s) and gives a live rank up to 3 s to write its stacks.
+- A hang's record under other sessions' load (issue 46): the watcher steps back for the ranks
+  (nice 10, its session's autogroup); at a hang it records and requeues from a child leading a
+  session of its own (:func:`train.procfs.step_forward`). The CPU work of that record (the spec
+  models' and the stop decision's imports, ~0.1 CPU-s) timed in a stepped-back interpreter,
+  in place against in such a child, with four spinning sessions per core beside it. Goal: at
+  most half the time.
 - File operations on the run directory (issue 25): 4 and 16 simulated ranks (2 per node, each
   beating every 0.1 s through the real :class:`~train.hang.heartbeat.Watchdog` and node
   watchers, default settings) run under ``strace -f``; every system call that names a path in
@@ -304,9 +310,65 @@ def _tree_cost(repeats: int) -> Figure:
         cmd.wait()
 
 
+_RECORD = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from train.procfs import session_is_ours, step_back, step_forward
+    step_back(session=session_is_ours(os.getpid()))
+    time.sleep(0.25)  # the kernel takes one autogroup change per 100 ms on the machine
+    out = {}
+    def record():
+        t0 = time.perf_counter()
+        import train.stop.act  # the stop decision
+        from train.spec import RequeueConfig  # the run's budgets, at a hang only
+        out["ms"] = (time.perf_counter() - t0) * 1e3
+        print(json.dumps(out), flush=True)
+    if sys.argv[1] == "forward":
+        step_forward(record)
+    else:
+        record()
+    """
+)
+
+
+def _hang_record(repeats: int) -> Figure:
+    """The CPU work of a hang's record in a stepped-back watcher, in place against at a full
+    share again (:func:`train.procfs.step_forward`), beside four spinning sessions per core."""
+    if not Path("/proc/self/autogroup").exists():
+        return skipped(SECTION, "a hang's record under load", "no autogroups on this kernel")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    spinners = [
+        subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True)
+        for _ in range(4 * (os.cpu_count() or 1))
+    ]
+
+    def timed(mode: str) -> float:
+        # a session of its own, as the watcher (its autogroup steps back with it)
+        proc = subprocess.run([sys.executable, "-P", "-c", _RECORD, mode], env=env,
+                              capture_output=True, text=True, timeout=300, check=True,
+                              start_new_session=True)  # fmt: skip
+        return float(json.loads(proc.stdout.strip().splitlines()[-1])["ms"])
+
+    try:
+        time.sleep(0.5)
+        runs = interleave({"forward": lambda: timed("forward"), "back": lambda: timed("back")},
+                          repeats)  # fmt: skip
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    return Figure.measured(
+        SECTION, "a hang's record under other sessions' load, at a full share", "ms",
+        runs["forward"], runs["back"], baseline_name="stepped back, in place",
+        goal=Goal("<=", 0.5),
+        note=f"{len(spinners)} spinning sessions beside it; the stop decision's and the spec "
+        "models' imports, in a new interpreter per sample",
+    )  # fmt: skip
+
+
 def run(opts: Options) -> list[Figure]:
     """All rows (cost per step, detection latency, file operations on the run directory, the
-    command's process tree)."""
+    command's process tree, a hang's record under load)."""
     opts.workdir.mkdir(parents=True, exist_ok=True)
     repeats = 3 if opts.quick else max(5, opts.repeats)
     opts.log("watchdog: training steps with and without the heartbeat")
@@ -316,6 +378,8 @@ def run(opts: Options) -> list[Figure]:
         figures.append(_latency(opts, timeout, 2 if opts.quick else 3))
     figures += _file_ops(opts)
     figures.append(_tree_cost(repeats))
+    opts.log("watchdog: a hang's record under other sessions' load")
+    figures.append(_hang_record(repeats))
     return figures
 
 

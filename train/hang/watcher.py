@@ -34,7 +34,7 @@ from train.hang.heartbeat import (
     auto_timeout,
     read_beat,
 )
-from train.procfs import describe_tree, is_child, proc_state, process_tree
+from train.procfs import describe_tree, is_child, proc_state, process_tree, step_forward
 from train.runfiles import (
     HANGS,
     PROGRESS,
@@ -337,14 +337,14 @@ def _watch(a: _Args) -> int:
                 next_claim_check = now + min(a.summary, max(1.0, node.timeout() / 4))
                 if is_claimed(a.hangs):
                     ended = False
-                    _handle_hang(a, node, None, [])
+                    _at_hang(a, node, None, [])
                     return 1
             if now >= next_judge and suspicious:
                 views = _confirm(a, node)
                 verdict = judge(views, command=a.command) if views is not None else None
                 if verdict is None or verdict.hang:
                     ended = False
-                    _handle_hang(a, node, verdict, views or [])
+                    _at_hang(a, node, verdict, views or [])
                     return 1
                 log.info("ranks %s silent, not a hang: %s", verdict.stalled, verdict.why)
                 next_judge = time.monotonic() + a.summary
@@ -361,9 +361,18 @@ def _watch(a: _Args) -> int:
             a.local_dir.parent.rmdir()  # the attempt's folder, once no node of it is left
 
 
-def _handle_hang(a: _Args, node: _Node, verdict: Verdict | None, views: list[NodeView]) -> None:
+def _at_hang(a: _Args, node: _Node, verdict: Verdict | None, views: list[NodeView]) -> None:
+    """The hang's record, requeue and end, at a full share of the CPU: the watcher stepped back
+    for the ranks (``python -m train.hang``), and on a node whose cores other sessions keep busy
+    what it does now (the spec models' import, the stop decision's Slurm calls) would wait
+    behind them for seconds; the ranks are silent (train.procfs.step_forward)."""
     # `scontrol requeue` makes Slurm SIGTERM every process of the step, this one included, at
     # once (SIGKILL only after KillWait): finish the record and the quarantine first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    step_forward(lambda: _handle_hang(a, node, verdict, views))
+
+
+def _handle_hang(a: _Args, node: _Node, verdict: Verdict | None, views: list[NodeView]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     make_dirs(a.run_dir, HANGS, a.attempt)  # never through a planted link
     claimed = False
