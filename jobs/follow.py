@@ -276,6 +276,8 @@ def describe_event(event: dict[str, Any], run_dir: str | Path) -> str | None:
         by = {"exit_code": " (exit code 75: the launcher restarts it)",
               "batch_script": " (by the batch script, after the step)",
               "local": " (by the local executor)"}.get(str(event.get("via")), "")  # fmt: skip
+        if event.get("asked_by") == "command":  # its own `scontrol requeue`, taken by the stop
+            by += ", as the command asked"
         return "requeued" + by
     if name == "requeue_failed":
         return f"requeue refused by Slurm: {event.get('error', '?')}"

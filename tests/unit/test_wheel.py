@@ -66,3 +66,10 @@ def test_the_wheel_declares_the_console_command_and_the_conf_finder(
     text = wheel.read(entry_points).decode()
     assert "[console_scripts]\nslurm-train = jobs.cli:console" in text
     assert "[slurm_train.slurm_conf]\nlocal = cluster.local.paths:find_local_conf" in text
+
+
+def test_the_wheel_holds_our_scontrol_executable(wheel: zipfile.ZipFile) -> None:
+    # put first on a supervised command's PATH (train.command.selfrequeue): pip installs a
+    # member with an executable mode as executable
+    info = wheel.getinfo("train/command/bin/scontrol")
+    assert (info.external_attr >> 16) & 0o111 == 0o111

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from train.command import selfrequeue
 from train.env import DistEnv
 from train.procfs import PROC, process_tree, session_is_ours, status, step_back, stepped_from
 from train.runfiles import CHECKPOINTS
@@ -278,6 +279,10 @@ def child_environ(
     path = child.get("PATH", "")
     if bin_dir not in path.split(os.pathsep):
         child["PATH"] = os.pathsep.join(filter(None, [bin_dir, path]))
+    # its own `scontrol requeue` during a stop is its supervisor's (train.command.selfrequeue)
+    child.pop(selfrequeue.STATE_ENV, None)
+    child.pop(selfrequeue.SCONTROL_ENV, None)
+    selfrequeue.export(child, selfrequeue.state_path(run_dir, env))
     return child
 
 

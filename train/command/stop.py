@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from train.command import selfrequeue
 from train.command.processes import (
     StderrTail,
     StopPlan,
@@ -73,6 +74,9 @@ class StopHandling:
     stop_signal: str
     client: Slurm | None
     proc_root: Path
+    # this rank's markers of train.command.selfrequeue (None: the command's scontrol is Slurm's)
+    requeue_state: Path | None = None
+    _stopping_marked = False
     # when the command's processes first wrote (output, a file, a socket): the end of its
     # start-up as far as we can see it (its imports write nothing); on every later event of
     # this process run, for the goodput ledger (jobs/goodput.py)
@@ -121,8 +125,14 @@ class StopHandling:
             self._fit_grace(preemption_grace_s(str(self.env.job_id), asked))
         return decision, facts
 
+    def _mark_stopping(self) -> None:
+        """From now on the command's own requeue of its job is this stop's (once)."""
+        if not self._stopping_marked and self.requeue_state is not None:
+            self._stopping_marked = selfrequeue.mark_stopping(self.requeue_state)
+
     def _after_stop(self, proc: subprocess.Popen[bytes] | None, tail: StderrTail | None) -> int:
         trigger, at = self.stops[0]
+        self._mark_stopping()  # before the command gets its signal from us
         if hang_claimed(self.run_dir, self.env.job_id, self.env.attempt):
             # the hang watcher recorded this attempt's end and requeued the job (Slurm's TERM
             # after that requeue is not a preemption): only stop the command
@@ -160,8 +170,17 @@ class StopHandling:
         # second requeue, and only then is asked who did it. A command we had to stop did not
         # requeue the job after its last look: a requeue seen then is Slurm's (a preemption's
         # grace that ended while it was being stopped).
-        commanded = forwarded and seen != "stopped"
-        return carry_out(decision, self.history, self._base(), self.run_dir, client=self.client,
+        # The command's own `scontrol requeue` (Lightning) was handed to us: this one requeue is
+        # what it asked for, and a requeue found done is Slurm's (a preemption's, 24.11+)
+        asked = selfrequeue.asked(self.requeue_state)
+        base = self._base()
+        if asked:
+            base["asked_by"] = "command"
+            if decision.action != "requeue" and decision.requeued_by is None:
+                log.warning("the command asked for a requeue: not requeued (%s)",
+                            decision.exhausted or decision.note)  # fmt: skip
+        commanded = forwarded and seen != "stopped" and not asked
+        return carry_out(decision, self.history, base, self.run_dir, client=self.client,
                          requeued_by=lambda: self._requeued_by_others(commanded))  # fmt: skip
 
     def _rank_failed(self) -> bool:
@@ -226,7 +245,9 @@ class StopHandling:
         while wait_exit(proc, 0.5) is None:
             now = time.time()
             late = now >= deadline
-            watching = watch and self.history is not None and bool(self.env.job_id)
+            # a command whose requeue we took (train.command.selfrequeue) requeued nothing
+            watching = (watch and self.history is not None and bool(self.env.job_id)
+                        and not selfrequeue.asked(self.requeue_state))  # fmt: skip
             if watching and (now >= next_check or late):
                 next_check = now + 2.0
                 if self._slurm_restarts() > self.env.restart_count:

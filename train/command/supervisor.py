@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from train.command import selfrequeue
 from train.command.launchers import TorchrunNode, expand_vars, torchrun_argv
 from train.command.prestart import abandon_started_first, take_started_first
 from train.command.processes import (
@@ -143,6 +144,9 @@ class CommandRun(StopHandling):
     # -- signals ------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.stops.append((signum, time.time()))  # only remember: acted on in the main loop
+        # at once: a command that gets Slurm's signal itself (Lightning's handler) must find
+        # its `scontrol requeue` ours (train.command.selfrequeue)
+        self._mark_stopping()
 
     def _install(self) -> None:
         for sig in dict.fromkeys((self.job_signal, int(signal.SIGTERM))):
@@ -176,6 +180,8 @@ class CommandRun(StopHandling):
                 self.stop_signal,
                 checkpoint_world_size=self.checkpoint_world_size,
             )
+            state = env.get(selfrequeue.STATE_ENV)
+            self.requeue_state = Path(state) if state else None
             argv = self.command_line(env)
             if argv != self.argv:
                 log.info("as %s", " ".join(argv))
@@ -211,6 +217,7 @@ class CommandRun(StopHandling):
                 proc.stderr.close()
         finally:
             self._uninstall()
+            selfrequeue.clear(self.requeue_state)
 
     def command_line(self, environ: Mapping[str, str]) -> list[str]:
         """The argv that runs: ``${NAME}`` expanded from the command's environment, and a

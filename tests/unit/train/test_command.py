@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,14 @@ from typing import Any
 import pytest
 
 from cluster.errors import ClusterError
-from train.command import CommandRun, child_environ, plan_stop, resolve_argv, run_command
+from train.command import (
+    CommandRun,
+    child_environ,
+    plan_stop,
+    resolve_argv,
+    run_command,
+    selfrequeue,
+)
 from train.command.processes import parse_sigmask, topmost
 from train.command.rootcause import write_report
 from train.env import DistEnv
@@ -50,6 +58,13 @@ if mode == "requeuer":
     def requeue(s, f):
         open(os.environ["OUT"] + ".requeued", "w").write("1")
     signal.signal(signal.SIGUSR1, requeue)
+if mode == "lightning":  # Lightning's auto_requeue: save, `scontrol requeue JOB` by name, exit
+    def requeue_by_name(s, f):
+        import subprocess
+        rc = subprocess.call(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]])
+        open(out + ".rc", "w").write(str(rc))
+        sys.exit(0)
+    signal.signal(signal.SIGUSR1, requeue_by_name)
 open(out + ".pid", "w").write(str(os.getpid()))
 for _ in range(600):
     time.sleep(0.05)
@@ -132,7 +147,9 @@ def test_child_environ_documents_where_the_run_is(tmp_path: Path) -> None:
     assert child["TRAIN_STOP_SIGNAL"] == "auto"
     assert child["PL_TRAINER_DEFAULT_ROOT_DIR"] == str(tmp_path)
     assert child["RANK"] == "1" and child["WORLD_SIZE"] == "2"
-    assert child["PATH"].split(os.pathsep)[0] == str(tmp_path / "bin")
+    # the venv's bin first, after our scontrol where there is a real one (test_selfrequeue.py)
+    path = [p for p in child["PATH"].split(os.pathsep) if p != str(selfrequeue.SHIM_DIR)]
+    assert path[0] == str(tmp_path / "bin")
     # the user's own choice of Lightning root wins; a stale resume path does not leak through
     mine = child_environ(
         {"PL_TRAINER_DEFAULT_ROOT_DIR": "/mine", "TRAIN_RESUME_FROM": "/old"},
@@ -387,6 +404,32 @@ def test_self_requeueing_framework_is_not_requeued_twice(tmp_path: Path, monkeyp
     assert code == 0 and slurm.requeues == []
     assert [e["event"] for e in events] == ["preempted", "requeue"]
     assert events[-1]["via"] == "command"
+
+
+def test_a_commands_own_scontrol_requeue_in_a_stop_is_the_stops_one_requeue(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # Lightning's handler runs `scontrol requeue $SLURM_JOB_ID` by name: ours first on its PATH
+    # takes it (the real one, here a stand-in that would requeue, is never run), the command
+    # sees a requeue that succeeded, and the stop requeues the job once, saying who asked
+    real = tmp_path / "slurm-bin"
+    real.mkdir()
+    (real / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "real-calls"}\n')
+    (real / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{real}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    (tmp_path / "node-tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "node-tmp"))  # the markers' node
+    slurm = FakeSlurm(tmp_path / "never")
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "lightning", slurm)
+    assert (tmp_path / "c.rc").read_text() == "0"
+    assert not (tmp_path / "real-calls").exists()
+    assert code == 0 and slurm.requeues == ["77"]
+    assert [e["event"] for e in events] == ["preempted", "requeue"]
+    assert events[-1]["via"] == "scontrol" and events[-1]["asked_by"] == "command"
+    # its markers were on the node, and are gone with their attempt's folder
+    assert [p.name for p in (tmp_path / "node-tmp").iterdir()] == [f"slurm-train-{os.getuid()}"]
+    assert list((tmp_path / "node-tmp").rglob("*requeue*")) == []
 
 
 class SlurmRequeuesOnceTheCommandIsGone(FakeSlurm):
