@@ -53,6 +53,9 @@ integration=("$PYTHON" -m pytest -m integration -n "$it_workers" --dist load --m
 # from a fresh machine: docs/local-cluster.md). The tests marked release_sensitive(WHY) are
 # those that touch what differs between releases (documentation: they run like the others).
 main_release=${SLURM_TRAIN_TEST_SLURM:-22.05}
+# Each half's JUnit report, summed up in the last lines (scripts/test_summary.py): a CI log that
+# keeps only its end still says which test failed on which release, and why.
+results=$(mktemp -d /tmp/slurm-train-results.XXXXXX)
 releases=()
 for release in ${SLURM_RELEASES-22.05 24.11 26.05}; do
 	case "$release" in
@@ -71,7 +74,7 @@ run_releases() {
 		(
 			trap - INT
 			export SLURM_TRAIN_TEST_SLURM=$release
-			exec "${integration[@]}"
+			exec "${integration[@]}" --junitxml="$results/integration-$release.xml"
 		) &
 		rpid=$!
 		trap 'wait; exit 130' INT
@@ -84,10 +87,10 @@ run_releases() {
 
 case "$what" in
 unit)
-	"${unit[@]}"; u=$?; i=5 ;;
+	"${unit[@]}" --junitxml="$results/unit.xml"; u=$?; i=5 ;;
 integration)
 	# in the background, as `all` does below: the traps run while it goes on
-	(trap - INT; exec "${integration[@]}") &
+	(trap - INT; exec "${integration[@]}" --junitxml="$results/integration-$main_release.xml") &
 	ipid=$!
 	trap 'wait; exit 130' INT
 	trap 'kill -INT "$ipid" 2>/dev/null; wait; exit 143' TERM
@@ -100,7 +103,8 @@ all)
 	# once the foreground command is done, and `wait` returns at once. A background command of
 	# a script starts with SIGINT ignored, and Python then installs no KeyboardInterrupt
 	# handler: each pytest gets SIGINT back (trap - INT).
-	(trap - INT; exec "${integration[@]}" >"$log" 2>&1) &
+	(trap - INT; exec "${integration[@]}" --junitxml="$results/integration-$main_release.xml" \
+		>"$log" 2>&1) &
 	ipid=$!
 	said="the integration half's output: $log"
 	# Ctrl-C reaches every half (one process group): wait for their teardown (the integration
@@ -109,7 +113,7 @@ all)
 	trap 'wait; echo "$said" >&2; exit 130' INT
 	trap 'kill -INT "$ipid" ${upid:-} ${tpid:-} 2>/dev/null; wait; echo "$said" >&2; exit 143' TERM
 	echo "== unit tests (the integration tests run beside them: $log) =="
-	(trap - INT; exec "${unit[@]}") &
+	(trap - INT; exec "${unit[@]}" --junitxml="$results/unit.xml") &
 	upid=$!
 	wait "$upid"; u=$?
 	echo "== integration tests (Slurm $main_release) =="
@@ -124,6 +128,8 @@ all)
 esac
 
 [ "$what" = unit ] || run_releases
+"$PYTHON" scripts/test_summary.py "$results" || true
+rm -rf "$results"
 
 if [ "$u" -eq 5 ] && [ "$i" -eq 5 ]; then
 	echo "scripts/test.sh $what: no tests were collected" >&2
