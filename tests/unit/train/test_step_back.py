@@ -45,7 +45,8 @@ def _run(code: str, **popen: object) -> subprocess.CompletedProcess[str]:
         )  # fmt: skip
         if out.returncode == 0 or "probe: started" in out.stderr:
             break
-    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-3000:]}"
+    last = (out.stderr.strip().splitlines() or ["(no stderr)"])[-1]  # the summary's one line
+    assert out.returncode == 0, f"exit {out.returncode}: {last}\n{out.stderr[-3000:]}"
     return out
 
 
