@@ -82,9 +82,8 @@ def export(child: MutableMapping[str, str], state: Path | None) -> None:
 
 
 def _is_shim_dir(entry: str) -> bool:
-    with contextlib.suppress(OSError):
-        return Path(entry).resolve() == SHIM_DIR
-    return False
+    # as we put it there (no resolve: every command's start pays for this, before it runs)
+    return os.path.normpath(entry) == str(SHIM_DIR)
 
 
 def mark_stopping(state: Path | None) -> bool:
