@@ -53,9 +53,6 @@ integration=("$PYTHON" -m pytest -m integration -n "$it_workers" --dist load --m
 # from a fresh machine: docs/local-cluster.md). The tests marked release_sensitive(WHY) are
 # those that touch what differs between releases (documentation: they run like the others).
 main_release=${SLURM_TRAIN_TEST_SLURM:-22.05}
-# Each half's JUnit report, summed up in the last lines (scripts/test_summary.py): a CI log that
-# keeps only its end still says which test failed on which release, and why.
-results=$(mktemp -d /tmp/slurm-train-results.XXXXXX)
 releases=()
 for release in ${SLURM_RELEASES-22.05 24.11 26.05}; do
 	case "$release" in
@@ -64,6 +61,10 @@ for release in ${SLURM_RELEASES-22.05 24.11 26.05}; do
 	*) echo "scripts/test.sh: SLURM_RELEASES: unknown release '$release' (22.05, 24.11, 26.05 or none)" >&2; exit 2 ;;
 	esac
 done
+# Each half's JUnit report, summed up in the last lines (scripts/test_summary.py): a CI log that
+# keeps only its end still says which test failed on which release, and why.
+results=$(mktemp -d /tmp/slurm-train-results.XXXXXX)
+trap 'rm -rf "$results"' EXIT  # also after an interrupt's exit
 # each release's integration half, in the foreground of the script (a trap runs at once), its
 # exit status the first that failed; every release runs even after one failed (CI shows all)
 o=0

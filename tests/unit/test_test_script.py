@@ -51,7 +51,17 @@ def _run(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedPr
         for line in log.read_text().splitlines():
             release, worker_base, beside, argv = line.split("|", 3)
             calls.append((release, worker_base, beside, argv))
-    return proc, calls
+    # the last call, once, whatever ran: the summary of each half's report
+    # (scripts/test_summary.py, in the results folder the script made and removes)
+    summary = [i for i, c in enumerate(calls) if c[3].startswith("scripts/test_summary.py ")]
+    if not calls:  # refused before any half ran
+        return proc, calls
+    assert summary == [len(calls) - 1], calls
+    results = calls[-1][3].split(" ", 1)[1]
+    assert not Path(results).exists()
+    pytests = calls[:-1]
+    assert all(f"--junitxml={results}/" in c[3] for c in pytests), pytests
+    return proc, pytests
 
 
 def _marker(argv: str) -> str:
