@@ -48,7 +48,7 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
-	shellcheck sbatch_templates/*.sbatch scripts/*.sh .ci/run
+	shellcheck sbatch_templates/*.sbatch scripts/*.sh .ci/run train/command/bin/scontrol
 
 format: setup
 	.venv/bin/ruff format .
