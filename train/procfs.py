@@ -273,9 +273,7 @@ def step_forward(fn: Callable[[], object]) -> bool:
     if not back or threading.active_count() > 1:
         fn()
         return False
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _flush()  # nothing buffered is written twice
     try:
         pid = os.fork()
     except OSError:
@@ -291,9 +289,13 @@ def step_forward(fn: Callable[[], object]) -> bool:
         except BaseException:
             logging.getLogger(__name__).exception("at full share: failed")
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
+            _flush()
             os._exit(code)
     os.waitpid(pid, 0)
     return True
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
 from collections.abc import Iterator, Mapping
@@ -65,6 +66,7 @@ __all__ = [
     "default_run_dir",
     "events_where",
     "make_dirs",
+    "node_local_parts",
     "open_dir",
     "open_fd",
     "open_text",
@@ -585,6 +587,15 @@ def _check_ours(path: object, st: os.stat_result, *, directory: bool) -> None:
 
 
 # -- node-local state and the state folder ---------------------------------------------------
+def node_local_parts(run_dir: str | os.PathLike[str], attempt: str) -> tuple[str, str]:
+    """The folder names below a node-local root (``/dev/shm``, the temporary folder) that hold
+    one attempt's files of one run on a node, never in the run directory: this user's
+    (``slurm-train-UID``), then the run's (a hash of its resolved path) with ``attempt``. Made
+    with :func:`private_dir`; the hang watch's heartbeats and a command's requeue markers."""
+    run = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    return f"slurm-train-{os.getuid()}", f"{run}-{attempt}"
+
+
 def private_dir(root: str | os.PathLike[str], *parts: str, mode: int = 0o700) -> Path:
     """``root/parts...``, each of ``parts`` created with ``mode`` (``0700``: private) or found,
     and then proven ours: a directory (not a link), owned by this user (checked on the

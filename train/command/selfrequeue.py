@@ -25,7 +25,6 @@ made private to the user (:func:`train.runfiles.private_dir`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -33,7 +32,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from train.env import DistEnv
-from train.runfiles import private_dir
+from train.runfiles import node_local_parts, private_dir
 
 __all__ = [
     "SCONTROL_ENV",
@@ -59,9 +58,8 @@ def state_path(run_dir: Path, env: DistEnv, root: Path | None = None) -> Path | 
     if not env.job_id:
         return None
     top = root if root is not None else Path(tempfile.gettempdir())
-    run = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
-    attempt = f"{run}-{env.job_id}-{env.attempt}".replace(os.sep, "_")
-    return top / f"slurm-train-{os.getuid()}" / attempt / f"requeue-{env.rank}"
+    user, attempt = node_local_parts(run_dir, f"{env.job_id}-{env.attempt}".replace(os.sep, "_"))
+    return top / user / f"{attempt}-requeue" / f"requeue-{env.rank}"
 
 
 def export(child: MutableMapping[str, str], state: Path | None) -> None:

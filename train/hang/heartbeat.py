@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import hashlib
 import json
 import logging
 import os
@@ -94,7 +93,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from train.runfiles import PROGRESS, make_dirs, open_fd, open_text, private_dir, write_text
+from train.runfiles import (
+    PROGRESS,
+    make_dirs,
+    node_local_parts,
+    open_fd,
+    open_text,
+    private_dir,
+    write_text,
+)
 from train.safepath import python_module_argv
 from train.stop import attempt_name
 
@@ -148,8 +155,7 @@ def _node_local_parts(
     if root is None:
         shm = Path("/dev/shm")
         root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    run = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
-    return root, (f"slurm-train-{os.getuid()}", f"{run}-{attempt}", node)
+    return root, (*node_local_parts(run_dir, attempt), node)
 
 
 def node_local_dir(run_dir: Path, attempt: str, node: str, root: Path | None = None) -> Path:

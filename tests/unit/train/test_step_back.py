@@ -16,21 +16,28 @@ from train.procfs import STEP_BACK_NICE
 
 REPO = Path(__file__).resolve().parents[3]
 
-_PROBE = r"""
+# every probe's first lines: it started (see _run), and its autogroup's nice (None: no autogroups)
+_PRELUDE = r"""
 import sys; print("probe: started", file=sys.stderr, flush=True)
-import json, os
-from train.procfs import session_is_ours, step_back, stepped_from
 def autogroup():
     try:
         return int(open("/proc/self/autogroup").read().split()[-1])
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return None
+"""
+
+_PROBE = (
+    _PRELUDE
+    + r"""
+import json, os
+from train.procfs import session_is_ours, step_back, stepped_from
 ours = session_is_ours(os.getpid())
 before = (os.getpriority(os.PRIO_PROCESS, 0), autogroup())
 step_back(session=ours)
 after = (os.getpriority(os.PRIO_PROCESS, 0), autogroup())
 print(json.dumps({"ours": ours, "before": before, "after": after, "from": stepped_from()}))
 """
+)
 
 
 def _run(code: str, **popen: object) -> subprocess.CompletedProcess[str]:
@@ -74,15 +81,12 @@ def test_a_session_shared_with_others_keeps_its_autogroup() -> None:
     assert seen["after"][0] == max(seen["before"][0], STEP_BACK_NICE)
 
 
-_FORWARD = r"""
-import sys; print("probe: started", file=sys.stderr, flush=True)
+_FORWARD = (
+    _PRELUDE
+    + r"""
 import json, os, time
 from train.procfs import session_is_ours, step_back, step_forward
-def groups():
-    try:
-        return int(open("/proc/self/autogroup").read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
+groups = autogroup
 def nice():
     return os.getpriority(os.PRIO_PROCESS, 0)
 seen = {}
@@ -109,6 +113,7 @@ def fails():
 seen["failed"] = step_forward(fails)  # logged in the child; the caller goes on
 print(json.dumps(seen))
 """
+)
 
 
 def test_a_stepped_back_process_runs_what_must_not_wait_at_a_full_share(tmp_path: Path) -> None:
