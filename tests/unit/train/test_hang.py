@@ -125,6 +125,8 @@ def test_the_watcher_steps_back_for_the_ranks(tmp_path: Path) -> None:
     # Issue 46: the node's watcher starts beside the ranks' own start (a command's import of
     # torch); it takes the CPU they leave: its nice, and its own session's autogroup
     run = tmp_path / "run"
+    # a runner that is itself at a nice above 0 (CI's is) keeps it: a nice only goes up
+    want = max(os.getpriority(os.PRIO_PROCESS, 0), STEP_BACK_NICE)
     wd = Watchdog(
         run, rank=0, world_size=1, job_id=None, restart_count=0, timeout_s=60.0, budgets={},
         node="n1", local_rank=0, local_root=tmp_path / "shm", poll_s=5.0,
@@ -136,13 +138,13 @@ def test_the_watcher_steps_back_for_the_ranks(tmp_path: Path) -> None:
         # the watcher steps back as it starts: its nice, then its autogroup (a change the
         # kernel takes once per 100 ms on the machine: it may try a few times)
         while (
-            _nice_of(pid) not in ((STEP_BACK_NICE, None), (STEP_BACK_NICE, STEP_BACK_NICE))
+            _nice_of(pid) not in ((want, None), (want, STEP_BACK_NICE))
             and time.monotonic() < deadline
             and wd._watcher.poll() is None
         ):
             time.sleep(0.05)
         nice, group = _nice_of(pid)
-        assert nice == STEP_BACK_NICE, (nice, wd._watcher.poll())
+        assert nice == want, (nice, wd._watcher.poll())
         assert group in (None, STEP_BACK_NICE)  # None: a kernel without autogroups
         assert os.getsid(pid) == pid  # its own session: its autogroup holds only itself
     finally:
