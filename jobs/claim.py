@@ -352,7 +352,7 @@ def claim(plan: Plan, client: ClientFactory) -> Plan:
         found = _judge(outer, client)
         if found is not None:
             raise _busy(run_dir, *found, inside=outer)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    runfiles.make_dirs(run_dir)  # RunDirError: the place cannot hold a directory
     with _locked(run_dir):
         found = _judge(run_dir, client)
         if found is not None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster import ClusterError
 from jobs import records
-from jobs.errors import SubmitError
+from jobs.errors import InputError, JobsError, SubmitError
 from jobs.load import LoadedSpec, Task
 from jobs.pids import wait_exec
 from jobs.records import Plan
@@ -127,7 +127,7 @@ def write_run_files(loaded: LoadedSpec, plan: Plan, *, lazy: bool = False) -> li
             runfiles.atomic_write(config, _resolved_text(task), durable=False)
             out.append(TaskFiles(task, config, task_dir))
     except OSError as exc:
-        raise SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc}") from None
+        raise _cannot_make(plan, exc) from None
     return out
 
 
@@ -468,6 +468,12 @@ def _slurm_client() -> Slurm:
     return slurm_client()
 
 
+def _cannot_make(plan: Plan, exc: OSError) -> JobsError:
+    if isinstance(exc, runfiles.RunDirError):  # the place the spec names: bad input (exit 2)
+        return InputError(str(exc))
+    return SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc.strerror or exc}")
+
+
 def _claim(plan: Plan, client: Callable[[], Slurm]) -> Plan:
     """The run directory, this submission's from now on (:mod:`jobs.claim`): refused in one line
     when it belongs to a run that is not over."""
@@ -476,7 +482,7 @@ def _claim(plan: Plan, client: Callable[[], Slurm]) -> Plan:
     try:
         return claim(plan, client)
     except OSError as exc:
-        raise SubmitError(f"{plan.run_dir}: cannot create the run directory: {exc}") from None
+        raise _cannot_make(plan, exc) from None
 
 
 def _release(plan: Plan) -> None:

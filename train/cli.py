@@ -77,7 +77,7 @@ def _fail(exc: BaseException, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exception(exc)
     msg = str(exc).replace("\n", " ").strip() or type(exc).__name__
-    if not isinstance(exc, TrainError):
+    if not isinstance(exc, (TrainError, BadInputError)):  # bad input's messages are the user's
         msg = f"{type(exc).__name__}: {msg}"
     print(f"error: {msg}", file=sys.stderr)
     return code

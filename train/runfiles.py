@@ -60,6 +60,7 @@ __all__ = [
     "LayoutEntry",
     "LinkRefusedError",
     "NotOursError",
+    "RunDirError",
     "append_line",
     "atomic_write",
     "create_exclusive",
@@ -374,6 +375,34 @@ class NotOursError(LinkRefusedError, BadInputError):
     user's, a link, or not what it should be. Bad input: a requeue would not help."""
 
 
+class RunDirError(OSError, BadInputError):
+    """The run directory cannot be made where the user put it (a file there, no permission, a
+    read-only or missing place): bad input, said in one line; a requeue would not help."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+# why a run directory cannot be made that is the place the user chose, not the moment (an I/O
+# error, a full disk, a stale handle stay failures of the run)
+_PLACE_ERRNOS = frozenset(
+    {errno.EEXIST, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EROFS,
+     errno.ENAMETOOLONG, errno.ELOOP}
+)  # fmt: skip
+
+
+def _make_base(root: Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno not in _PLACE_ERRNOS:
+            raise
+        why = "a file is there, not a directory" if exc.errno == errno.EEXIST else exc.strerror
+        if exc.filename is not None and Path(exc.filename) != root and exc.errno != errno.EEXIST:
+            why = f"{why} ({exc.filename})"
+        raise RunDirError(exc.errno, f"{root}: cannot make the run directory: {why}") from None
+
+
 def _refuse(path: object, exc: OSError) -> LinkRefusedError:
     return LinkRefusedError(exc.errno, f"{path} is a symbolic link: refusing to write through it")
 
@@ -515,7 +544,7 @@ def make_dirs(base: str | os.PathLike[str], *parts: str, mode: int = 0o777) -> P
     made with its parents, each of ``parts`` is created or entered one directory fd at a time,
     refusing a link or a non-directory there (nothing is created through a planted link)."""
     root = Path(base)
-    root.mkdir(parents=True, exist_ok=True)
+    _make_base(root)  # RunDirError: where the user put it, a directory cannot be
     if not parts:
         return root
     fd = open_dir(root)

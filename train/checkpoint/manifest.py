@@ -218,7 +218,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((path / MANIFEST).read_bytes().decode("utf-8"))
     except FileNotFoundError as exc:
+        if not path.exists():  # a --resume PATH that names nothing
+            raise CheckpointError(f"{path}: no such checkpoint") from exc
         raise CheckpointError(f"{path}: no {MANIFEST} (incomplete save)") from exc
+    except NotADirectoryError as exc:
+        raise CheckpointError(
+            f"{path}: not a checkpoint (a checkpoint is a directory with a {MANIFEST})"
+        ) from exc
     except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path}: unreadable {MANIFEST}: {exc}") from exc
     return check_manifest(manifest, path)

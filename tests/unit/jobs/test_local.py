@@ -280,3 +280,20 @@ def test_status_and_list_show_the_cancel_at_once(tmp_path: Path, started: list[s
     line = next(ln for ln in listed.getvalue().splitlines() if job_id in ln)
     assert "CANCELLING" in line and "RUNNING" not in line, listed.getvalue()
     _wait(lambda: task_states(find_run(job_id), _no_client)[job_id].state == "CANCELLED")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_a_run_dir_that_cannot_be_made_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("keep")
+    run_dir = taken if where == "file" else taken / "run"
+    spec = tmp_path / "local.yaml"
+    spec.write_text(SPEC % "true" + f"train: {{run_dir: '{run_dir}'}}\n")
+    out = io.StringIO()
+    assert main(["submit", str(spec), "--executor", "local"], out) == 2  # bad input
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{run_dir}: cannot make the run directory: ")
+    assert "Errno" not in err[0]
+    assert taken.read_text() == "keep" and out.getvalue() == ""

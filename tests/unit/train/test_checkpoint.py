@@ -476,3 +476,20 @@ def test_async_copy_on_write_covers_wrappers_that_skip_the_models_forward(
     assert model_digest(model) != digest  # the BatchNorm running stats moved
     assert json.loads((root / "step-1" / "manifest.json").read_text())["digest"] == digest
     cm.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "why"), [(None, "no such checkpoint"), ("file", "not a checkpoint")]
+)
+def test_a_resume_path_that_is_no_checkpoint_says_what_it_is(
+    tmp_path: Path, make: str | None, why: str
+) -> None:
+    # `python -m train --resume PATH`: a path naming nothing, or a file, is not "an incomplete
+    # save" (that is a checkpoint directory without its manifest, as above)
+    from train.checkpoint import read_manifest
+
+    path = tmp_path / "step-9"
+    if make == "file":
+        path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=f"^{path}: {why}"):
+        read_manifest(path)

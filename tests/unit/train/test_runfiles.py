@@ -17,6 +17,7 @@ from train.history import RunHistory
 from train.runfiles import (
     LinkRefusedError,
     NotOursError,
+    RunDirError,
     append_line,
     atomic_write,
     create_exclusive,
@@ -162,6 +163,38 @@ def test_a_heartbeat_folder_of_another_user_is_refused(tmp_path: Path, shm: Path
     with pytest.raises(NotOursError, match=f"belongs to uid {OTHER_UID}"):
         _watchdog(tmp_path / "run", shm)
     assert os.listdir(planted) == []
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_a_run_directory_that_cannot_be_made_there_is_bad_input_in_one_line(
+    tmp_path: Path, where: str
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("the user's file")
+    base = taken if where == "file" else taken / "run"
+    with pytest.raises(RunDirError) as caught:
+        make_dirs(base, "logs")
+    from cluster.errors import BadInputError
+
+    assert isinstance(caught.value, BadInputError) and isinstance(caught.value, OSError)
+    said = str(caught.value)
+    assert said.startswith(f"{base}: cannot make the run directory: ") and "\n" not in said
+    assert "Errno" not in said
+    assert taken.read_text() == "the user's file"  # nothing written over it
+
+
+def test_a_run_directory_failing_for_the_moment_stays_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    def broken(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.EIO, "Input/output error", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", broken)
+    with pytest.raises(OSError) as caught:  # an I/O error is the run's failure (requeued)
+        make_dirs(tmp_path / "run")
+    assert not isinstance(caught.value, RunDirError)
 
 
 def test_a_refused_folder_is_bad_input_for_python_m_train() -> None:

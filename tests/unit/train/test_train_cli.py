@@ -74,6 +74,20 @@ def test_bad_input_is_one_line_and_exit_2(
     assert re.search(message, err[-1]), err[-1]
 
 
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_a_run_dir_that_cannot_be_made_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("keep")
+    run_dir = taken if where == "file" else taken / "run"
+    assert main(["--config", str(spec(tmp_path)), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {run_dir}: cannot make the run directory: {err[0].split(': ')[-1]}"]
+    assert "Errno" not in err[0] and "Error:" not in err[0]  # the user's words, no class name
+    assert taken.read_text() == "keep"
+
+
 def test_inconsistent_slurm_env_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -122,6 +136,7 @@ def test_runtime_failure_exits_1_traceback_only_with_debug(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(missing) in err and "Traceback" not in err
+    assert "no such checkpoint" in err  # it names nothing: not "an incomplete save"
     assert main([*argv, "--debug"]) == 1
     assert "Traceback" in capsys.readouterr().err
     events = (tmp_path / "r" / "events.jsonl").read_text()
