@@ -8,7 +8,7 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from cluster.errors import ClusterError
 
@@ -16,8 +16,17 @@ if TYPE_CHECKING:
     from cluster.local.manager import LocalCluster
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments in one line (``python -m cluster up: argument --hosts: ...``), exit 2;
+    the usage is one ``--help`` away (its subcommands' parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m cluster",
         description="A real Slurm cluster on this machine (munged, MariaDB, slurmdbd, "
         "slurmctld, slurmd n1, n2 and n3).",
@@ -46,10 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
-    # --slurm also after the command (`python -m cluster up --slurm 24.11`)
-    after = argparse.ArgumentParser(add_help=False)
+    # --slurm, --state-dir, --port-offset also after the command (`cluster up --slurm 24.11`)
+    after = _Parser(add_help=False)
     after.add_argument("--slurm", metavar="RELEASE", default=argparse.SUPPRESS,
                        help="the Slurm release (see above)")  # fmt: skip
+    after.add_argument("--state-dir", type=Path, default=argparse.SUPPRESS,
+                       help="the config and state directory (see above)")  # fmt: skip
+    after.add_argument("--port-offset", type=int, default=argparse.SUPPRESS,
+                       help="shift every port (see above)")  # fmt: skip
     up = sub.add_parser(
         "up", parents=[after], help="start the cluster (idempotent) and wait for idle nodes"
     )

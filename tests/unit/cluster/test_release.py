@@ -258,6 +258,31 @@ def test_slurm_flag_picks_the_release_cluster(
     assert lc.release.name == "24.11"
 
 
+def test_state_dir_and_port_offset_also_after_the_command(tmp_path: Path) -> None:
+    before = cli._cluster(cli._parser().parse_args(["--state-dir", str(tmp_path), "status"]))
+    after = cli._cluster(cli._parser().parse_args(["status", "--state-dir", str(tmp_path)]))
+    assert before.layout.root == after.layout.root == tmp_path
+    lc = cli._cluster(
+        cli._parser().parse_args(["down", "--state-dir", str(tmp_path), "--port-offset", "700"])
+    )
+    assert (lc.layout.root, lc.layout.port_offset) == (tmp_path, 700)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["bogus"], ["up", "--hosts", "bogus"], ["--port-offset", "abc", "status"],
+     ["status", "--nope"], ["down", "--", "ls"]],
+)  # fmt: skip
+def test_bad_arguments_are_one_line_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m cluster") and "usage" not in err[0]
+
+
 def test_a_missing_mmdebstrap_is_one_line_saying_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
