@@ -67,6 +67,15 @@ def _isolated_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+@pytest.fixture(params=["file", "under_a_file"])
+def unmakeable_run_dir(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, Path]:
+    """(a user's file that must stay as it is, a run directory that cannot be made: that file
+    itself, or a folder under it)."""
+    taken = tmp_path / "taken"
+    taken.write_text("keep")
+    return taken, taken if request.param == "file" else taken / "run"
+
+
 def worker_cluster(worker: str | None) -> tuple[Path, int]:
     """The state directory and port offset of a test worker's own cluster (``gwN``, or ``gw0``
     for a run without workers): ``/var/tmp/slurm-train-test-N`` on ports shifted by

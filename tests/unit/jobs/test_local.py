@@ -282,13 +282,10 @@ def test_status_and_list_show_the_cancel_at_once(tmp_path: Path, started: list[s
     _wait(lambda: task_states(find_run(job_id), _no_client)[job_id].state == "CANCELLED")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("where", ["file", "under_a_file"])
 def test_a_run_dir_that_cannot_be_made_is_refused_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], unmakeable_run_dir: tuple[Path, Path]
 ) -> None:
-    taken = tmp_path / "taken"
-    taken.write_text("keep")
-    run_dir = taken if where == "file" else taken / "run"
+    taken, run_dir = unmakeable_run_dir
     spec = tmp_path / "local.yaml"
     spec.write_text(SPEC % "true" + f"train: {{run_dir: '{run_dir}'}}\n")
     out = io.StringIO()

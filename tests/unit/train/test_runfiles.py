@@ -165,13 +165,10 @@ def test_a_heartbeat_folder_of_another_user_is_refused(tmp_path: Path, shm: Path
     assert os.listdir(planted) == []
 
 
-@pytest.mark.parametrize("where", ["file", "under_a_file"])
 def test_a_run_directory_that_cannot_be_made_there_is_bad_input_in_one_line(
-    tmp_path: Path, where: str
+    unmakeable_run_dir: tuple[Path, Path],
 ) -> None:
-    taken = tmp_path / "taken"
-    taken.write_text("the user's file")
-    base = taken if where == "file" else taken / "run"
+    taken, base = unmakeable_run_dir
     with pytest.raises(RunDirError) as caught:
         make_dirs(base, "logs")
     from cluster.errors import BadInputError
@@ -180,7 +177,7 @@ def test_a_run_directory_that_cannot_be_made_there_is_bad_input_in_one_line(
     said = str(caught.value)
     assert said.startswith(f"{base}: cannot make the run directory: ") and "\n" not in said
     assert "Errno" not in said
-    assert taken.read_text() == "the user's file"  # nothing written over it
+    assert taken.read_text() == "keep"  # nothing written over it
 
 
 def test_a_run_directory_failing_for_the_moment_stays_a_failure(

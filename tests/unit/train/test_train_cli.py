@@ -74,13 +74,10 @@ def test_bad_input_is_one_line_and_exit_2(
     assert re.search(message, err[-1]), err[-1]
 
 
-@pytest.mark.parametrize("where", ["file", "under_a_file"])
 def test_a_run_dir_that_cannot_be_made_is_one_line_and_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], unmakeable_run_dir: tuple[Path, Path]
 ) -> None:
-    taken = tmp_path / "taken"
-    taken.write_text("keep")
-    run_dir = taken if where == "file" else taken / "run"
+    taken, run_dir = unmakeable_run_dir
     assert main(["--config", str(spec(tmp_path)), "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {run_dir}: cannot make the run directory: {err[0].split(': ')[-1]}"]
