@@ -57,6 +57,7 @@ from bench.common import (
     median,
     run_command,
     skipped,
+    wait_idle,
     wait_until,
 )
 from bench.goodput_hold import MODES, HoldRow, hold_table, run_hold_row
@@ -310,7 +311,7 @@ def row_limit(b: Bench, run: Path) -> tuple[str, list[float]]:
 def trivial_restarts(b: Bench, run: Path) -> tuple[list[float], float | None]:
     """Slurm's own preempt -> requeue -> restart of a trivial job, to its first line; and its
     first start (the bench's clock right before its sbatch -> its first line)."""
-    _wait_idle(b.client)
+    wait_idle(b.client)
     submitted = time.time()
     body = (
         f"echo $(date +%s.%N) ${{SLURM_RESTART_COUNT:-0}} >> {shlex.quote(str(run))}/starts.txt\n"
@@ -507,7 +508,7 @@ def run(opts: Options) -> list[Figure]:
         try:
             # every row starts on idle nodes: the row before's job may still be completing
             # there, which Slurm's start of this one would wait for (3 s against 1 s seen)
-            _wait_idle(client)
+            wait_idle(client)
             submitted = time.time()
             job, preempts = start(b, run_dir)
             rows.append(b.row(row_name, run_dir, job, preempts, submitted))
@@ -539,7 +540,7 @@ def run(opts: Options) -> list[Figure]:
     limit = Row("physical limit")
     floor = [_import_torch(env) for _ in range(2)][1:]
     try:
-        _wait_idle(client)
+        wait_idle(client)
         submitted = time.time()
         job, _ = row_limit(b, _mkdir(b.root / "limit"))
         base = b.row("uninterrupted", b.root / "limit", job, [], submitted)
@@ -566,22 +567,13 @@ def run(opts: Options) -> list[Figure]:
             )
     except Exception as exc:
         limit.note = f"error: {exc}"[:200]
+    wait_idle(client)  # every job of this section has left before the bench removes its folder
     table = _table(rows, limit)
     if holds:
         table += "\n\n" + hold_table(holds)
     opts.log("goodput:\n" + table)
     (opts.workdir.parent / "goodput.md").write_text(table + "\n", encoding="utf-8")
     return _figures(rows, limit, sched) + _hold_figures(holds, limit)
-
-
-def _wait_idle(client: Any, timeout_s: float = 60.0) -> None:
-    """Until every node is IDLE (at most ``timeout_s``: a row then starts as it can)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if all(n.idle for n in client.nodes()):
-                return
-        time.sleep(0.5)
 
 
 def _mkdir(p: Path) -> Path:

@@ -22,7 +22,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, Figure, Goal, Options, Skip, bench_env, skipped, wait_until
+from bench.common import (
+    REPO,
+    Figure,
+    Goal,
+    Options,
+    Skip,
+    bench_env,
+    skipped,
+    wait_idle,
+    wait_until,
+)
 from train.history import read_jsonl
 
 __all__ = ["run"]
@@ -208,6 +218,7 @@ def run(opts: Options) -> list[Figure]:
         return [skipped(SECTION, NAME, str(exc))]
     finally:
         client.cancel([job], no_requeue=True)
+        wait_idle(client)  # its ranks stop writing before the bench removes the run directory
     restarts = client.show_job(job).get("Restarts", "?")
     kept = "PENDING" not in states and restarts == "0"
     split = "; ".join(f"{a:.2f} / {b:.2f} ({ph or '-'})" for a, b, ph in splits) or "-"

@@ -15,6 +15,7 @@ away, as the median of several rounds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -417,6 +418,18 @@ def write_report(
 
 class Skip(Exception):
     """A benchmark cannot run here (no cluster, a job that ended): the message is the reason."""
+
+
+def wait_idle(client: Any, timeout_s: float = 60.0) -> None:
+    """Until every node of the cluster is IDLE (at most ``timeout_s``): a row then starts on
+    idle nodes, and a cancelled job has left them (its ranks no longer write into a run
+    directory the bench is about to remove)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # a Slurm hiccup: ask again
+            if all(n.idle for n in client.nodes()):
+                return
+        time.sleep(0.5)
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:

@@ -90,8 +90,10 @@ class Node:
     @property
     def idle(self) -> bool:
         """Whether the node runs nothing and takes work (``IDLE``; not ``IDLE+DRAIN``, not a
-        node that does not answer, ``idle*``)."""
-        return self.state.upper().split("+", 1)[0] == "IDLE" and self.usable
+        node that does not answer, ``idle*``, and not ``IDLE+COMPLETING``: a job that ended
+        on it still has processes there, being ended, for up to its ``KillWait``)."""
+        base, *flags = self.state.upper().split("+")
+        return base == "IDLE" and "COMPLETING" not in flags and self.usable
 
     @property
     def down(self) -> bool:

@@ -186,7 +186,8 @@ def test_sacct_attempts_unknown_times_are_none() -> None:
 @pytest.mark.parametrize(
     ("state", "idle"),
     [("IDLE", True), ("idle", True), ("IDLE+DRAIN", False), ("IDLE*", False),
-     ("MIXED", False), ("ALLOCATED", False), ("COMPLETING", False), ("DOWN*", False)],
+     ("MIXED", False), ("ALLOCATED", False), ("COMPLETING", False), ("DOWN*", False),
+     ("IDLE+COMPLETING", False), ("IDLE+CLOUD", True)],
 )  # fmt: skip
 def test_a_node_is_idle_when_it_runs_nothing_and_takes_work(state: str, idle: bool) -> None:
     from cluster.models import Node
