@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import stat
 from collections.abc import Iterator, Mapping
@@ -621,6 +620,8 @@ def node_local_parts(run_dir: str | os.PathLike[str], attempt: str) -> tuple[str
     one attempt's files of one run on a node, never in the run directory: this user's
     (``slurm-train-UID``), then the run's (a hash of its resolved path) with ``attempt``. Made
     with :func:`private_dir`; the hang watch's heartbeats and a command's requeue markers."""
+    import hashlib  # here: OpenSSL's load is not paid by every command line that reads runfiles
+
     run = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
     return f"slurm-train-{os.getuid()}", f"{run}-{attempt}"
 
