@@ -3,18 +3,20 @@
 From ``bench_cli`` (called as it is):
 
 - ``bench_dry_run``: ``jobs submit --dry-run examples/cifar.yaml`` (no cache: it validates
-  every time) against ``python -c "import submitit, pydantic, yaml"`` (goal <= 1.3x);
+  every time) against its import floor, ``bench_cli.FLOOR`` (``import submitit, yaml`` and
+  ``from pydantic import`` the spec modules' names; goal <= 1.3x), and, for scale, against
+  ``import submitit, pydantic, yaml`` (pydantic 2's lazy package: none of its model API);
 - ``bench_cluster``: a 1000-point sweep submitted as one array (goal < 2 s) and ``jobs status``
   of its 1000 tasks with one Slurm command; it cancels the array afterwards.
 
 Added here: a sbatch shim on PATH counts the sbatch calls of the sweep (goal: one); a real
-``jobs submit`` (with preflight) against the least it can cost, ``python -c "import submitit,
-pydantic, yaml"`` followed by a plain ``sbatch`` of the equivalent script (the one ``--dry-run``
-prints), both ``--hold`` so nothing runs, interleaved and cancelled right after (goal <= 1.3x),
-with the Slurm commands one submit runs counted by shims (goal: 2, one preflight query and one
-sbatch; the array limits are cached on slurm.conf's stamp); and ``jobs status`` of the
-1000-task array against one plain ``sacct`` of the same array (measured after
-``bench_cluster`` cancelled it: both sides see the same records).
+``jobs submit`` (with preflight) against the least it can cost, the same import floor followed
+by a plain ``sbatch`` of the equivalent script (the one ``--dry-run`` prints), both ``--hold`` so
+nothing runs, interleaved and cancelled right after (goal <= 1.3x), with the Slurm commands one
+submit runs counted by shims (goal: 2, one preflight query and one sbatch; the array limits are
+cached on slurm.conf's stamp); and ``jobs status`` of the 1000-task array against one plain
+``sacct`` of the same array (measured after ``bench_cluster`` cancelled it: both sides see the
+same records).
 """
 
 from __future__ import annotations
@@ -61,12 +63,14 @@ def _shim(directory: Path, name: str, log: Path, env: dict[str, str]) -> None:
 
 
 def _dry_run(opts: Options, env: dict[str, str]) -> list[Figure]:
-    from bench.bench_cli import bench_dry_run
+    from bench.bench_cli import FLOOR, PACKAGE_FLOOR, bench_dry_run
 
     runs = 5 if opts.quick else max(9, 2 * opts.repeats)
     res: dict[str, Any] = bench_dry_run(runs, 2, env)
     times = res["all_s"]
-    note = f"median of {runs} (3 commands interleaved, 2 warm-up rounds; bench/bench_cli.py)"
+    note = f"median of {runs} (4 commands interleaved, 2 warm-up rounds; bench/bench_cli.py)"
+    floor = f"python -c {FLOOR.strip()!r}"
+    package = f'python -c "{PACKAGE_FLOOR}"'
     return [
         Figure.measured(
             SECTION,
@@ -74,17 +78,27 @@ def _dry_run(opts: Options, env: dict[str, str]) -> list[Figure]:
             "s",
             times["dry_run"],
             times["floor"],
-            baseline_name='python -c "import submitit, pydantic, yaml"',
+            baseline_name=floor,
             goal=Goal("<=", 1.3),
-            note=f"reads, validates and renders every call; {note}",
+            note=f"reads, validates and renders every call; the floor: its dependencies "
+            f"imported as its modules import them; {note}",
+        ),
+        Figure.measured(
+            SECTION,
+            "for scale: the dry-run against pydantic's lazy package",
+            "s",
+            times["dry_run"],
+            times["package_floor"],
+            baseline_name=package,
+            note=f"`import pydantic` (pydantic 2) imports none of BaseModel, Field, ...; {note}",
         ),
         Figure.measured(
             SECTION,
             "for scale: import + one one-field pydantic model",
             "s",
             times["one_model"],
-            times["floor"],
-            baseline_name='python -c "import submitit, pydantic, yaml"',
+            times["package_floor"],
+            baseline_name=package,
             note=f"a plain interpreter (collector on, like the floor) validating one model; {note}",
         ),
     ]
@@ -101,7 +115,7 @@ def _job_id(text: str) -> str:
 
 def _real_submit(opts: Options, env: dict[str, str], tmp: Path) -> list[Figure]:
     """``jobs submit`` (held) vs the import floor + ``sbatch`` of the same script (held)."""
-    from bench.bench_cli import count_calls, slurm_shims
+    from bench.bench_cli import FLOOR, count_calls, slurm_shims
     from cluster import slurm_client
 
     client = slurm_client(environ=env)
@@ -122,7 +136,7 @@ def _real_submit(opts: Options, env: dict[str, str], tmp: Path) -> list[Figure]:
 
     def plain() -> float:
         t0 = time.perf_counter()
-        run_command([py, "-c", "import submitit, pydantic, yaml"], env=env)
+        run_command([py, "-c", FLOOR], env=env)
         out = run_command(["sbatch", "--parsable", str(script)], env=env, cwd=tmp)
         elapsed = time.perf_counter() - t0
         submitted.append(_job_id(out.stdout))
@@ -159,7 +173,7 @@ def _real_submit(opts: Options, env: dict[str, str], tmp: Path) -> list[Figure]:
             "s",
             samples["ours"],
             samples["plain"],
-            baseline_name='python -c "import submitit, pydantic, yaml" + sbatch of the same script',
+            baseline_name="the dry-run's import floor (bench_cli.FLOOR) + sbatch of its script",
             goal=Goal("<=", 1.3),
             note=f"both --hold and cancelled at once; median of {repeats}",
         ),
@@ -272,7 +286,7 @@ def run(opts: Options) -> list[Figure]:
     env["SLURM_TRAIN_RUNS_DIR"] = str(tmp / "runs")
     if opts.slurm_conf:
         env["SLURM_CONF"] = opts.slurm_conf
-    opts.log("cli: submit --dry-run vs import submitit, pydantic, yaml")
+    opts.log("cli: submit --dry-run vs its import floor")
     figures = _dry_run(opts, env)
     from cluster import slurm_client
 
