@@ -310,7 +310,7 @@ def newest_checkpoint_step(run_dir: Path | str) -> int | None:
     return max(steps, default=None)
 
 
-def progress_step(run_dir: Any) -> int | None:
+def progress_step(run_dir: Path | str) -> int | None:
     """Where a restart would resume: the newest committed checkpoint of ours, else (a command
     that keeps its own checkpoints) the last step it reported with ``train.report``."""
     step = newest_checkpoint_step(run_dir)
