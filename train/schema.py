@@ -153,6 +153,7 @@ EVENT = Schema(
         "skipped": "str",
         "exit_code": "int",
         "first_output_at": "time",  # a command's first write in this process run
+        "exited_at": "time",  # a command's requeue: when rank 0 saw every rank's command gone
         # the stop's facts and decision (train.stop.act.record)
         "kind": "str",
         "action": "str",

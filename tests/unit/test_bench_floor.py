@@ -4,13 +4,15 @@ bench/bench_inplace.py): the pure parts that turn what a run recorded into ratio
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from bench.bench_goodput import Row, _floor_figures, _hold_figures, _table
+from bench.bench_goodput import Row, _floor_figures, _hold_figures, _table, exit_to_requeue
 from bench.bench_inplace import _split
 from bench.goodput_hold import HoldRow, hold_table
 
@@ -38,6 +40,27 @@ def test_every_row_per_preemption_and_first_start_against_the_floor() -> None:
     # a peer is measured the same way, with no goal of ours
     assert figures["first start vs the floor: submitit Checkpointable"].goal is None
     assert figures["per preemption vs the floor: submitit Checkpointable"].ratio == 0.8
+
+
+def test_a_commands_exit_to_its_requeue_from_the_runs_own_events(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    lines = [
+        {"time": 10.0, "event": "preempted", "job_id": "5"},
+        {"time": 12.25, "event": "requeue", "via": "scontrol", "exited_at": 12.0},
+        {"time": 20.0, "event": "requeue", "via": "command"},  # not ours: no figure
+        {"time": 31.5, "event": "requeue", "via": "scontrol"},  # an older run: no exited_at
+        {"time": 40.75, "event": "requeue", "via": "scontrol", "exited_at": 40.0},
+    ]
+    events.write_text("".join(json.dumps(e) + "\n" for e in lines) + "not json\n")
+    assert exit_to_requeue(events) == [0.25, 0.75]
+    row = Row("ours: plain script, no recipe", exit_to_requeue=[0.25, 0.75])
+    figures = {f.name: f for f in _floor_figures([row], _limit(10.0, 4.0))}
+    slowest = figures["command exit -> requeued (the slowest stop): ours: plain script, no recipe"]
+    assert slowest.ours == 0.75 and slowest.status == "fail"  # the goal: 0.5 s
+    assert "0.250, 0.750" in slowest.note
+    assert "| 0.25, 0.75 |" in _table([row], _limit(10.0, 4.0))
+    fast = Row("ours: entrypoint.command", exit_to_requeue=[0.2])
+    assert _floor_figures([fast], _limit(10.0, 4.0))[0].status == "pass"
 
 
 def test_the_successor_against_the_requeue_with_its_hold() -> None:

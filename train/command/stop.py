@@ -157,13 +157,14 @@ class StopHandling:
             else:
                 forwarded = self._forward(trigger, proc)
         seen = self._wait_child(proc, at + self.grace_s, watch=forwarded)
+        exited_at: float | None = time.time()
         self._mark_stopped()
         if decision is None:
             return 0
         if seen == "command":  # the command requeued the job itself: recorded when seen
             return decision.exit_code if decision.exhausted else 0
-        if decision.action != "none":
-            self._wait_ranks(at + self.grace_s)
+        if decision.action != "none" and self.env.world_size > 1:
+            exited_at = self._wait_ranks(at + self.grace_s)  # None: the grace ended first
         assert self.history is not None
         # No look at Slurm before the requeue (issue 46: the job leaves its nodes one call after
         # the command's exit): a job the command (or Slurm) requeued already is refused a
@@ -174,6 +175,10 @@ class StopHandling:
         # what it asked for, and a requeue found done is Slurm's (a preemption's, 24.11+)
         asked = selfrequeue.asked(self.requeue_state)
         base = self._base()
+        # when this process saw the last rank's command gone: the requeue's time after it is
+        # ours (issue 46: the job leaves its nodes within a few hundred ms of that exit)
+        if exited_at is not None:
+            base["exited_at"] = round(exited_at, 3)
         if asked:
             base["asked_by"] = "command"
             if decision.action != "requeue" and decision.requeued_by is None:
@@ -298,15 +303,16 @@ class StopHandling:
             except OSError as exc:
                 log.warning("cannot mark rank %d stopped (%s)", self.env.rank, exc)
 
-    def _wait_ranks(self, deadline: float) -> None:
-        """Rank 0 requeues after every rank's command has exited (or the grace time is over)."""
-        if self.env.world_size <= 1:
-            return
+    def _wait_ranks(self, deadline: float) -> float | None:
+        """Rank 0 requeues after every rank's command has exited (or the grace time is over):
+        when it saw the last of them (one directory listing per look, every 50 ms), None when
+        the grace time ended first."""
         while time.time() < deadline:
             try:
                 done = len(list(self._marker_dir().iterdir()))
             except OSError:
                 done = 0
             if done >= self.env.world_size:
-                return
+                return time.time()
             time.sleep(0.05)  # a directory listing: cheap; the requeue waits on it
+        return None

@@ -494,6 +494,34 @@ def test_the_requeue_is_the_one_call_after_the_commands_exit(
     assert [e["event"] for e in events] == ["preempted", "requeue"]
 
 
+def test_the_requeue_says_when_the_command_was_seen_gone(tmp_path: Path, monkeypatch: Any) -> None:
+    # Issue 46: the requeue event carries when the supervisor saw the command's exit, so the
+    # time from that exit to the requeue (ours) is read from the run's own records (the bench)
+    slurm = FakeSlurm(tmp_path / "never")
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "saver", slurm)
+    assert code == 0 and slurm.requeues == ["77"]
+    requeue = events[-1]
+    assert requeue["event"] == "requeue" and requeue["via"] == "scontrol"
+    last_line = (tmp_path / "c.saved").stat().st_mtime  # the command's last write, then exit
+    assert last_line - 0.01 <= requeue["exited_at"] <= requeue["time"]
+    assert "exited_at" not in events[0]  # the decision was recorded before the exit
+
+
+def test_rank_0_says_when_it_saw_every_ranks_command_gone(tmp_path: Path) -> None:
+    run = CommandRun(
+        _config(["true"]), DistEnv(job_id="77", world_size=2), tmp_path, None,
+        client=FakeSlurm(tmp_path / "never"),
+    )  # fmt: skip
+    markers = run._marker_dir()
+    markers.mkdir(parents=True)
+    (markers / "0").touch()
+    assert run._wait_ranks(time.time() + 0.2) is None  # rank 1's command never went: no time
+    (markers / "1").touch()
+    before = time.time()
+    seen = run._wait_ranks(time.time() + 5)
+    assert seen is not None and before <= seen <= time.time()
+
+
 def test_saver_under_slurm_is_requeued_by_us(tmp_path: Path, monkeypatch: Any) -> None:
     slurm = FakeSlurm(tmp_path / "never")
     code, events = _preempted_under_slurm(tmp_path, monkeypatch, "saver", slurm)
