@@ -268,6 +268,12 @@ class Chaos:
         assert not any(e["event"] == "budget_exhausted" for e in self.events()), self.context()
         if self.release_held(info):
             return None
+        if self.limit_lowered and state == "RUNNING":
+            # an expedited requeue (26.05) can be back before a poll sees it PENDING: the limit
+            # must not stay lowered (every later attempt would time out, and Slurm's SIGCONT
+            # before that signal would wake a frozen rank before the watchdog sees it hang)
+            self.client.set_time_limit(self.job, TIME_LIMIT)
+            self.limit_lowered = False
         return self.attempt(starts)
 
     def release_held(self, info: dict[str, str] | None = None) -> bool:
