@@ -8,7 +8,7 @@
    path users meet after every edit). Reported beside it, without a goal: the old floor
    ``import submitit, pydantic, yaml`` (pydantic 2's package is lazy: that line imports none of
    its model API, ~45 ms of the dry-run's own imports here) and that floor plus ONE one-field
-   pydantic model (any pydantic spec's start). ``tests/unit/test_bench_floor.py`` checks that
+   pydantic model (any pydantic spec's start). ``tests/unit/test_bench_cli.py`` checks that
    the floor imports no module the dry-run does not.
 2. With the local cluster up: a 1000-point sweep is submitted as ONE array (goal < 2 s for the
    whole ``python -m jobs submit``), ``status`` of its 1000 tasks uses ONE Slurm command

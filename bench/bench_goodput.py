@@ -531,7 +531,7 @@ def run(opts: Options) -> list[Figure]:
             job, preempts = start(b, run_dir)
             rows.append(b.row(row_name, run_dir, job, preempts, submitted))
             kept = opts.workdir.parent / "goodput-runs" / run_dir.name / "events.jsonl"
-            if row_name != "ours: built-in trainer" and kept.is_file():
+            if kept.is_file():  # our rows keep their events; only a command's carry exited_at
                 rows[-1].exit_to_requeue = exit_to_requeue(kept)
             if (run_dir / "ledger.json").exists():
                 led = json.loads((run_dir / "ledger.json").read_text(encoding="utf-8"))
