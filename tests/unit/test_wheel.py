@@ -73,3 +73,10 @@ def test_the_wheel_holds_our_scontrol_executable(wheel: zipfile.ZipFile) -> None
     # member with an executable mode as executable
     info = wheel.getinfo("train/command/bin/scontrol")
     assert (info.external_attr >> 16) & 0o111 == 0o111
+
+
+def test_the_wheel_holds_the_boot_module_of_a_commands_exit(wheel: zipfile.ZipFile) -> None:
+    # put first on a supervised command's PYTHONPATH (train.command.fastexit): data, beside
+    # the package, the one file of its folder
+    names = [n for n in wheel.namelist() if n.startswith("train/command/boot/")]
+    assert names == ["train/command/boot/sitecustomize.py"]

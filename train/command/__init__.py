@@ -5,7 +5,9 @@ signal it saves on at a stop and goes through the one stop decision (:mod:`train
 Modules: :mod:`train.command.prestart` (the command started first, before the spec is read),
 :mod:`train.command.supervisor` (the run: start, supervise, failures),
 :mod:`train.command.stop` (what the supervisor does at a stop), :mod:`train.command.processes`
-(the command's process tree, which signals it catches, its environment).
+(the command's process tree, which signals it catches, its environment),
+:mod:`train.command.selfrequeue` (its own ``scontrol requeue`` in a stop) and
+:mod:`train.command.fastexit` (its interpreters' exit at a stop, ``boot/sitecustomize.py``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from train.command import selfrequeue
+from train.command import fastexit, selfrequeue
 from train.env import DistEnv
 from train.procfs import PROC, process_tree, session_is_ours, status, step_back, stepped_from
 from train.runfiles import CHECKPOINTS
@@ -282,7 +282,10 @@ def child_environ(
     # its own `scontrol requeue` during a stop is its supervisor's (train.command.selfrequeue)
     child.pop(selfrequeue.STATE_ENV, None)
     child.pop(selfrequeue.SCONTROL_ENV, None)
-    selfrequeue.export(child, selfrequeue.state_path(run_dir, env))
+    state = selfrequeue.state_path(run_dir, env)
+    selfrequeue.export(child, state)
+    # at a stop its interpreters skip the collector's last passes (train.command.fastexit)
+    fastexit.export(child, selfrequeue.stopping_path(state))
     return child
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "export",
     "mark_stopping",
     "state_path",
+    "stopping_path",
 ]
 
 #: The folder of our ``scontrol``, put first on a supervised command's ``PATH``.
@@ -93,12 +94,17 @@ def mark_stopping(state: Path | None) -> bool:
     try:
         top = state.parents[1]
         folder = private_dir(top.parent, top.name, state.parent.name)  # proven ours, no link
-        fd = os.open(folder / f"{state.name}.stopping",
+        fd = os.open(folder / f"{state.name}.stopping",  # stopping_path's name
                      os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)  # fmt: skip
     except OSError:
         return False
     os.close(fd)
     return True
+
+
+def stopping_path(state: Path | None) -> Path | None:
+    """The marker :func:`mark_stopping` writes for ``state`` (None: no Slurm job, no marker)."""
+    return None if state is None else state.with_name(f"{state.name}.stopping")
 
 
 def asked(state: Path | None) -> bool:

@@ -46,6 +46,13 @@ CHILD = r"""
 import os, signal, sys, time
 out = os.environ["OUT"]
 mode = sys.argv[1]
+if os.environ.get("CYCLE"):  # an object only the collector's last pass at the exit frees
+    class Cycle:
+        def __init__(self, path):
+            self.me, self.path, self.os_open, self.os_close = self, path, os.open, os.close
+        def __del__(self):
+            self.os_close(self.os_open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+    keep = Cycle(out + ".collected")
 def note(s, f):
     with open(out + ".signals", "a") as fh:
         fh.write(signal.Signals(s).name + "\n")
@@ -66,6 +73,8 @@ if mode == "lightning":  # Lightning's auto_requeue: save, `scontrol requeue JOB
         sys.exit(0)
     signal.signal(signal.SIGUSR1, requeue_by_name)
 open(out + ".pid", "w").write(str(os.getpid()))
+if mode == "done":
+    sys.exit(0)
 for _ in range(600):
     time.sleep(0.05)
 sys.exit(0)
@@ -430,6 +439,35 @@ def test_a_commands_own_scontrol_requeue_in_a_stop_is_the_stops_one_requeue(
     # its markers were on the node, and are gone with their attempt's folder
     assert [p.name for p in (tmp_path / "node-tmp").iterdir()] == [f"slurm-train-{os.getuid()}"]
     assert list((tmp_path / "node-tmp").rglob("*requeue*")) == []
+
+
+def test_a_stopped_commands_interpreter_exits_without_the_last_collection(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # issue 46: at a stop the job's nodes wait for the command's exit; its interpreter skips the
+    # collector's passes over what is still alive (train.command.fastexit): an object only that
+    # pass would free is never freed
+    monkeypatch.setenv("CYCLE", "1")
+    (tmp_path / "node-tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "node-tmp"))  # the markers' node
+    slurm = FakeSlurm(tmp_path / "never")
+    code, events = _preempted_under_slurm(tmp_path, monkeypatch, "saver", slurm)
+    assert code == 0 and slurm.requeues == ["77"]
+    assert [e["event"] for e in events] == ["preempted", "requeue"]
+    assert (tmp_path / "c.saved").exists() and not (tmp_path / "c.collected").exists()
+
+
+def test_a_command_that_completes_exits_as_python_makes_it(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("CYCLE", "1")
+    monkeypatch.setenv("OUT", str(tmp_path / "c"))
+    (tmp_path / "node-tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "node-tmp"))
+    config = _config(["python", str(_script(tmp_path)), "done"])
+    run = CommandRun(config, DistEnv(job_id="77"), tmp_path, None, client=FakeSlurm(tmp_path / "x"))
+    assert run.run() == 0 and _events(tmp_path)[-1] == "complete"
+    assert (tmp_path / "c.collected").exists()
 
 
 class SlurmRequeuesOnceTheCommandIsGone(FakeSlurm):
