@@ -59,7 +59,8 @@ class TrainLaunch:
     it was not written at submission (big sweeps): the task writes ``config`` from it first.
     ``command`` (with its ``stop_signal``): the spec's ``entrypoint.command`` when it can start
     before the spec is read again (:func:`command_first`): the task starts it first
-    (:mod:`train.command.prestart`), its supervisor takes it over.
+    (:mod:`train.command.prestart`), waits asleep behind its start, and its supervisor takes
+    it over.
     """
 
     config: str
@@ -91,9 +92,15 @@ class TrainLaunch:
         release_submitit_signals(("USR2", "TERM", self.signal_name))
         if self.command and not self.extra_args:
             # the user's command first, before the spec models and the session (issue 46)
-            from train.command import start_first
+            from train.command import start_first, wait_behind
 
-            start_first(self.command, Path(self.run_dir), self.signal_name, self.stop_signal)
+            started = start_first(
+                self.command, Path(self.run_dir), self.signal_name, self.stop_signal
+            )
+            if started is not None:
+                # our set-up waits behind the command's own start (a stop signal or its exit
+                # ends the wait at once): it takes none of the cores the command starts on
+                wait_behind(started)
         quiet_submitit_logging()
         # submitit requeues on its own only for checkpointable callables after a timeout; we are
         # not one (no .checkpoint), and train decides about requeues through its budgets.

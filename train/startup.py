@@ -2,7 +2,9 @@
 
 The launch path calls :func:`mark` at its milestones (``main``: the CLI runs, ``config``: spec
 loaded, ``imports``: torch and the trainer imported, ``process_group``, ``data_model``: data and
-model built, ``restored``: checkpoint loaded); :func:`summary` turns them into seconds per phase,
+model built, ``restored``: checkpoint loaded; before ``main``, ``behind_command``: the task waited
+asleep behind a command started first, :func:`train.command.prestart.wait_behind`);
+:func:`summary` turns them into seconds per phase,
 which the ``start``/``resume`` event carries as ``startup`` (``bench/bench_preempt.py`` reports
 it). The process start comes from ``/proc/self/stat`` (Linux); elsewhere the first mark is the
 origin.

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING
 from train._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from train.command.prestart import abandon_started_first, start_first, started_first
+    from train.command.prestart import (
+        abandon_started_first,
+        start_first,
+        started_first,
+        wait_behind,
+    )
     from train.command.processes import StopPlan, child_environ, plan_stop, resolve_argv
     from train.command.supervisor import CommandRun, run_command
 
@@ -29,6 +34,7 @@ _EXPORTS = {
     "abandon_started_first": "prestart",
     "start_first": "prestart",
     "started_first": "prestart",
+    "wait_behind": "prestart",
     "CommandRun": "supervisor",
     "run_command": "supervisor",
 }
@@ -42,5 +48,6 @@ __all__ = [
     "run_command",
     "start_first",
     "started_first",
+    "wait_behind",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

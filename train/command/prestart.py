@@ -19,15 +19,24 @@ process already started (:func:`take_started_first`) instead of starting one: th
 failures, the hang watch and the records are the supervisor's, as for a command it started
 itself. A run that does not start (bad input, a refused run directory) stops it
 (:func:`abandon_started_first`): it never trains unsupervised.
+
+Our set-up then waits behind the command's own start (:func:`wait_behind`): this process
+sleeps, using no CPU, until the command's interpreter is mostly not running (its start is over:
+it trains on a GPU, waits for a peer or sleeps; the main thread seen running in at most a
+quarter of the last second), at most :data:`WAIT_CAP_S`. A stop signal (Slurm's, held by the
+early-signal store) or the command's exit ends the wait at once: the supervisor sets up then and
+acts on it as it would have. The command's first write seen in the wait is handed on (its first
+output, for the records), and the wait is the ``behind_command`` phase of the start's record.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +48,10 @@ from train.command.processes import (
     step_back_for_command,
 )
 from train.env import DistEnv
+from train.procfs import PROC
 from train.runfiles import CHECKPOINTS
+from train.startup import mark
+from train.stop.signals import early_signal_pending
 
 __all__ = [
     "Prestarted",
@@ -47,7 +59,18 @@ __all__ = [
     "start_first",
     "started_first",
     "take_started_first",
+    "wait_behind",
 ]
+
+#: The longest our set-up waits behind a command started first (s): a command that keeps its
+#: cores busy from its first instruction (CPU training) gets its supervisor after this.
+WAIT_CAP_S = 8.0
+#: How often the wait looks at the command (its main thread's state: one small read).
+WAIT_POLL_S = 0.05
+#: The command's start is over when its main thread was seen running (``R``) in at most
+#: ``QUIET_RUNNING`` of the last ``QUIET_LOOKS`` looks (a quarter of the last second).
+QUIET_LOOKS = 20
+QUIET_RUNNING = 5
 
 log = logging.getLogger("train.command.supervisor")
 
@@ -60,6 +83,8 @@ class Prestarted:
     argv: list[str]
     started_at: float
     taken: bool = False
+    #: when :func:`wait_behind` first saw it write (its first output), if it did
+    first_write_at: float | None = None
 
 
 _STARTED: list[Prestarted] = []  # at most one per process (the task's command)
@@ -101,6 +126,61 @@ def start_first(
     # the imports and the set-up of ours that follow wait for the CPU the command leaves
     step_back_for_command()
     return started
+
+
+def _state_and_written(pid: int, proc: Path = PROC) -> tuple[str | None, int]:
+    """The main thread's state letter and the bytes written so far (``wchar``) of ``pid``
+    alone (two small reads; no scan of /proc); (None, 0) when it is gone."""
+    try:
+        state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None, 0
+    try:
+        text = (proc / str(pid) / "io").read_text()
+    except OSError:  # another user's process (not ours to read): no writes seen
+        return state, 0
+    for line in text.splitlines():
+        if line.startswith("wchar:"):
+            value = line.split(":", 1)[1].strip()
+            return state, int(value) if value.isdigit() else 0
+    return state, 0
+
+
+def wait_behind(
+    started: Prestarted,
+    cap_s: float = WAIT_CAP_S,
+    poll_s: float = WAIT_POLL_S,
+    pending: Callable[[], bool] = early_signal_pending,
+    look: Callable[[int], tuple[str | None, int]] = _state_and_written,
+) -> str:
+    """Sleep until the command's own start is over; why it ended: ``"signal"`` (a stop signal
+    is held), ``"exited"``, ``"quiet"`` (its main thread mostly not running), ``"cap"``."""
+    deadline = time.monotonic() + cap_s
+    running: collections.deque[bool] = collections.deque(maxlen=QUIET_LOOKS)
+    written: int | None = None
+    why = "cap"
+    while True:
+        if pending():
+            why = "signal"
+            break
+        if started.proc.poll() is not None:
+            why = "exited"
+            break
+        state, now_written = look(started.proc.pid)
+        if written is None:
+            written = now_written
+        elif now_written != written and started.first_write_at is None:
+            started.first_write_at = time.time()
+        running.append(state == "R")
+        if len(running) == QUIET_LOOKS and sum(running) <= QUIET_RUNNING:
+            why = "quiet"
+            break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    mark("behind_command")
+    log.debug("set-up behind the command's start: %s", why)
+    return why
 
 
 def started_first() -> bool:

@@ -193,6 +193,8 @@ class CommandRun(StopHandling):
                 return self._after_stop(None, None)
             if first is not None:
                 proc = first.proc
+                if self.first_output_at is None:  # its first write, seen while we waited
+                    self.first_output_at = first.first_write_at
                 log.debug("the command started %.3f s before its supervisor",
                           time.time() - first.started_at)  # fmt: skip
             else:

@@ -33,6 +33,7 @@ from train.stop.facts import StopKind
 __all__ = [
     "PreemptionGuard",
     "early_handler",
+    "early_signal_pending",
     "install_early",
     "note_early_signal",
     "pop_early_signals",
@@ -50,6 +51,11 @@ def note_early_signal(signum: int, when: float | None = None) -> None:
     """Remember a stop signal received before the guard exists: the next
     :meth:`PreemptionGuard.install` turns it into a stop."""
     _EARLY.append((signal.Signals(signum), time.time() if when is None else when))
+
+
+def early_signal_pending() -> bool:
+    """Whether a stop signal is held in the store (nothing is taken)."""
+    return bool(_EARLY)
 
 
 def pop_early_signals() -> list[signal.Signals]:

@@ -24,9 +24,12 @@ _DRIVER = r"""
 import json, os, subprocess, sys
 nice0 = os.getpriority(os.PRIO_PROCESS, 0)
 setup = []  # the nice when the spec models are first imported: the run's set-up
+mark = os.environ.get("MARK")  # whether this file exists then (what the command did by then)
+marked = []
 def audit(event, args):
     if event == "import" and args[0] == "pydantic" and not setup:
         setup.append(os.getpriority(os.PRIO_PROCESS, 0))
+        marked.append(bool(mark) and os.path.exists(mark))
 sys.addaudithook(audit)
 seen = []
 _Popen = subprocess.Popen
@@ -47,7 +50,7 @@ from train.command import prestart
 alive = [s.proc.poll() is None for s in prestart._STARTED]
 nice = os.getpriority(os.PRIO_PROCESS, 0)
 print(json.dumps({"code": code, "seen": seen, "alive": alive, "nice0": nice0, "nice": nice,
-                  "setup": setup}))
+                  "setup": setup, "marked": marked}))
 """
 
 
@@ -61,8 +64,10 @@ def _spec(tmp_path: Path, command: list[str]) -> Path:
     return spec
 
 
-def _launch(tmp_path: Path, config: Path, run_dir: Path, command: list[str]) -> dict[str, object]:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+def _launch(
+    tmp_path: Path, config: Path, run_dir: Path, command: list[str], **extra: str
+) -> dict[str, object]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path), **extra}
     out = subprocess.run(
         [sys.executable, "-P", "-c", _DRIVER, str(config), str(run_dir), json.dumps(command)],
         cwd=tmp_path,
@@ -157,3 +162,26 @@ def test_the_task_steps_back_for_the_command_once_it_started(
     # the set-up of a command started first waits for the CPU the command leaves; the
     # supervisor that starts the command itself has set up before it
     assert result["setup"] == [max(nice0, STEP_BACK_NICE) if first else nice0]
+
+
+# A command whose start keeps its core busy (a loop of pure Python, as an import is), then says
+# so in a file and trains quietly (sleeps), then exits.
+_BUSY_THEN_QUIET = (
+    "import sys, time; sum(i * i for i in range(3_000_000)); "
+    "open(sys.argv[1], 'w').write('started'); time.sleep(2)"
+)
+
+
+def test_the_set_up_waits_behind_the_commands_own_start(tmp_path: Path) -> None:
+    # Issue 46: after the command started first, our set-up (the spec models, the session)
+    # begins only once the command's start is over: here, once its busy part is done
+    started = tmp_path / "started"
+    command = ["python", "-c", _BUSY_THEN_QUIET, str(started)]
+    run_dir = tmp_path / "run"
+    result = _launch(tmp_path, _spec(tmp_path, command), run_dir, command, MARK=str(started))
+    assert result["code"] == 0 and result["marked"] == [True]
+    (start,) = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()
+                if json.loads(ln)["event"] == "start"]  # fmt: skip
+    # the wait is its own phase of the start's record, before the supervisor's
+    phases = list(start["startup"])
+    assert phases.index("behind_command") < phases.index("main")
