@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from jobs import records
 from jobs.confcache import read_entry, write_entry
 from jobs.render import submitit_folder, submitted_pickle
+from jobs.taskstart import first_note, read_first_note
 from train import runfiles
 from train.history import RunHistory
 from train.stop import BUDGET_EXHAUSTED_EXIT_CODE, REQUEUE_EXIT_CODE
@@ -149,6 +150,9 @@ def queue_link(record: records.RunRecord, client: Slurm, after: str) -> str:
     # it cannot start before `after` has ended (afternotok): the pickle is there in time
     source = submitted_pickle(folder, record.job_id)
     runfiles.atomic_write(submitted_pickle(folder, job_id), source.read_bytes(), durable=False)
+    note = first_note(folder, record.job_id)  # its command starts first too (jobs.taskstart)
+    if read_first_note(note) is not None:
+        runfiles.atomic_write(first_note(folder, job_id), note.read_bytes(), durable=False)
     return job_id
 
 

@@ -2,9 +2,9 @@
 
 submitit renders the whole batch script from its parameters (``update_parameters``: its own
 where it has one, ``additional_parameters`` for the rest, ``setup``, ``srun_args``) and its
-``python`` command (:func:`safe_python`: ``-P``). What it cannot express is a job
-step run again in the same allocation when the run decides to restart in place (a failure or
-a hang, asked of :mod:`train.stop.step` after each step): :meth:`TrainExecutor.
+``python`` command (:func:`task_python`: ``-P``, then :mod:`jobs.taskstart`). What it cannot
+express is a job step run again in the same allocation when the run decides to restart in
+place (a failure or a hang, asked of :mod:`train.stop.step` after each step): :meth:`TrainExecutor.
 _make_submission_file_text`, the method submitit's backends implement, takes submitit's text
 and puts its srun line, unchanged, inside :func:`in_place_loop`. Nothing else of
 the text is ours (tests/unit/jobs/test_render.py renders through the installed submitit and
@@ -26,7 +26,11 @@ import submitit
 
 from train.safepath import SAFE_PATH
 
-__all__ = ["SAFE_PATH", "TrainExecutor", "in_place_loop", "safe_python"]
+__all__ = ["SAFE_PATH", "TASK", "TrainExecutor", "in_place_loop", "safe_python", "task_python"]
+
+#: The task as the batch script names it: ``ARRAYID_INDEX`` in an array, empty for one job
+#: (then its job id, in the step). The same name as the task's pickle's.
+TASK = '"${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"'
 
 
 class TrainExecutor(submitit.SlurmExecutor):
@@ -37,7 +41,7 @@ class TrainExecutor(submitit.SlurmExecutor):
     """
 
     def __init__(self, folder: Path, note: list[str] | None = None) -> None:
-        super().__init__(folder, max_num_timeout=0, python=safe_python())
+        super().__init__(folder, max_num_timeout=0, python=task_python())
         self._note = list(note or [])
 
     @classmethod
@@ -78,6 +82,13 @@ def safe_python(python: str | None = None) -> str:
     return " ".join([shlex.quote(python or sys.executable), *SAFE_PATH])
 
 
+def task_python(python: str | None = None) -> str:
+    """The ``python`` of submitit's srun line: :func:`safe_python`, unbuffered, through
+    :mod:`jobs.taskstart`, which starts a command that can start first before submitit's module
+    (the rest of the line, submitit's ``-u -m submitit.core._submit FOLDER``) loads."""
+    return " ".join([safe_python(python), "-u -m jobs.taskstart --task", TASK, "--"])
+
+
 def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:
     """The job step ``step`` (submitit's srun line) run again in the same allocation when the
     run decided to restart in place (a failure or a hang; :mod:`train.stop.step` says so after
@@ -89,7 +100,7 @@ def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:
     ask = " ".join([
         safe_python(python), "-m jobs.launch --after-step", shlex.quote(str(folder)),
         '--exit-code "$rc"', '--in-place "$SLURM_TRAIN_IN_PLACE" --job-id "$SLURM_JOB_ID"',
-        '--task "${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
+        "--task", TASK,
         '--restart-count "${SLURM_RESTART_COUNT:-0}"',
     ])  # fmt: skip
     return "\n".join([

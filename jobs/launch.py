@@ -1,14 +1,15 @@
 """What submitit runs inside the allocation: :class:`TrainLaunch` (picklable, torch-free),
 pickled inside submitit's own ``DelayedSubmission`` by ``jobs submit``.
 
-Each srun task (``python -P -u -m submitit.core._submit RUN_DIR/slurm``) unpickles it and
-calls it. It takes the signals back from submitit (whose own handlers would requeue or exit on
-their own terms) into train's early-signal store (:mod:`train.stop.signals`, stdlib only,
-imported when the task starts), then imports ``train.cli`` and runs ``train.cli.main``
-in-process. A stop signal that arrives before training starts is kept in that store and
-train's preemption guard takes it over when it is installed (no re-sending, no polling
-thread). The job's exit status is train's exit code. submitit's log lines reach the rank's log
-once (:func:`quiet_submitit_logging`).
+Each srun task (``python -P -u -m jobs.taskstart ... -- -u -m submitit.core._submit
+RUN_DIR/slurm``: :mod:`jobs.taskstart` starts a command that can start first, then runs
+submitit's module in the same interpreter) unpickles it and calls it. It takes the signals back
+from submitit (whose own handlers would requeue or exit on their own terms) into train's early-
+signal store (:mod:`train.stop.signals`, stdlib only, imported when the task starts), then
+imports ``train.cli`` and runs ``train.cli.main`` in-process. A stop signal that arrives before
+training starts is kept in that store and train's preemption guard takes it over when it is
+installed (no re-sending, no polling thread). The job's exit status is train's exit code.
+submitit's log lines reach the rank's log once (:func:`quiet_submitit_logging`).
 
 ``python -P -m jobs.launch --after-step`` is what the batch script asks after each step
 (:func:`after_step`; the loop is :func:`jobs.executor.in_place_loop`).

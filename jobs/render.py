@@ -122,7 +122,8 @@ def rank_note(spec: JobSpec, run_dir: Path, array: bool = False) -> list[str]:
     argv = ["python", "-m", "train", "--config", str(task_dir / "resolved.yaml")]
     argv += ["--run-dir", str(task_dir)]
     lines = [
-        "# each rank: submitit.core._submit loads its pickle (slurm/JOBID_submitted.pkl, a",
+        "# each rank: submitit.core._submit (through jobs.taskstart, which first starts a",
+        "# command that can start first) loads its pickle (slurm/JOBID_submitted.pkl, a",
         "# jobs.launch.TrainLaunch) and runs, in that process:",
         f"#   {shlex.join(argv)}",
     ]

@@ -28,6 +28,7 @@ from jobs.pids import wait_exec
 from jobs.records import Plan
 from jobs.render import asks_expedite, sbatch_script, submitit_folder, submitted_pickle
 from jobs.slurmmap import timeout_min
+from jobs.taskstart import first_note
 from train import runfiles
 from train.safepath import python_module_argv
 from train.spec import dump_spec
@@ -344,6 +345,9 @@ def submit_slurm(
             job_ids.append(client.submit(path, deps))
             for i, pkl in enumerate(pickles):
                 jid = f"{job_ids[-1]}_{i}" if loaded.is_array else job_ids[-1]
+                note = first_note_pending(pkl)
+                if note.exists():  # before the pickle: the task reads it first
+                    runfiles.rename(note, first_note(folder, jid))
                 runfiles.rename(pkl, submitted_pickle(folder, jid))
     except (ClusterError, OSError) as exc:
         if job_ids:  # ours: submitted by this call a moment ago
@@ -394,23 +398,31 @@ def _dump_launches(loaded: LoadedSpec, group: list[TaskFiles], pending: Path) ->
     for f in group:
         entry = f.task.spec.entrypoint
         command = command_first(entry.command if entry is not None else None)
-        delayed = DelayedSubmission(
-            TrainLaunch(
-                str(f.config),
-                str(f.run_dir),
-                signal_name,
-                resolved=f.pending,
-                command=command,
-                stop_signal=str(entry.stop_signal) if command and entry is not None else "auto",
-            )
+        launch = TrainLaunch(
+            str(f.config),
+            str(f.run_dir),
+            signal_name,
+            resolved=f.pending,
+            command=command,
+            stop_signal=str(entry.stop_signal) if command and entry is not None else "auto",
         )
+        delayed = DelayedSubmission(launch)
         delayed.set_timeout(minutes, 0)  # 0 timeouts: submitit never requeues by itself
         paths.append(pending / f"{f.task.index}.pkl")
         # submitit's own pickling (DelayedSubmission.dump is cloudpickle.dump at the highest
         # protocol), written through the owner: never through a link planted in .pending
         data = cloudpickle.dumps(delayed, pickle.HIGHEST_PROTOCOL)
         runfiles.atomic_write(paths[-1], data, durable=False)
+        if command:  # jobs.taskstart starts it before submitit loads: the same as the pickle's
+            note = {"command": list(command), "run_dir": str(f.run_dir), "signal": signal_name,
+                    "stop_signal": launch.stop_signal}  # fmt: skip
+            runfiles.atomic_write(first_note_pending(paths[-1]), json.dumps(note), durable=False)
     return paths
+
+
+def first_note_pending(pickle_path: Path) -> Path:
+    """The first-start note written beside a task's pending pickle (``.pending/N.pkl``)."""
+    return pickle_path.with_name(f"{pickle_path.stem}.first.json")
 
 
 def plan_is_explicit(loaded: LoadedSpec) -> bool:

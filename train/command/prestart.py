@@ -51,7 +51,7 @@ from train.env import DistEnv
 from train.procfs import PROC
 from train.runfiles import CHECKPOINTS
 from train.startup import mark
-from train.stop.signals import early_signal_pending
+from train.stop import early_signal_pending
 
 __all__ = [
     "Prestarted",
@@ -108,9 +108,15 @@ def start_first(
     environ: Mapping[str, str] = os.environ,
 ) -> Prestarted | None:
     """Start ``command`` now when :func:`can_prestart`; None (nothing started) otherwise, or
-    when anything about it fails: the supervisor then starts it the usual way and says why."""
-    if _STARTED or not command:
+    when anything about it fails: the supervisor then starts it the usual way and says why.
+    Once per process: a command already started first (by :mod:`jobs.taskstart`, before
+    submitit loaded) is returned when it is this one (the same argv), else None."""
+    if not command:
         return None
+    if _STARTED:
+        first = _STARTED[0]
+        same = not first.taken and first.argv == resolve_argv(list(command))
+        return first if same else None
     try:
         if not can_prestart(run_dir):
             return None

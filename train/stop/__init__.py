@@ -75,7 +75,12 @@ if TYPE_CHECKING:
     from train.stop.facts import AskedOnce, StopFacts, end_time, gather, preemption_grace_s
     from train.stop.lead import EarlyStop, early_stop_lead_s, lead_notes, needed_lead_s
     from train.stop.quarantine import explain_previous_attempt
-    from train.stop.signals import PreemptionGuard, install_early, pop_early_signals
+    from train.stop.signals import (
+        PreemptionGuard,
+        early_signal_pending,
+        install_early,
+        pop_early_signals,
+    )
     from train.stop.step import after_step
     from train.stop.stopenv import Decider, StopEnv
 
@@ -115,6 +120,7 @@ _EXPORTS = {
     "explain_previous_attempt": "quarantine",
     "PreemptionGuard": "signals",
     "install_early": "signals",
+    "early_signal_pending": "signals",
     "pop_early_signals": "signals",
     "after_step": "step",
     "Decider": "stopenv",
@@ -138,6 +144,7 @@ __all__ = [
     "claim_hang",
     "decide",
     "describe_failure",
+    "early_signal_pending",
     "early_stop_lead_s",
     "end_time",
     "ended_elsewhere",

@@ -12,7 +12,7 @@ from submitit.core.utils import DelayedSubmission
 from cluster.client import SlurmClient
 from jobs.cli import main
 from jobs.errors import SubmitError
-from jobs.executor import in_place_loop, safe_python
+from jobs.executor import in_place_loop, safe_python, task_python
 from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
 from jobs.render import rank_note, sbatch_script, submitit_folder
@@ -197,7 +197,7 @@ _SUBMITIT_CASES = [
 
 def _submitit_script(spec: JobSpec, run_dir: Path, array_size: int | None) -> str:
     """The same options rendered by the installed submitit's ``_make_sbatch_string`` (what its
-    SlurmExecutor renders with ``python`` set to ``safe_python()``)."""
+    SlurmExecutor renders with ``python`` set to ``task_python()``)."""
     import shlex
 
     from submitit.slurm.slurm import _make_sbatch_string
@@ -221,7 +221,7 @@ def _submitit_script(spec: JobSpec, run_dir: Path, array_size: int | None) -> st
         kwargs["array_parallelism"] = spec.sweep.max_parallel
         kwargs["map_count"] = array_size
     folder = submitit_folder(run_dir)
-    command = f"{safe_python()} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    command = f"{task_python()} -u -m submitit.core._submit {shlex.quote(str(folder))}"
     text: str = _make_sbatch_string(command=command, folder=folder, **kwargs)
     return text
 
@@ -237,7 +237,11 @@ def test_script_is_byte_for_byte_what_submitit_renders(text: str) -> None:
     # loop that restarts a failed step in place (issue 26; jobs.executor.in_place_loop), with
     # what each rank runs above it as comments (issue 45)
     step = theirs.rstrip("\n").splitlines()[-1]
-    assert step.endswith("-P -u -m submitit.core._submit '/runs/with space/x/slurm'")
+    # submitit's module through ours, which starts a command that can start first (issue 46)
+    assert step.endswith(
+        '-P -u -m jobs.taskstart --task "${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_'
+        "${SLURM_ARRAY_TASK_ID}}\" -- -u -m submitit.core._submit '/runs/with space/x/slurm'"
+    )
     ours_part = [
         *rank_note(loaded.spec, run_dir, size is not None),
         in_place_loop(step, submitit_folder(run_dir)),
