@@ -1,32 +1,34 @@
-"""The user's command started first (issue 46): before the spec models, the run session and
-the supervisor are imported and set up, which the command does not wait for.
+"""The user's command started first (issue 46): before the spec models, the run session and the
+supervisor are imported and set up, which the command does not wait for.
 
-:class:`jobs.launch.TrainLaunch` calls :func:`start_first` as the task starts, with the
-command's argv as ``jobs submit`` resolved it from the validated spec (a command that needs
-nothing of the allocation to be rendered: no ``${NAME}``, no torchrun; else nothing is
-started first and the supervisor starts it as before). Only stdlib and the torch-free, pydantic-free
-modules of ``train`` are imported here: the command's interpreter gets the cores while ours
-imports the rest, and this process steps back once the command is started (its nice and, where
-its session is the task's own, the session's autogroup: :func:`train.procfs.step_back`), so
-that what it does next never takes CPU from the command's own start.
+:mod:`jobs.taskstart` (before submitit loads) or :class:`jobs.launch.TrainLaunch` calls
+:func:`start_first` as the task starts, with the command's argv as ``jobs submit`` resolved it
+from the validated spec (a command that needs nothing of the allocation to be rendered: no
+``${NAME}``, no torchrun; else nothing is started first and the supervisor starts it as before).
+Only stdlib and the torch-free, pydantic-free modules of ``train`` are imported here: the
+command's interpreter gets the cores while ours imports the rest, and this process steps back
+once the command is started (its nice and, where its session is the task's own, the session's
+autogroup: :func:`train.procfs.step_back`), so that what it does next never takes CPU from the
+command's own start.
 
 What the command is told must not change after it started, so it starts first only where the
-run's resume decision is known without the spec: this run directory holds no checkpoint
-folder entry of ours (``RUN_DIR/checkpoints`` missing or empty), so there is nothing for
-``TRAIN_RESUME_FROM`` and nothing interrupted to clear. The session then takes that decision
-as made (:func:`started_first`) instead of deciding again, and the supervisor supervises the
+run's resume decision is known without the spec: this run directory holds no checkpoint folder
+entry of ours (``RUN_DIR/checkpoints`` missing or empty), so there is nothing for
+``TRAIN_RESUME_FROM`` and nothing interrupted to clear. The session then takes that decision as
+made (:func:`started_first`) instead of deciding again, and the supervisor supervises the
 process already started (:func:`take_started_first`) instead of starting one: the stop, the
 failures, the hang watch and the records are the supervisor's, as for a command it started
 itself. A run that does not start (bad input, a refused run directory) stops it
 (:func:`abandon_started_first`): it never trains unsupervised.
 
-Our set-up then waits behind the command's own start (:func:`wait_behind`): this process
-sleeps, using no CPU, until the command's interpreter is mostly not running (its start is over:
-it trains on a GPU, waits for a peer or sleeps; the main thread seen running in at most a
-quarter of the last second), at most :data:`WAIT_CAP_S`. A stop signal (Slurm's, held by the
-early-signal store) or the command's exit ends the wait at once: the supervisor sets up then and
-acts on it as it would have. The command's first write seen in the wait is handed on (its first
-output, for the records), and the wait is the ``behind_command`` phase of the start's record.
+Our set-up then waits behind the command's own start (:func:`wait_behind`): this process sleeps,
+using no CPU, until the command's interpreter is mostly not running (its start is over: it
+trains on a GPU or sleeps; the main thread seen running in at most a quarter of the last two
+seconds, so that a short wait for a peer is still the start), at most :data:`WAIT_CAP_S`. A stop
+signal (Slurm's, held by the early-signal store) or the command's exit ends the wait at once:
+the supervisor sets up then and acts on it as it would have. The command's first write seen in
+the wait is handed on (its first output, for the records), and the wait is the
+``behind_command`` phase of the start's record.
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ WAIT_CAP_S = 8.0
 #: How often the wait looks at the command (its main thread's state: one small read).
 WAIT_POLL_S = 0.05
 #: The command's start is over when its main thread was seen running (``R``) in at most
-#: ``QUIET_RUNNING`` of the last ``QUIET_LOOKS`` looks (a quarter of the last second).
-QUIET_LOOKS = 20
-QUIET_RUNNING = 5
+#: ``QUIET_RUNNING`` of the last ``QUIET_LOOKS`` looks (a quarter of the last two seconds: a
+#: rendezvous that waits a second for a peer starting late is still the start).
+QUIET_LOOKS = 40
+QUIET_RUNNING = 10
 
 log = logging.getLogger("train.command.supervisor")
 
