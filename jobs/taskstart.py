@@ -11,10 +11,11 @@ started a command that could start first. Now, where ``jobs submit`` wrote the t
 first-start note beside its pickle (``FOLDER/TASK_first.json``: the command as
 :func:`jobs.launch.command_first` allows it, the run directory, the signals), this module starts
 the command at once (:func:`train.command.prestart.start_first`, after the early-signal store
-holds the stop signals: stdlib and train's torch-free modules only), then runs submitit's module
-in this same interpreter (``runpy``, as ``python -m`` would). ``TrainLaunch`` finds the command
-already started (the same argv) and goes on as before: our set-up behind the command's start,
-the supervisor taking it over. Without a note (another entrypoint, a command that cannot start
+holds the stop signals: stdlib and train's torch-free modules only), sleeps behind its start
+(:func:`train.command.prestart.wait_behind`), then runs submitit's module in this same
+interpreter (``runpy``, as ``python -m`` would). ``TrainLaunch`` finds the command already
+started (the same argv), does not wait a second time, and goes on as before: the supervisor
+takes the command over. Without a note (another entrypoint, a command that cannot start
 first, an older submission), or with one that is damaged, foreign or not this run's, nothing
 starts here: submitit's module runs as it always did and ``TrainLaunch`` decides.
 """
@@ -66,14 +67,18 @@ def _start_first(folder: Path, task: str) -> None:
     note = read_first_note(first_note(folder, task))
     if note is None:
         return
-    from train.command import start_first  # torch-free, pydantic-free
+    from train.command import start_first, wait_behind  # torch-free, pydantic-free
     from train.stop import install_early
 
     signal_name, stop_signal = str(note["signal"]), str(note["stop_signal"])
     install_early(("USR2", "TERM", signal_name))  # as TrainLaunch: held, never lost
     command = note["command"]
     assert isinstance(command, list)
-    start_first(command, Path(str(note["run_dir"])), signal_name, stop_signal)
+    started = start_first(command, Path(str(note["run_dir"])), signal_name, stop_signal)
+    if started is not None:
+        # submitit's import and the unpickling wait behind the command's start too (a held
+        # stop signal or its exit ends the wait at once); TrainLaunch does not wait again
+        wait_behind(started)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

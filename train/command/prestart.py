@@ -88,6 +88,8 @@ class Prestarted:
     taken: bool = False
     #: when :func:`wait_behind` first saw it write (its first output), if it did
     first_write_at: float | None = None
+    #: :func:`wait_behind` waited for its start already (once per command)
+    waited: bool = False
 
 
 _STARTED: list[Prestarted] = []  # at most one per process (the task's command)
@@ -163,7 +165,11 @@ def wait_behind(
     look: Callable[[int], tuple[str | None, int]] = _state_and_written,
 ) -> str:
     """Sleep until the command's own start is over; why it ended: ``"signal"`` (a stop signal
-    is held), ``"exited"``, ``"quiet"`` (its main thread mostly not running), ``"cap"``."""
+    is held), ``"exited"``, ``"quiet"`` (its main thread mostly not running), ``"cap"``, or
+    ``"waited"`` at once when it waited for this command before (once per command)."""
+    if started.waited:
+        return "waited"
+    started.waited = True
     deadline = time.monotonic() + cap_s
     running: collections.deque[bool] = collections.deque(maxlen=QUIET_LOOKS)
     written: int | None = None

@@ -207,3 +207,22 @@ def test_a_run_of_the_built_in_trainer_has_no_note(tmp_path: Path, stub_slurm: P
     loaded = load_text(text, str(spec), ())
     record = submit_slurm(loaded, make_plan(loaded, tmp_path / "runs"), SlurmClient())
     assert list((Path(record.run_dir) / "slurm").glob("*_first.json")) == []
+
+
+def test_submitits_runtime_loads_once_the_commands_start_is_over(tmp_path: Path) -> None:
+    # the command keeps its core busy (as an import does), says so in a file, then sleeps: the
+    # task's callable (after submitit's import and the unpickling) finds that file there
+    from submitit.helpers import DelayedSubmission
+
+    run_dir, folder = _run_dir(tmp_path)
+    marker = tmp_path / "started"
+    busy = "import sys, time; sum(i * i for i in range(3_000_000)); "
+    busy += "open(sys.argv[1], 'w').write('started'); time.sleep(3)"
+    note = _note(run_dir, marker, command=["python", "-c", busy, str(marker)])
+    first_note(folder, "77").write_text(json.dumps(note))
+    delayed = DelayedSubmission(Path.exists, marker)
+    delayed.set_timeout(5, 0)
+    delayed.dump(submitted_pickle(folder, "77"))
+    proc = _task(folder, "", _env("77"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _result(folder, "77") == ("success", True)

@@ -116,3 +116,9 @@ def test_a_real_command_is_read_from_proc(sleeper: Prestarted) -> None:
     state, written = prestart._state_and_written(sleeper.proc.pid)
     assert state == "S" and written >= 0
     assert prestart._state_and_written(2**22 + 12345) == (None, 0)  # no such process
+
+
+def test_a_command_is_waited_for_once(sleeper: Prestarted) -> None:
+    # jobs.taskstart waits before submitit loads; TrainLaunch then goes on at once
+    assert wait_behind(sleeper, cap_s=0, pending=lambda: False, look=_looks("R")) == "cap"
+    assert wait_behind(sleeper, cap_s=60, pending=lambda: False, look=_looks("R")) == "waited"
