@@ -110,6 +110,9 @@ class Row:
     #: its first step), the floor of that script's restart that no tool avoids
     trivial_restart_s: float | None = None
     script_start_s: float | None = None
+    #: the limit only: Slurm's first start of a trivial job (the bench's clock before its
+    #: sbatch -> its first line)
+    trivial_first_s: float | None = None
 
 
 #: The rows that run the script with torch's own DDP and optimizer (goodput_work's ``bare``,
@@ -598,6 +601,7 @@ def run(opts: Options) -> list[Figure]:
         if trivial_first is not None and t_torch is not None:
             # the first start's floor: Slurm's start of a trivial job + import torch
             limit.first_step_s = trivial_first + t_torch
+            limit.trivial_first_s = trivial_first
             limit.note += (
                 f"; first start: Slurm's start of a trivial job {trivial_first:.1f} s + import "
                 f"torch {t_torch:.1f} s"
@@ -680,7 +684,8 @@ def _floor_figures(rows: list[Row], limit: Row) -> list[Figure]:
     step) against Slurm's start of a trivial job + ``import torch``. Goal for ours: 1.05x. The
     rows that run torch's own DDP and optimizer (:data:`TORCH_DDP_ROWS`) also per preemption
     against that script's own floor: the trivial job's restart + the same script's start under
-    a plain srun (torch's compiler, which those import, is the script's, not a tool's)."""
+    a plain srun (torch's compiler, which those import, is the script's, not a tool's), and
+    their first start against the trivial job's first start + that script's start."""
     figures: list[Figure] = []
     per = limit.restart_s[0] if limit.restart_s else None
     for r in rows:
@@ -730,6 +735,23 @@ def _floor_figures(rows: list[Row], limit: Row) -> list[Figure]:
                     "every rank's command gone (its exited_at)",
                 )
             )
+        own_first = _own_first_floor(limit)
+        if own_first is not None and r.first_step_s is not None and r.name in TORCH_DDP_ROWS:
+            figures.append(
+                Figure.measured(
+                    SECTION,
+                    f"first start vs its script's floor: {r.name}",
+                    "s",
+                    [r.first_step_s],
+                    [own_first],
+                    baseline_name="Slurm's start of a trivial job + the script's own start "
+                    "under a plain srun",
+                    goal=Goal("<=", 1.05) if ours else None,
+                    note="submit -> the first step of the first attempt; submit / Slurm and "
+                    "launch / start (s): "
+                    + (" / ".join(f"{x:.2f}" for x in r.first_split) if r.first_split else "-"),
+                )
+            )
         if limit.first_step_s is not None and r.first_step_s is not None:
             figures.append(
                 Figure.measured(
@@ -753,6 +775,14 @@ def _own_floor(limit: Row) -> float | None:
     if limit.trivial_restart_s is None or limit.script_start_s is None:
         return None
     return limit.trivial_restart_s + limit.script_start_s
+
+
+def _own_first_floor(limit: Row) -> float | None:
+    """Slurm's first start of a trivial job + the torch-DDP script's own start under a plain
+    srun."""
+    if limit.trivial_first_s is None or limit.script_start_s is None:
+        return None
+    return limit.trivial_first_s + limit.script_start_s
 
 
 def _hold_figures(holds: list[HoldRow], limit: Row) -> list[Figure]:

@@ -46,14 +46,16 @@ def test_the_torch_ddp_rows_against_their_scripts_own_floor() -> None:
     # the plain script and the peers run torch's DDP and optimizer (its compiler imported):
     # their restart against a trivial job's + that script's start under a plain srun
     limit = _limit(10.0, 4.0)
-    limit.trivial_restart_s, limit.script_start_s = 4.0, 3.5
-    ours = Row("ours: plain script, no recipe", restart_s=[7.0, 8.0])
+    limit.trivial_restart_s, limit.script_start_s, limit.trivial_first_s = 4.0, 3.5, 0.5
+    ours = Row("ours: plain script, no recipe", restart_s=[7.0, 8.0], first_step_s=4.4)
     recipe = Row("ours: entrypoint.command", restart_s=[7.0])
     peer = Row("submitit Checkpointable", restart_s=[7.5])
     figures = {f.name: f for f in _floor_figures([ours, recipe, peer], limit)}
     own = figures["per preemption vs its script's floor: ours: plain script, no recipe"]
     assert own.ratio == pytest.approx(1.0) and own.status == "pass"  # 7.5 s vs 7.5 s
     assert "3.50 s" in own.note
+    first = figures["first start vs its script's floor: ours: plain script, no recipe"]
+    assert first.ratio == pytest.approx(1.1) and first.status == "fail"  # 4.4 s vs 0.5 + 3.5 s
     assert figures["per preemption vs its script's floor: submitit Checkpointable"].goal is None
     # the recipe's script imports no compiler: only the import-torch floor applies
     assert "per preemption vs its script's floor: ours: entrypoint.command" not in figures
