@@ -87,9 +87,8 @@ def _split(
     """Issue 46's split of one restart in place, from the run's own events: the stop (the kill
     -> the batch script's ``restart_in_place``: the old step gone, the decision made) and the
     start (-> the first step: the new step, the interpreter, imports, process group, load),
-    with the ``resume`` event's phases after ``main`` (rank 0's own marks; the first phase is
-    measured from ``/proc``'s process start, whose boot-time clock is whole seconds and may
-    drift from the wall clock here, so it is left out)."""
+    with the ``resume`` event's phases (rank 0's own marks, the first from its process start:
+    ``train.startup.process_start``, to the kernel's 10 ms tick)."""
     after = [e for e in events if float(e.get("time", 0)) > killed]
     decided = next((e for e in after if e.get("event") == "restart_in_place"), None)
     if decided is None:
@@ -98,9 +97,7 @@ def _split(
     startup = resumed.get("startup") if resumed is not None else None
     phases = ""
     if isinstance(startup, dict):
-        phases = ", ".join(
-            f"{k} {v:.2f}" for k, v in startup.items() if k != "main" and isinstance(v, int | float)
-        )
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in startup.items() if isinstance(v, int | float))
     at = float(decided["time"])
     return (at - killed, first_step - at, phases)
 

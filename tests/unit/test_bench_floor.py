@@ -109,7 +109,7 @@ def test_a_restart_in_place_split_from_the_runs_events() -> None:
         {"time": 106.0, "event": "resume", "startup": {"import": 1.5, "group": 0.5}},
     ]
     events[-1]["startup"] = {"main": 0.4, "imports": 1.5, "restored": 0.5}
-    assert _split(events, 100.0, 107.0) == (2.0, 5.0, "imports 1.50, restored 0.50")
+    assert _split(events, 100.0, 107.0) == (2.0, 5.0, "main 0.40, imports 1.50, restored 0.50")
     assert _split(events[:2], 100.0, 107.0) is None  # no restart in place recorded
 
 
