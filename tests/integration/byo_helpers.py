@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,17 +79,26 @@ class ByoRun:
     def events(self) -> list[dict[str, Any]]:
         return RunHistory(self.run_dir).events()
 
-    def attempt_dir(self) -> Path:
+    def attempt_dir(self, ranks: Sequence[int] = (), timeout: float = 120.0) -> Path:
         """The progress folder of the job's newest attempt (``JOB-R``, ``JOB-R.N`` for the N-th
-        restart in place): the one whose ``rank-R.json`` names the processes running now."""
+        restart in place): the one whose ``rank-R.json`` names the processes running now. Waits
+        (up to ``timeout``) for it and for the ``rank-R.json`` of each of ``ranks``: a command's
+        supervisor writes its rank's once its set-up is done, and that set-up waits behind the
+        command's own start (issue 46: train.command.prestart.wait_behind)."""
 
         def key(path: Path) -> tuple[int, int]:
             restart, _, in_place = path.name.rsplit("-", 1)[1].partition(".")
             return int(restart), int(in_place or 0)
 
-        attempts = sorted((self.run_dir / ".progress").glob(f"{self.job_id}-*"), key=key)
-        assert attempts, f"no attempt of job {self.job_id} under {self.run_dir}/.progress"
-        return attempts[-1]
+        deadline = time.monotonic() + timeout
+        while True:
+            attempts = sorted((self.run_dir / ".progress").glob(f"{self.job_id}-*"), key=key)
+            if attempts and all((attempts[-1] / f"rank-{r}.json").exists() for r in ranks):
+                return attempts[-1]
+            if time.monotonic() > deadline:
+                assert attempts, f"no attempt of job {self.job_id} under {self.run_dir}/.progress"
+                raise AssertionError(f"no rank-R.json of ranks {list(ranks)} in {attempts[-1]}")
+            time.sleep(0.2)
 
     def steps_done(self) -> int:
         return max((int(p["step"]) for p in self.progress() if "step" in p), default=0)

@@ -70,7 +70,7 @@ def test_frozen_command_rank_is_a_hang_requeued_off_its_node_and_completes(
     frozen = 0
     try:
         run.wait("step 25", lambda: run.steps_done() >= 25, 300)
-        attempt = run.attempt_dir()  # the first, unless the job restarted (then shown below)
+        attempt = run.attempt_dir((1,))  # the first, unless the job restarted (then shown below)
         meta = json.loads((attempt / "rank-1.json").read_text())
         command = _command_of(int(meta["pid"]), "plain_ddp.py")
         assert command is not None, meta
@@ -136,7 +136,7 @@ def test_a_stuck_worker_under_torchrun_is_a_hang(run: ByoRun) -> None:
         found: dict[str, Any] = {}
 
         def two_workers() -> bool:  # the agent's children, in the attempt running now
-            found["meta"] = json.loads((run.attempt_dir() / "rank-0.json").read_text())
+            found["meta"] = json.loads((run.attempt_dir((0,)) / "rank-0.json").read_text())
             found["workers"] = _children(int(found["meta"]["command_pid"]))
             return len(found["workers"]) == 2
 

@@ -180,7 +180,7 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
 
 def _submit_plain_ddp(run: ByoRun, name: str) -> None:
     """The torchrun-style script on 2 nodes (150 steps of 0.1 s, its own save every 10), once
-    it has made 25 steps."""
+    it has made 25 steps and both ranks' supervisors are set up (their ``rank-R.json``)."""
     argv = ["python", str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", "150",
             "--step-time", "0.1", "--save-every", "10"]  # fmt: skip
     run.submit(
@@ -191,6 +191,7 @@ def _submit_plain_ddp(run: ByoRun, name: str) -> None:
         }
     )
     run.wait("step 25", lambda: run.steps_done() >= 25, 300)
+    run.attempt_dir((0, 1))
 
 
 @pytest.fixture
@@ -207,7 +208,8 @@ def test_a_node_failure_that_took_rank_0_is_recorded_at_the_next_start(
     dead = ""
     try:
         _submit_plain_ddp(run, "nodefail-cmd-it")
-        attempt = run.run_dir / ".progress" / f"{run.job_id}-0"
+        attempt = run.attempt_dir((0,))
+        assert attempt.name == f"{run.job_id}-0", attempt  # the first attempt
         dead = json.loads((attempt / "rank-0.json").read_text())["node"]
         _kill_node(slurm_cluster, slurm_client, run.job_id, dead)
         run.release_when_requeued()

@@ -22,9 +22,9 @@ itself. A run that does not start (bad input, a refused run directory) stops it
 (:func:`abandon_started_first`): it never trains unsupervised.
 
 Our set-up then waits behind the command's own start (:func:`wait_behind`): this process sleeps,
-using no CPU, until the command's interpreter is mostly not running (its start is over: it
-trains on a GPU or sleeps; the main thread seen running in at most a quarter of the last two
-seconds, so that a short wait for a peer is still the start), at most :data:`WAIT_CAP_S`. A stop
+using no CPU, until the command's start is over: it used at most half a core over the last two
+seconds (it trains on a GPU, waits or sleeps; a start uses a whole one, and a short wait for a
+peer is still the start), at most :data:`WAIT_CAP_S`. A stop
 signal (Slurm's, held by the early-signal store) or the command's exit ends the wait at once:
 the supervisor sets up then and acts on it as it would have. The command's first write seen in
 the wait is handed on (its first output, for the records), and the wait is the
@@ -67,13 +67,15 @@ __all__ = [
 #: The longest our set-up waits behind a command started first (s): a command that keeps its
 #: cores busy from its first instruction (CPU training) gets its supervisor after this.
 WAIT_CAP_S = 8.0
-#: How often the wait looks at the command (its main thread's state: one small read).
+#: How often the wait looks at the command (its CPU and its writes: two small reads).
 WAIT_POLL_S = 0.05
-#: The command's start is over when its main thread was seen running (``R``) in at most
-#: ``QUIET_RUNNING`` of the last ``QUIET_LOOKS`` looks (a quarter of the last two seconds: a
-#: rendezvous that waits a second for a peer starting late is still the start).
-QUIET_LOOKS = 40
-QUIET_RUNNING = 10
+#: The command's start is over when it used at most ``QUIET_CPU`` of a core over the last
+#: ``QUIET_WINDOW_S`` seconds (an interpreter's start uses a whole one: imports are CPU; a
+#: rendezvous that waits a second for a late peer is still the start). CPU time, not the run
+#: state: on a node whose cores are all taken, a process that mostly sleeps is still often
+#: runnable, and one that is stopped (``kill -STOP``) or in I/O uses none.
+QUIET_WINDOW_S = 2.0
+QUIET_CPU = 0.5
 
 log = logging.getLogger("train.command.supervisor")
 
@@ -139,22 +141,23 @@ def start_first(
     return started
 
 
-def _state_and_written(pid: int, proc: Path = PROC) -> tuple[str | None, int]:
-    """The main thread's state letter and the bytes written so far (``wchar``) of ``pid``
-    alone (two small reads; no scan of /proc); (None, 0) when it is gone."""
+def _cpu_and_written(pid: int, proc: Path = PROC) -> tuple[float | None, int]:
+    """The CPU seconds (user + system, every thread) and the bytes written so far (``wchar``)
+    of ``pid`` alone (two small reads; no scan of /proc); (None, 0) when it is gone."""
     try:
-        state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
         return None, 0
     try:
         text = (proc / str(pid) / "io").read_text()
     except OSError:  # another user's process (not ours to read): no writes seen
-        return state, 0
+        return cpu, 0
     for line in text.splitlines():
         if line.startswith("wchar:"):
             value = line.split(":", 1)[1].strip()
-            return state, int(value) if value.isdigit() else 0
-    return state, 0
+            return cpu, int(value) if value.isdigit() else 0
+    return cpu, 0
 
 
 def wait_behind(
@@ -162,16 +165,18 @@ def wait_behind(
     cap_s: float = WAIT_CAP_S,
     poll_s: float = WAIT_POLL_S,
     pending: Callable[[], bool] = early_signal_pending,
-    look: Callable[[int], tuple[str | None, int]] = _state_and_written,
+    look: Callable[[int], tuple[float | None, int]] = _cpu_and_written,
+    clock: Callable[[], float] = time.monotonic,
 ) -> str:
     """Sleep until the command's own start is over; why it ended: ``"signal"`` (a stop signal
-    is held), ``"exited"``, ``"quiet"`` (its main thread mostly not running), ``"cap"``, or
-    ``"waited"`` at once when it waited for this command before (once per command)."""
+    is held), ``"exited"``, ``"quiet"`` (it used at most :data:`QUIET_CPU` of a core over the
+    last :data:`QUIET_WINDOW_S`), ``"cap"``, or ``"waited"`` at once when it waited for this
+    command before (once per command)."""
     if started.waited:
         return "waited"
     started.waited = True
-    deadline = time.monotonic() + cap_s
-    running: collections.deque[bool] = collections.deque(maxlen=QUIET_LOOKS)
+    deadline = clock() + cap_s
+    seen: collections.deque[tuple[float, float]] = collections.deque()  # (when, CPU seconds)
     written: int | None = None
     why = "cap"
     while True:
@@ -181,16 +186,21 @@ def wait_behind(
         if started.proc.poll() is not None:
             why = "exited"
             break
-        state, now_written = look(started.proc.pid)
+        cpu, now_written = look(started.proc.pid)
+        now = clock()
         if written is None:
             written = now_written
         elif now_written != written and started.first_write_at is None:
             started.first_write_at = time.time()
-        running.append(state == "R")
-        if len(running) == QUIET_LOOKS and sum(running) <= QUIET_RUNNING:
-            why = "quiet"
-            break
-        if time.monotonic() >= deadline:
+        if cpu is not None:
+            seen.append((now, cpu))
+            while len(seen) > 1 and now - seen[1][0] >= QUIET_WINDOW_S:
+                seen.popleft()  # the oldest look that still spans the whole window stays
+            then, before = seen[0]
+            if now - then >= QUIET_WINDOW_S and cpu - before <= QUIET_CPU * (now - then):
+                why = "quiet"
+                break
+        if now >= deadline:
             break
         time.sleep(poll_s)
     mark("behind_command")

@@ -1,8 +1,9 @@
 """Issue 46: the supervisor's set-up waits behind the start of a command started first
-(train.command.prestart.wait_behind): until the command's main thread is mostly not running,
-a stop signal is held, the command exits, or the cap. The looks are given (pure) except in the
-last cases, which run a real command and a real signal. End to end through the task's entry
-point: tests/unit/jobs/test_command_first.py (``..._waits_behind_the_commands_own_start``)."""
+(train.command.prestart.wait_behind): until the command used at most half a core over the last
+two seconds, a stop signal is held, the command exits, or the cap. The looks and the clock are
+given (pure) except in the last cases, which run a real command and a real signal. End to end
+through the task's entry points: tests/unit/jobs/test_command_first.py
+(``..._waits_behind_the_commands_own_start``) and tests/unit/jobs/test_taskstart.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from train.command import prestart
-from train.command.prestart import QUIET_LOOKS, QUIET_RUNNING, Prestarted, wait_behind
+from train.command.prestart import QUIET_CPU, QUIET_WINDOW_S, Prestarted, wait_behind
 from train.stop.signals import install_early, pop_early_signals
+
+STEP = 0.05  # the fake clock's time between two looks (the real poll)
 
 
 @pytest.fixture
@@ -31,67 +34,75 @@ def sleeper() -> Iterator[Prestarted]:
         proc.wait()
 
 
-def _looks(
-    states: str, written: list[int] | None = None
-) -> Callable[[int], tuple[str | None, int]]:
-    """A command seen as ``states`` (one letter per look, the last repeated)."""
-    seq = iter(range(10**6))
+class Command:
+    """A command seen through fake looks: each look, the clock moves STEP and the command uses
+    ``use(i)`` cores of it (i: the look's index); ``written(i)`` bytes so far."""
 
-    def look(pid: int) -> tuple[str | None, int]:
-        i = next(seq)
-        w = written[min(i, len(written) - 1)] if written else 0
-        return states[min(i, len(states) - 1)], w
+    def __init__(self, use: Callable[[int], float], written: Callable[[int], int] = lambda i: 0):
+        self.use, self.written = use, written
+        self.now, self.cpu, self.looks = 0.0, 0.0, 0
 
-    return look
+    def look(self, pid: int) -> tuple[float | None, int]:
+        i = self.looks
+        self.looks += 1
+        self.now += STEP
+        self.cpu += self.use(i) * STEP
+        return self.cpu, self.written(i)
 
+    def clock(self) -> float:
+        return self.now
 
-def test_a_start_that_runs_is_waited_for_until_it_mostly_does_not(sleeper: Prestarted) -> None:
-    busy, quiet = "R" * 30, "S"
-    n = []
-
-    def pending() -> bool:
-        n.append(1)
-        return False
-
-    why = wait_behind(sleeper, cap_s=60, poll_s=0, pending=pending, look=_looks(busy + quiet))
-    # quiet once no more than QUIET_RUNNING of the last QUIET_LOOKS looks saw it running
-    assert why == "quiet" and len(n) == 30 + QUIET_LOOKS - QUIET_RUNNING
+    def wait(
+        self, started: Prestarted, cap_s: float = 60.0, pending: Callable[[], bool] = lambda: False
+    ) -> str:
+        return wait_behind(started, cap_s=cap_s, poll_s=0, pending=pending, look=self.look,
+                           clock=self.clock)  # fmt: skip
 
 
-@pytest.mark.parametrize(("running", "why"), [(QUIET_RUNNING, "quiet"), (QUIET_RUNNING + 1, "cap")])
-def test_quiet_is_at_most_a_quarter_of_the_window_running(
-    sleeper: Prestarted, running: int, why: str
+def test_a_start_that_uses_its_core_is_waited_for_until_it_mostly_does_not(
+    sleeper: Prestarted,
 ) -> None:
-    # a steady pattern: `running` looks of every QUIET_LOOKS see it running (a step's compute)
-    pattern = ("R" * running + "S" * (QUIET_LOOKS - running)) * 50
-    got = wait_behind(sleeper, cap_s=0.3, poll_s=0.001, pending=lambda: False,
-                      look=_looks(pattern))  # fmt: skip
-    assert got == why
+    busy = 30  # 1.5 s of a whole core (an import), then 10% (a training step and a sleep)
+    cmd = Command(lambda i: 1.0 if i < busy else 0.1)
+    assert cmd.wait(sleeper) == "quiet"
+    # never before its start is over and two seconds of the window are seen, nor much later
+    assert cmd.looks > busy and cmd.looks * STEP >= QUIET_WINDOW_S
+    assert cmd.looks < busy + 2 * QUIET_WINDOW_S / STEP
+
+
+@pytest.mark.parametrize(("use", "why"), [(QUIET_CPU - 0.05, "quiet"), (QUIET_CPU + 0.1, "cap")])
+def test_quiet_is_at_most_half_a_core_over_the_window(
+    sleeper: Prestarted, use: float, why: str
+) -> None:
+    assert Command(lambda i: use).wait(sleeper, cap_s=5 * QUIET_WINDOW_S) == why
+
+
+def test_a_stopped_command_is_quiet(sleeper: Prestarted) -> None:
+    # kill -STOP (or a wait in I/O): no CPU at all; after its window the set-up goes on
+    cmd = Command(lambda i: 1.0 if i < 10 else 0.0)
+    assert cmd.wait(sleeper) == "quiet"
 
 
 def test_a_held_stop_signal_ends_the_wait_at_once(sleeper: Prestarted) -> None:
     calls = iter([False, False, True])
-    why = wait_behind(sleeper, cap_s=60, poll_s=0, pending=lambda: next(calls), look=_looks("R"))
-    assert why == "signal"
+    cmd = Command(lambda i: 1.0)
+    assert cmd.wait(sleeper, pending=lambda: next(calls)) == "signal" and cmd.looks == 2
 
 
 def test_the_commands_exit_ends_the_wait() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    why = wait_behind(Prestarted(proc, [], time.time()), cap_s=60, pending=lambda: False,
-                      look=_looks("R"))  # fmt: skip
-    assert why == "exited"
+    assert Command(lambda i: 1.0).wait(Prestarted(proc, [], time.time())) == "exited"
 
 
 def test_the_first_write_seen_is_handed_on(sleeper: Prestarted) -> None:
     before = time.time()
-    wait_behind(sleeper, cap_s=60, poll_s=0, pending=lambda: False,
-                look=_looks("R" * 5 + "S", written=[10, 10, 10, 250]))  # fmt: skip
+    Command(lambda i: 1.0 if i < 5 else 0.0, lambda i: 10 if i < 3 else 250).wait(sleeper)
     assert sleeper.first_write_at is not None and sleeper.first_write_at >= before
 
 
 def test_no_write_no_first_output(sleeper: Prestarted) -> None:
-    wait_behind(sleeper, cap_s=60, poll_s=0, pending=lambda: False, look=_looks("S", [10]))
+    Command(lambda i: 0.0, lambda i: 10).wait(sleeper)
     assert sleeper.first_write_at is None
 
 
@@ -112,13 +123,12 @@ def test_a_real_busy_command_and_a_real_signal(sleeper: Prestarted) -> None:
 
 
 def test_a_real_command_is_read_from_proc(sleeper: Prestarted) -> None:
-    time.sleep(0.2)
-    state, written = prestart._state_and_written(sleeper.proc.pid)
-    assert state == "S" and written >= 0
-    assert prestart._state_and_written(2**22 + 12345) == (None, 0)  # no such process
+    cpu, written = prestart._cpu_and_written(os.getpid())
+    assert cpu is not None and cpu > 0 and written >= 0
+    assert prestart._cpu_and_written(2**22 + 12345) == (None, 0)  # no such process
 
 
 def test_a_command_is_waited_for_once(sleeper: Prestarted) -> None:
     # jobs.taskstart waits before submitit loads; TrainLaunch then goes on at once
-    assert wait_behind(sleeper, cap_s=0, pending=lambda: False, look=_looks("R")) == "cap"
-    assert wait_behind(sleeper, cap_s=60, pending=lambda: False, look=_looks("R")) == "waited"
+    assert Command(lambda i: 1.0).wait(sleeper, cap_s=0) == "cap"
+    assert Command(lambda i: 1.0).wait(sleeper) == "waited"
