@@ -22,9 +22,10 @@ itself. A run that does not start (bad input, a refused run directory) stops it
 (:func:`abandon_started_first`): it never trains unsupervised.
 
 Our set-up then waits behind the command's own start (:func:`wait_behind`): this process sleeps,
-using no CPU, until the command's start is over: it used at most half a core over the last two
-seconds (it trains on a GPU, waits or sleeps; a start uses a whole one, and a short wait for a
-peer is still the start), at most :data:`WAIT_CAP_S`. A stop
+using no CPU, until the command's start is over: its main thread wanted at most half a core
+over the last two seconds (on a CPU or waiting for one: it trains on a GPU, waits or sleeps; a
+start wants a whole one, also where it gets less, and a short wait for a peer is still the
+start), at most :data:`WAIT_CAP_S`. A stop
 signal (Slurm's, held by the early-signal store) or the command's exit ends the wait at once:
 the supervisor sets up then and acts on it as it would have. The command's first write seen in
 the wait is handed on (its first output, for the records), and the wait is the
@@ -67,13 +68,15 @@ __all__ = [
 #: The longest our set-up waits behind a command started first (s): a command that keeps its
 #: cores busy from its first instruction (CPU training) gets its supervisor after this.
 WAIT_CAP_S = 8.0
-#: How often the wait looks at the command (its CPU and its writes: two small reads).
+#: How often the wait looks at the command (its CPU and its writes: small reads of its files).
 WAIT_POLL_S = 0.05
-#: The command's start is over when it used at most ``QUIET_CPU`` of a core over the last
-#: ``QUIET_WINDOW_S`` seconds (an interpreter's start uses a whole one: imports are CPU; a
-#: rendezvous that waits a second for a late peer is still the start). CPU time, not the run
-#: state: on a node whose cores are all taken, a process that mostly sleeps is still often
-#: runnable, and one that is stopped (``kill -STOP``) or in I/O uses none.
+#: The command's start is over when its main thread wanted at most ``QUIET_CPU`` of a core over
+#: the last ``QUIET_WINDOW_S`` seconds: its time on a CPU plus its time waiting for one
+#: (``/proc/PID/schedstat``; its CPU time alone where the kernel keeps no such count). An
+#: interpreter's start wants a whole core (imports are CPU), also on a node whose cores are all
+#: taken, where it gets less; a training step on a GPU, a sleep, a process stopped (``kill
+#: -STOP``) or waiting for I/O want little or none; a rendezvous that waits a second for a late
+#: peer is still the start.
 QUIET_WINDOW_S = 2.0
 QUIET_CPU = 0.5
 
@@ -142,22 +145,31 @@ def start_first(
 
 
 def _cpu_and_written(pid: int, proc: Path = PROC) -> tuple[float | None, int]:
-    """The CPU seconds (user + system, every thread) and the bytes written so far (``wchar``)
-    of ``pid`` alone (two small reads; no scan of /proc); (None, 0) when it is gone."""
+    """The seconds ``pid``'s main thread spent on a CPU or waiting for one (``schedstat``;
+    else the process's user + system CPU time) and the bytes it has written so far
+    (``wchar``): three small reads of its own files, no scan of /proc; (None, 0) when it is
+    gone."""
+    base = proc / str(pid)
     try:
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None, 0
+        on_cpu, waiting = (base / "schedstat").read_text().split()[:2]
+        wanted: float | None = (int(on_cpu) + int(waiting)) / 1e9
+    except (OSError, ValueError):
+        wanted = None
+    if wanted is None:
+        try:
+            fields = (base / "stat").read_text().rsplit(")", 1)[1].split()
+            wanted = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None, 0
     try:
-        text = (proc / str(pid) / "io").read_text()
+        text = (base / "io").read_text()
     except OSError:  # another user's process (not ours to read): no writes seen
-        return cpu, 0
+        return wanted, 0
     for line in text.splitlines():
         if line.startswith("wchar:"):
             value = line.split(":", 1)[1].strip()
-            return cpu, int(value) if value.isdigit() else 0
-    return cpu, 0
+            return wanted, int(value) if value.isdigit() else 0
+    return wanted, 0
 
 
 def wait_behind(
@@ -169,8 +181,8 @@ def wait_behind(
     clock: Callable[[], float] = time.monotonic,
 ) -> str:
     """Sleep until the command's own start is over; why it ended: ``"signal"`` (a stop signal
-    is held), ``"exited"``, ``"quiet"`` (it used at most :data:`QUIET_CPU` of a core over the
-    last :data:`QUIET_WINDOW_S`), ``"cap"``, or ``"waited"`` at once when it waited for this
+    is held), ``"exited"``, ``"quiet"`` (it wanted at most :data:`QUIET_CPU` of a core over
+    the last :data:`QUIET_WINDOW_S`), ``"cap"``, or ``"waited"`` at once when it waited for this
     command before (once per command)."""
     if started.waited:
         return "waited"

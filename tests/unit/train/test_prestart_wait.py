@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,18 @@ def test_a_command_is_waited_for_once(sleeper: Prestarted) -> None:
     # jobs.taskstart waits before submitit loads; TrainLaunch then goes on at once
     assert Command(lambda i: 1.0).wait(sleeper, cap_s=0) == "cap"
     assert Command(lambda i: 1.0).wait(sleeper) == "waited"
+
+
+def test_what_the_main_thread_wanted_from_schedstat_else_its_cpu_time(tmp_path: Path) -> None:
+    # on a CPU 1.5 s + waiting for one 0.5 s (a start on a node whose cores are taken)
+    pid = tmp_path / "42"
+    pid.mkdir()
+    (pid / "stat").write_text("42 (py thon) R " + " ".join(["0"] * 10) + " 300 100 0 0\n")
+    (pid / "io").write_text("rchar: 5\nwchar: 77\n")
+    (pid / "schedstat").write_text("1500000000 500000000 12\n")
+    assert prestart._cpu_and_written(42, tmp_path) == (2.0, 77)
+    (pid / "schedstat").unlink()  # a kernel that keeps no count: user + system ticks
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert prestart._cpu_and_written(42, tmp_path) == (400 / ticks, 77)
+    (pid / "io").unlink()  # not ours to read: no writes seen
+    assert prestart._cpu_and_written(42, tmp_path) == (400 / ticks, 0)
