@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # test clusters and the unit half on these 2 cores (a false hang before any freeze). Users'
 # default is max(1800 s, 3 x the longest silence).
 TIMEOUT_S = 20
-STEPS = 150
+# long enough that the supervisors are set up well before the end on loaded cores (their set-up
+# waits behind the command's start, up to train.command.prestart.WAIT_CAP_S)
+STEPS = 300
 
 
 @pytest.fixture

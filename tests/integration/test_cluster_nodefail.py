@@ -178,10 +178,15 @@ def test_node_failure_is_recorded_quarantined_requeued_elsewhere_and_exact(
     assert digests[0] == digests[1]
 
 
+#: long enough that the supervisors are set up well before the end on loaded cores (their
+#: set-up waits behind the command's start, up to train.command.prestart.WAIT_CAP_S)
+PLAIN_STEPS = 300
+
+
 def _submit_plain_ddp(run: ByoRun, name: str) -> None:
-    """The torchrun-style script on 2 nodes (150 steps of 0.1 s, its own save every 10), once
-    it has made 25 steps and both ranks' supervisors are set up (their ``rank-R.json``)."""
-    argv = ["python", str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", "150",
+    """The torchrun-style script on 2 nodes (PLAIN_STEPS steps of 0.1 s, its own save every
+    10), once it has made 25 steps and both ranks' supervisors are set up (``rank-R.json``)."""
+    argv = ["python", str(REPO / "examples" / "byo" / "plain_ddp.py"), "--steps", str(PLAIN_STEPS),
             "--step-time", "0.1", "--save-every", "10"]  # fmt: skip
     run.submit(
         {
@@ -234,7 +239,7 @@ def test_a_node_failure_that_took_rank_0_is_recorded_at_the_next_start(
             ["start", "node_fail", "requeue", "quarantine", "start", "complete"],
             ["start", "node_fail", "quarantine", "start", "complete"],
         ), names
-    assert run.steps_done() == 150
+    assert run.steps_done() == PLAIN_STEPS
 
 
 @pytest.mark.long(60)
@@ -272,7 +277,7 @@ def test_a_rank_that_dies_on_a_failed_node_is_a_node_failure_before_slurm_requeu
     assert quarantine["nodes"] == [node] and quarantine["reason"] == "node failure", quarantine
     nodes = {json.loads((run.attempt_dir() / f"rank-{r}.json").read_text())["node"] for r in (0, 1)}
     assert node not in nodes, nodes
-    assert run.steps_done() == 150
+    assert run.steps_done() == PLAIN_STEPS
 
 
 @pytest.mark.long(60)
@@ -309,7 +314,7 @@ def test_an_expedited_requeue_brings_a_killed_nodes_job_back_without_the_hold(
     assert final == "COMPLETED", run.log()
     names = [e["event"] for e in run.events()]
     assert names.count("node_fail") == 1 and names[-1] == "complete", names
-    assert run.steps_done() == 150
+    assert run.steps_done() == PLAIN_STEPS
     # the ledger shows the wait it saved: the hold of a plain requeue here (cred_expire,
     # Slurm's 120 s) beside the seconds the expedited one took
     status = run.jobs("status", run.job_id)
