@@ -308,11 +308,12 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(
     cluster: Cluster, spec_path: Path, reference_digest: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    # 160 steps of at least 0.3 s: the run lasts longer than the ~15-45 s after which Slurm sends
-    # the time-limit signal, however fast the machine trains, without burning the shared CPUs.
+    # 160 steps of at least 0.45 s: the run lasts longer than its 1-minute limit, however fast
+    # the machine trains, without burning the shared CPUs, so the time-limit signal always comes
+    # before its end (usually 15-45 s in; once 53 s was not enough: CI run 22, 24.11 under load).
     # Once the first time-limit stop is requeued, the rest of the run goes at full speed.
     pace = tmp_path / "pace"
-    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"], env=slow_steps(0.3, pace))
+    job_id = cluster.submit_training(spec_path, run_dir, ["--time=1"], env=slow_steps(0.45, pace))
     cluster.wait(
         "the requeue before the time limit",
         lambda: any(e["event"] in ("requeue", "budget_exhausted") for e in _events(run_dir)),
