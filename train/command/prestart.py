@@ -25,9 +25,9 @@ Our set-up then waits behind the command's own start (:func:`wait_behind`): this
 using no CPU, until the command's start is over: its main thread wanted at most half a core
 over the last two seconds (on a CPU or waiting for one: it trains on a GPU, waits or sleeps; a
 start wants a whole one, also where it gets less, and a short wait for a peer is still the
-start), at most :data:`WAIT_CAP_S`. A stop
-signal (Slurm's, held by the early-signal store) or the command's exit ends the wait at once:
-the supervisor sets up then and acts on it as it would have. The command's first write seen in
+start), at most :data:`WAIT_CAP_S`. A stop signal (Slurm's, held by the early-signal store) or
+the command's exit ends the wait at once: the supervisor sets up then and acts on it as it
+would have. The command's first write seen in
 the wait is handed on (its first output, for the records), and the wait is the
 ``behind_command`` phase of the start's record.
 """
@@ -49,6 +49,7 @@ from train.command.processes import (
     signum_of,
     spawn,
     step_back_for_command,
+    wchar,
 )
 from train.env import DistEnv
 from train.procfs import PROC
@@ -161,15 +162,7 @@ def _cpu_and_written(pid: int, proc: Path = PROC) -> tuple[float | None, int]:
             wanted = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except (OSError, IndexError, ValueError):
             return None, 0
-    try:
-        text = (base / "io").read_text()
-    except OSError:  # another user's process (not ours to read): no writes seen
-        return wanted, 0
-    for line in text.splitlines():
-        if line.startswith("wchar:"):
-            value = line.split(":", 1)[1].strip()
-            return wanted, int(value) if value.isdigit() else 0
-    return wanted, 0
+    return wanted, wchar(pid, proc)
 
 
 def wait_behind(

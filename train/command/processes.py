@@ -50,6 +50,7 @@ __all__ = [
     "stop_group",
     "topmost",
     "wait_exit",
+    "wchar",
 ]
 
 
@@ -101,20 +102,23 @@ def written_bytes(root: int, proc: Path = PROC) -> int:
     does); 0 where /proc does not say. A launcher agent's own writes do not count
     (:func:`is_launcher`): its workers' do. A command's progress: it only grows while the
     training does something."""
-    total = 0
-    for pid in process_tree(root, proc):
-        if is_launcher(_argv(pid, proc)):
-            continue
-        try:
-            text = (proc / str(pid) / "io").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("wchar:"):
-                value = line.split(":", 1)[1].strip()
-                total += int(value) if value.isdigit() else 0
-                break
-    return total
+    return sum(
+        wchar(pid, proc) for pid in process_tree(root, proc) if not is_launcher(_argv(pid, proc))
+    )
+
+
+def wchar(pid: int, proc: Path = PROC) -> int:
+    """Bytes process ``pid`` alone has written so far (``wchar`` of ``/proc/PID/io``); 0 where
+    it is gone or not ours to read."""
+    try:
+        text = (proc / str(pid) / "io").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("wchar:"):
+            value = line.split(":", 1)[1].strip()
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 def topmost(tree: Mapping[int, int], members: Iterable[int]) -> list[int]:
