@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,12 +60,18 @@ _STOP_SIGNALS = tuple(
 @pytest.fixture(autouse=True)
 def _isolated_signals() -> Iterator[None]:
     """Code run in-process (jobs.launch, train.cli, guards) installs stop-signal handlers or
-    ignores stop signals, as it must inside a job; no test may leak that into the next one."""
+    ignores stop signals, as it must inside a job; no test may leak that into the next one,
+    nor a signal its handlers remembered (``train.stop.signals``' process-wide records: a
+    process is one attempt in a job, a test is not)."""
     saved = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
     yield
     for s, handler in saved.items():
         if signal.getsignal(s) is not handler and handler is not None:
             signal.signal(s, handler)
+    records = sys.modules.get("train.stop.signals")
+    if records is not None:
+        records._EARLY.clear()
+        records._TERM_AT.clear()
 
 
 @pytest.fixture(params=["file", "under_a_file"])

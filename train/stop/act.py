@@ -33,6 +33,7 @@ from train.stop.decision import (
     decide,
 )
 from train.stop.facts import StopFacts, gather
+from train.stop.signals import term_received_at
 from train.stop.stopenv import StopEnv
 
 if TYPE_CHECKING:
@@ -84,8 +85,12 @@ def failure_details(exc: BaseException) -> dict[str, Any]:
 #: how long a rank whose failure is only a peer's death (connection closed, a collective timed
 #: out: the cascade) leaves the claim to the root, before it claims the failure itself
 ROOT_WAIT_S = 10.0
-#: how long it still looks for the root's claim once srun ends the step (its SIGTERM)
-STEP_ENDING_GRACE_S = 1.0
+#: how long it still looks for the root's claim once srun ends the step (its SIGTERM). The root
+#: claims (an exclusive create, atomic on the file server) before it exits, and srun's SIGTERM
+#: comes after that exit; this rank's own claim is an exclusive create too, so a root's claim
+#: not yet seen here still wins it. The grace only covers a SIGTERM that is not srun's (a
+#: cancel, a preemption) while the root, still alive, is about to claim.
+STEP_ENDING_GRACE_S = 0.25
 
 
 class _StepEnding:
@@ -100,6 +105,8 @@ class _StepEnding:
         self._installed = False
 
     def __enter__(self) -> _StepEnding:
+        # srun's SIGTERM may have come before the wait: during the collective that failed
+        self.at = term_received_at()
         if threading.current_thread() is not threading.main_thread():
             return self
         previous = signal.getsignal(signal.SIGTERM)

@@ -38,6 +38,7 @@ __all__ = [
     "note_early_signal",
     "pop_early_signals",
     "signum",
+    "term_received_at",
 ]
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,22 @@ log = logging.getLogger(__name__)
 
 # Stop signals that arrived before a PreemptionGuard was installed: (signal, time).
 _EARLY: list[tuple[signal.Signals, float]] = []
+# When this process first got SIGTERM through a handler of this module (time.monotonic()).
+_TERM_AT: list[float] = []
+
+
+def _note_term(signum: int) -> None:
+    # list.append is atomic under the GIL: safe inside a signal handler
+    if signum == signal.SIGTERM and not _TERM_AT:
+        _TERM_AT.append(time.monotonic())
+
+
+def term_received_at() -> float | None:
+    """When (``time.monotonic()``) this process first got SIGTERM through the early handler or
+    a :class:`PreemptionGuard`, whichever held it then; None if it never did. srun sends it to
+    every other task the moment one exits badly: a rank whose collective failed may have got
+    it before it failed (:mod:`train.stop.act` reads it)."""
+    return _TERM_AT[0] if _TERM_AT else None
 
 
 def note_early_signal(signum: int, when: float | None = None) -> None:
@@ -73,6 +90,7 @@ def pop_early_signals() -> list[signal.Signals]:
 def early_handler(signum: int, frame: FrameType | None) -> None:
     """The handler :func:`install_early` installs: it only records the signal."""
     # list.append is atomic under the GIL; no logging or I/O inside a signal handler.
+    _note_term(signum)
     note_early_signal(signum)
 
 
@@ -151,6 +169,7 @@ class PreemptionGuard:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Only set a flag: no logging, locks, I/O or collectives inside a signal handler.
+        _note_term(signum)
         if not self._flag:
             self._received = signal.Signals(signum)
             self._received_at = time.time()

@@ -438,3 +438,41 @@ def test_a_killed_roots_cascade_claims_once_srun_ends_the_step(
     assert code == 1
     (failure,) = [e for e in RunHistory(tmp_path).events() if e["event"] == "failure"]
     assert failure["error"] == cascade
+
+
+@pytest.mark.parametrize("holder", ["guard", "early"])
+def test_srun_ending_the_step_before_the_failure_still_ends_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holder: str
+) -> None:
+    """Issue 46 (a restart in place at the floor): srun's SIGTERM (the root's bad exit) often
+    reaches a rank while it is still in the collective that then fails: the run's guard (or,
+    during start-up, the early handler) holds it, and the wait for the root's claim begins
+    after it. The cascade knows the step is ending all the same and claims after the short
+    grace (it waited the whole ROOT_WAIT_S before: 10 s of a restart in place, one round in
+    three on the local cluster)."""
+    import train.stop.act
+    from train.stop.signals import install_early, term_received_at
+
+    monkeypatch.setattr(train.stop.act, "ROOT_WAIT_S", 20.0)
+    assert term_received_at() is None
+    if holder == "guard":
+        guard = PreemptionGuard(("USR2", "TERM")).install()
+    else:
+        install_early(("USR2", "TERM"))
+    os.kill(os.getpid(), signal.SIGUSR2)  # a job signal first: the step's end is SIGTERM only
+    assert term_received_at() is None
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert term_received_at() is not None
+    start = time.monotonic()
+    cascade = "RuntimeError: [gloo] Connection reset by peer [127.0.0.1]:29500"
+    code = request_requeue(FakeEnv(is_main=True, world_size=2), tmp_path,
+                           RequeueConfig(max_failures=3), "failure", step=7, error=cascade,
+                           client=FakeClient())  # fmt: skip
+    waited = time.monotonic() - start
+    if holder == "guard":
+        assert guard.requested and guard.signal_name == "SIGUSR2"
+        guard.uninstall()
+    assert waited < 5.0  # not ROOT_WAIT_S
+    assert code != 0
+    (failure,) = [e for e in RunHistory(tmp_path).events() if e["event"] == "failure"]
+    assert failure["error"] == cascade
