@@ -40,9 +40,12 @@ class TrainExecutor(submitit.SlurmExecutor):
     submitit (``max_num_timeout=0``): train decides about requeues through its budgets.
     """
 
-    def __init__(self, folder: Path, note: list[str] | None = None) -> None:
+    def __init__(
+        self, folder: Path, note: list[str] | None = None, run_dir: str | None = None
+    ) -> None:
         super().__init__(folder, max_num_timeout=0, python=task_python())
         self._note = list(note or [])
+        self._run_dir = run_dir
 
     @classmethod
     def affinity(cls) -> int:
@@ -60,7 +63,7 @@ class TrainExecutor(submitit.SlurmExecutor):
                 "jobs cannot put the step in its restart loop (jobs.executor)"
             )
         i = steps[0]
-        loop = in_place_loop(lines[i], self.folder)
+        loop = in_place_loop(lines[i], self.folder, run_dir=self._run_dir)
         lines[i : i + 1] = [*self._note, *loop.split("\n")]
         return "\n".join(lines)
 
@@ -89,16 +92,20 @@ def task_python(python: str | None = None) -> str:
     return " ".join([safe_python(python), "-u -m jobs.taskstart --task", TASK, "--"])
 
 
-def in_place_loop(step: str, folder: Path, python: str | None = None) -> str:
+def in_place_loop(
+    step: str, folder: Path, python: str | None = None, run_dir: str | None = None
+) -> str:
     """The job step ``step`` (submitit's srun line) run again in the same allocation when the
     run decided to restart in place (a failure or a hang; :mod:`train.stop.step` says so after
     each step): no requeue, no trip through the queue. The only lines of the script that are
     ours rather than submitit's. A link of a chain that stopped for its successor (its exit
     code ``link_exit``, set by :func:`jobs.render.chain_lines`) ends the script at once: its
     successor resumes, and a run rank 0 completed meanwhile is found by the successor's
-    ``link-start`` (the chain ends there)."""
+    ``link-start`` (the chain ends there). ``run_dir``: the task's run directory as a shell word
+    (:func:`jobs.render.task_run_dir`), so that the question after a step reads no pickle."""
     ask = " ".join([
         safe_python(python), "-m jobs.launch --after-step", shlex.quote(str(folder)),
+        *(["--run-dir", run_dir] if run_dir else []),
         '--exit-code "$rc"', '--in-place "$SLURM_TRAIN_IN_PLACE" --job-id "$SLURM_JOB_ID"',
         "--task", TASK,
         '--restart-count "${SLURM_RESTART_COUNT:-0}"',

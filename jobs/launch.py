@@ -22,7 +22,10 @@ import pickle
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from train.spec import RequeueConfig
 
 
 def quiet_submitit_logging() -> None:
@@ -149,14 +152,17 @@ def command_first(command: tuple[str, ...] | list[str] | None) -> tuple[str, ...
 
 def after_step(argv: list[str] | None = None) -> int:
     """``python -m jobs.launch --after-step FOLDER ...``: what the batch script does after a
-    step (:func:`train.stop.step.after_step` for this task's run, found through its pickle);
-    prints ``restart`` or ``exit N`` (jobs.executor.in_place_loop)."""
+    step (:func:`train.stop.step.after_step` for this task's run); prints ``restart`` or
+    ``exit N`` (jobs.executor.in_place_loop). ``--run-dir``: the task's run directory, as the
+    script names it (its spec ``RUN_DIR/resolved.yaml`` read only where the decision needs it);
+    without it (a script rendered before it), the task's pickle in ``FOLDER`` says which."""
     import argparse
     import contextlib
     import sys
 
     p = argparse.ArgumentParser(prog="python -m jobs.launch")
     p.add_argument("--after-step", type=Path, required=True, metavar="FOLDER")
+    p.add_argument("--run-dir", type=Path, default=None)
     p.add_argument("--exit-code", type=int, required=True)
     p.add_argument("--in-place", type=int, default=0)
     p.add_argument("--job-id", default="")
@@ -165,13 +171,22 @@ def after_step(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     code: int | None = ns.exit_code
     try:
-        launch = _task_launch(ns.after_step / f"{ns.task or ns.job_id}_submitted.pkl")
-        from train.spec import load_run_config
+        from train.runfiles import RESOLVED
+
+        if ns.run_dir is not None:
+            run_dir, config = ns.run_dir, ns.run_dir / RESOLVED
+        else:
+            launch = _task_launch(ns.after_step / f"{ns.task or ns.job_id}_submitted.pkl")
+            run_dir, config = Path(launch.run_dir), Path(launch.config)
         from train.stop import after_step as decide_after_step
 
-        requeue = load_run_config(launch.config).requeue
+        def requeue() -> RequeueConfig:
+            from train.spec import load_run_config
+
+            return load_run_config(config).requeue
+
         code = decide_after_step(
-            Path(launch.run_dir),
+            run_dir,
             requeue,
             job_id=ns.job_id or None,
             restart_count=ns.restart_count,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from jobs.slurmmap import RESOURCE_OPTIONS, sbatch_options, submitit_parameters
 from train.env import SLURM_RELEASE_ENV
+from train.runfiles import TASKS_DIR
 
 if TYPE_CHECKING:
     from cluster import ClusterLimits
@@ -114,11 +115,21 @@ def submitted_pickle(folder: Path, job_id: str) -> Path:
     return folder / f"{job_id}_submitted.pkl"
 
 
+def task_run_dir(run_dir: Path, array: bool = False) -> str:
+    """The task's run directory as a word of the batch script (an array task's names its
+    ``$SLURM_ARRAY_TASK_ID``): where ``jobs.launch --after-step`` reads the run's records after
+    a step, without loading the task's pickle (:func:`jobs.executor.in_place_loop`)."""
+    base = Path(run_dir).absolute()
+    if not array:
+        return shlex.quote(str(base))
+    return shlex.quote(str(base / TASKS_DIR)) + '/"$SLURM_ARRAY_TASK_ID"'
+
+
 def rank_note(spec: JobSpec, run_dir: Path, array: bool = False) -> list[str]:
     """What each rank runs, as comment lines (``--dry-run`` and the script itself say it):
     ``submitit.core._submit`` only loads the task's pickle, a :class:`jobs.launch.TrainLaunch`
     that runs ``python -m train`` on the task's resolved spec in the task's process."""
-    task_dir = run_dir / "tasks" / "$SLURM_ARRAY_TASK_ID" if array else run_dir
+    task_dir = run_dir / TASKS_DIR / "$SLURM_ARRAY_TASK_ID" if array else run_dir
     argv = ["python", "-m", "train", "--config", str(task_dir / "resolved.yaml")]
     argv += ["--run-dir", str(task_dir)]
     lines = [
@@ -211,7 +222,7 @@ def sbatch_script(
     note = rank_note(spec, run_dir, array_size is not None)
     if spec.requeue.mode == "chain":  # a link of a chain of jobs (jobs.chain)
         note = [*chain_lines(run_dir), *note]
-    executor = TrainExecutor(folder, note)
+    executor = TrainExecutor(folder, note, task_run_dir(run_dir, array_size is not None))
     executor.update_parameters(**params)
     return executor.script(array_size)
 

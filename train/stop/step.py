@@ -39,6 +39,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,7 @@ def _refused(mine: list[dict[str, Any]]) -> bool:
 
 def after_step(
     run_dir: Path,
-    requeue: RequeueConfig,
+    requeue: RequeueConfig | Callable[[], RequeueConfig],
     *,
     job_id: str | None,
     restart_count: int,
@@ -100,7 +101,10 @@ def after_step(
     while one of them is down is a node failure, requeued off it, not restarted in place.
     ``restarts``: the batch script restarts a step (False: a template that runs one step).
     ``stop_signal``: the stop signal the batch script got (``USR2``, ``TERM``) before the step ended
-    without answering it (killed: an exit code above 128): see :func:`_after_signal`."""
+    without answering it (killed: an exit code above 128): see :func:`_after_signal`.
+    ``requeue``: the run's requeue section, or what reads it: read only where the ranks left
+    something to decide (a step whose rank decided a restart in place needs none: the run's
+    spec models are a fifth of a second of this interpreter, between the steps)."""
     if exit_code == 0 or not job_id:
         return exit_code
     history = RunHistory(run_dir)
@@ -117,14 +121,15 @@ def after_step(
     env = Decider(job_id, restart_count, in_place, in_place_supervised=restarts, hosts=hosts,
                   slurm_release=exported_release(os.environ))  # fmt: skip
     mine = _mine(history, env)
-    if exit_code == REQUEUE_EXIT_CODE and requeue.mode == "chain":
+    if exit_code == REQUEUE_EXIT_CODE and _read(requeue).mode == "chain":
         return exit_code  # a link of a chain (jobs.chain): the next link resumes, no requeue
     if exit_code == REQUEUE_EXIT_CODE or _refused(mine):
         # a requeue the ranks decided and Slurm refused them: carried out here, whatever
         # code srun ended with (a rank killed meanwhile ends it with 137, not 75)
         return requeue_after_step(history, job_id, restart_count, in_place, client=client)
     if stop_signal:
-        return _after_signal(run_dir, history, env, mine, requeue, exit_code, stop_signal, client)
+        return _after_signal(run_dir, history, env, mine, _read(requeue), exit_code, stop_signal,
+                             client)  # fmt: skip
     if exit_code in _FINAL_CODES:
         return exit_code
     if any(e["event"] in _SETTLED for e in mine):
@@ -139,7 +144,7 @@ def after_step(
         code, decision = stop_attempt(
             env,
             run_dir,
-            requeue,
+            _read(requeue),
             "failure",
             error=f"step exited {exit_code} ({how}) without a record from its ranks",
             client=client,
@@ -160,6 +165,10 @@ def after_step(
     )
     log.warning("restarting in place (%d): a new step in this allocation", in_place + 1)
     return None
+
+
+def _read(requeue: RequeueConfig | Callable[[], RequeueConfig]) -> RequeueConfig:
+    return requeue() if callable(requeue) else requeue
 
 
 def _after_signal(

@@ -15,7 +15,7 @@ from jobs.errors import SubmitError
 from jobs.executor import in_place_loop, safe_python, task_python
 from jobs.launch import TrainLaunch
 from jobs.load import load_spec, load_text
-from jobs.render import rank_note, sbatch_script, submitit_folder
+from jobs.render import rank_note, sbatch_script, submitit_folder, task_run_dir
 from jobs.submit import make_plan, submit_slurm
 
 if TYPE_CHECKING:
@@ -244,9 +244,16 @@ def test_script_is_byte_for_byte_what_submitit_renders(text: str) -> None:
     )
     ours_part = [
         *rank_note(loaded.spec, run_dir, size is not None),
-        in_place_loop(step, submitit_folder(run_dir)),
+        in_place_loop(
+            step, submitit_folder(run_dir), run_dir=task_run_dir(run_dir, size is not None)
+        ),
     ]
     assert ours == theirs.replace(step, "\n".join(ours_part))
+    # the question after a step names the task's run directory: it loads no pickle (issue 46)
+    where = (
+        "'/runs/with space/x/tasks'/\"$SLURM_ARRAY_TASK_ID\"" if size else "'/runs/with space/x'"
+    )
+    assert f"--after-step '/runs/with space/x/slurm' --run-dir {where} --exit-code" in ours
     assert f"\n  {step}\n  rc=$?\n" in ours and ours.endswith("done\n")
 
 
@@ -423,6 +430,47 @@ def test_the_scripts_commands_run_ours_in_a_folder_of_the_users_own(tmp_path: Pa
     assert "SHADOWED" not in after.stdout + after.stderr
     # jobs.launch (ours) answered: the pickle holds no TrainLaunch, the step's own code stands
     assert after.stdout.strip() == "exit 3"
+
+
+@pytest.mark.parametrize("decided", [True, False])
+def test_the_question_after_a_step_reads_the_run_directory_the_script_names(
+    tmp_path: Path, decided: bool
+) -> None:
+    """Issue 46 (a restart in place at the floor): the batch script's question after a step
+    names the task's run directory, so a step whose failing rank decided a restart in place is
+    restarted without loading the task's pickle (submitit) or the run's spec (pydantic): ~0.2 s
+    of one interpreter between the steps. A step nobody decided reads the spec then."""
+    import shlex
+    import subprocess
+
+    from train.history import RunHistory
+
+    run_dir = tmp_path / "runs" / "r 1"
+    spec = load_text("name: d\ntrain: {}\nrequeue: {max_restarts_in_place: 2}\n", "s.yaml", ())
+    script = sbatch_script(spec.spec, run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "resolved.yaml").write_text(
+        "name: d\ntrain: {}\nrequeue: {max_restarts_in_place: 2}\n"
+    )
+    if decided:
+        RunHistory(run_dir).append("failure", step=5, restart_count=0, job_id="77",
+                                   action="restart_in_place", failure_class="infra")  # fmt: skip
+    ask = next(ln for ln in script.splitlines() if "--after-step" in ln)
+    ask = ask[ask.index("$(") + 2 : ask.rindex(")")]
+    assert f"--run-dir {shlex.quote(str(run_dir))} " in ask
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "77",
+           "SLURM_TRAIN_IN_PLACE": "0", "rc": "1", "PYTHONPROFILEIMPORTTIME": "1"}  # fmt: skip
+    done = subprocess.run(["bash", "-c", ask], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in done.stderr.splitlines() if "|" in ln}
+    events = [e["event"] for e in RunHistory(run_dir).events()]
+    if decided:
+        assert done.stdout.strip() == "restart", done.stderr[-2000:]
+        assert events == ["failure", "restart_in_place"]
+        assert not {"submitit", "pydantic", "yaml"} & imported, sorted(imported)
+    else:  # nobody decided: the spec read, the step decided here (no Slurm on this machine)
+        assert "pydantic" in imported and "submitit" not in imported
+        assert events and events[0] == "failure", done.stderr[-2000:]
 
 
 def test_dry_run_says_what_each_rank_runs(tmp_path: Path) -> None:
