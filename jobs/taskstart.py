@@ -103,7 +103,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         if task:
             _start_first(Path(module_args[0]), task)
     sys.argv = [module, *module_args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as ended:  # the task's exit code (TrainLaunch raises it at a stop)
+        if isinstance(ended.code, int) and ended.code != 0:
+            from train.startup import leave
+
+            leave(ended.code)  # only where nothing but our trainer ran: not the teardown
+        raise
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ if __name__ == "__main__":
     from train.cli import main
 
     code = main()
+    if code != 0:
+        from train.startup import leave
+
+        leave(code)  # a stop of the built-in trainer: Python's exit but for its teardown
     if code == 0:
         # Finished: a stop signal during interpreter shutdown (a preemption racing the end)
         # must not turn the completed task into a failed one.

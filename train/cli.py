@@ -123,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                 config, env, run_dir, args.resume, allow_config_change=args.allow_config_change
             )
         from train.loop import describe_data, run_training
+        from train.startup import ours_only
 
         mark("imports")
+        ours_only()  # the built-in trainer: no user code in this process (train.startup)
 
         result = run_training(
             config.train,

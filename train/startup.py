@@ -1,4 +1,5 @@
-"""Where a (re)start's time goes, from the process start to training (torch-free, stdlib only).
+"""A task process's life: where its (re)start's time goes, its collector, its end after a stop
+(torch-free, stdlib only).
 
 The launch path calls :func:`mark` at its milestones (``main``: the CLI runs, ``config``: spec
 loaded, ``imports``: torch and the trainer imported, ``process_group``, ``data_model``: data and
@@ -18,15 +19,41 @@ or the user's function) calls :func:`resume_collector`, which freezes what start
 (``gc.freeze``: kept out of every later collection, and out of the one at exit) and turns the
 collector back on for training and the user's code. Called in a process whose collector was
 not paused by us (tests, a notebook), :func:`resume_collector` does nothing.
+
+The end after a stop (a failure restarted in place or requeued, a requeue Slurm refused, a
+budget spent): the job's nodes wait for every task's process to end, and after its last line
+Python's own exit tears down every module and the objects they hold: with torch and the trainer
+loaded, 0.15-0.25 s of a core after the collector's work (which the freeze above already
+spares), measured here (issue 46). Nothing of ours needs that teardown: the run closes its own
+files (metrics, tracker, checkpoints written whole and renamed). :func:`leave` does what
+Python's exit does first, in its order, that anything relies on (the other non-daemon threads
+joined, the ``atexit`` functions: logging's flush, multiprocessing's end of its daemonic
+children, torch's; the standard streams flushed), then ``os._exit``. Only where nothing but this
+project's code ran in the process (the built-in trainer: ``train.cli`` calls :func:`ours_only`),
+and only from the process's entry (``python -m train``, :mod:`jobs.taskstart`): an entrypoint
+function's objects may flush only when Python frees them, and its process ends as Python ends
+it.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import gc
 import os
+import sys
+import threading
 import time
 
-__all__ = ["mark", "pause_collector", "process_start", "resume_collector", "summary"]
+__all__ = [
+    "leave",
+    "mark",
+    "ours_only",
+    "pause_collector",
+    "process_start",
+    "resume_collector",
+    "summary",
+]
 
 _MARKS: dict[str, float] = {}
 _PAUSED = [False]  # whether pause_collector turned the collector off (and nobody resumed it)
@@ -75,3 +102,32 @@ def summary() -> dict[str, float]:
             out[name] = round(max(0.0, at - previous), 3)
         previous = at
     return out
+
+
+_OURS_ONLY = [False]  # nothing but this project's code runs in this process (ours_only)
+
+
+def ours_only() -> None:
+    """Nothing but this project's code runs in this process (the built-in trainer): its end
+    after a stop may skip the interpreter's teardown (:func:`leave`)."""
+    _OURS_ONLY[0] = True
+
+
+def leave(code: int) -> None:
+    """For a process's entry: end it with ``code`` after a stop as Python's own exit would, but
+    for the teardown of its modules; returns (the caller exits as Python does) where user code
+    ran in this process, ``code`` is 0 (the run's end) or this is not the main thread."""
+    if not _OURS_ONLY[0] or code == 0:
+        return
+    current = threading.current_thread()
+    if current is not threading.main_thread():
+        return
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()  # as threading._shutdown does first at every exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing to flush
+            if stream is not None:
+                stream.flush()
+    os._exit(code)
