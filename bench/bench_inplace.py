@@ -8,6 +8,11 @@ outside. Measured from the kill to the first training step of the restarted step
 ``python -c "import torch"`` plus loading that checkpoint's files (``torch.load``). Goal: at most
 2x, the same job id, never PENDING (no requeue, no BeginTime hold). Repeated ``rounds`` times in
 one job (each kill is one more restart in place).
+
+Issue 46 sets the same against the physical floor: what no tool avoids, Slurm's own restart of
+a trivial step in the same allocation (a trivial 2-node job, measured first in the same run: its
+rank 1 ``kill -9``-ed, srun ends the step, the batch script starts the next step: the kill -> both
+ranks of the new step running) plus ``import torch`` + ``torch.load``. Goal 1.05x.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from bench.common import (
@@ -39,6 +45,25 @@ __all__ = ["run"]
 
 SECTION = "Restart in place (local Slurm cluster)"
 NAME = "kill -9 of a rank -> first training step again"
+FLOOR_NAME = "kill -9 of a rank -> first training step again, vs the physical floor"
+
+#: Slurm's own restart of a trivial step in place: rank 1 killed, the next step up on both nodes.
+TRIVIAL = """\
+#!/bin/bash
+#SBATCH --partition=debug
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+#SBATCH --time=00:05:00
+#SBATCH --output=trivial-%j.txt
+export BENCH_OUT={out}
+for k in $(seq 1 {rounds}); do
+  export BENCH_ROUND=$k
+  srun --kill-on-bad-exit=1 sh -c 'if [ "$SLURM_PROCID" = 1 ]; then sleep 1; \\
+echo "$BENCH_ROUND $(date +%s.%N)" >> "$BENCH_OUT/killed.txt"; kill -9 $$; else sleep 600; fi'
+  srun sh -c 'echo "$BENCH_ROUND $(date +%s.%N)" >> "$BENCH_OUT/up-$SLURM_PROCID.txt"'
+done
+"""
 
 SPEC = """\
 name: bench-inplace
@@ -115,6 +140,36 @@ def _floor(env: dict[str, str], checkpoint: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _trivial_step_restarts(client: Any, work: Path, rounds: int) -> list[float]:
+    """Slurm's own restart of a trivial step in place, ``rounds`` times in one 2-node job: the
+    kill of rank 1 -> both ranks of the next step running (:data:`TRIVIAL`)."""
+    import shlex
+
+    out = work / "trivial"
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / "trivial.sbatch"
+    script.write_text(TRIVIAL.format(out=shlex.quote(str(out)), rounds=rounds), encoding="utf-8")
+    job = str(client.submit(script, cwd=out))
+
+    def ended() -> bool:
+        return client.show_job(job).get("JobState", "") in ("COMPLETED", "FAILED", "CANCELLED",
+                                                            "TIMEOUT", "NODE_FAIL")  # fmt: skip
+
+    try:
+        wait_until("the trivial job's restarts in place", ended, 120)
+    finally:
+        client.cancel([job], no_requeue=True)
+        wait_idle(client)
+
+    def times(name: str) -> dict[str, float]:
+        path = out / name
+        lines = path.read_text().split("\n") if path.exists() else []
+        return {ln.split()[0]: float(ln.split()[1]) for ln in lines if len(ln.split()) == 2}
+
+    killed, ups = times("killed.txt"), [times("up-0.txt"), times("up-1.txt")]
+    return [max(up[k] for up in ups) - t for k, t in killed.items() if all(k in up for up in ups)]
+
+
 def _copy_latest(run_dir: Path, dest: Path) -> Path:
     """A copy of the newest checkpoint (the run goes on pruning its own while we measure)."""
     import shutil
@@ -150,6 +205,13 @@ def run(opts: Options) -> list[Figure]:
     spec = work / "spec.yaml"
     spec.write_text(SPEC, encoding="utf-8")
     rounds = 1 if opts.quick else 3
+    try:  # Slurm's own part of the floor first, on idle nodes
+        trivial = _trivial_step_restarts(client, work, 3)
+    except Skip as exc:
+        opts.log(f"inplace: no trivial restart measured: {exc}")
+        trivial = []
+    if trivial:
+        opts.log(f"inplace: Slurm's restart of a trivial step in place: {trivial}")
     proc = subprocess.run(
         [sys.executable, "-m", "jobs", "submit", str(spec), "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
@@ -231,4 +293,22 @@ def run(opts: Options) -> list[Figure]:
     )  # fmt: skip
     if not kept:
         fig.status = "fail"
-    return [fig]
+    figs = [fig]
+    if trivial and floor:
+        slurm = median(trivial)
+        physical = [slurm + f for f in floor]
+        at_floor = Figure.measured(
+            SECTION, FLOOR_NAME, "s", ours, physical,
+            baseline_name=(
+                "Slurm's restart of a trivial step in place (kill -> the next step running, "
+                f'{slurm:.2f} s) + python -c "import torch" + torch.load'
+            ),
+            goal=Goal("<=", 1.05),
+            note=f"the trivial step's restarts: {', '.join(f'{t:.2f}' for t in trivial)} s",
+        )  # fmt: skip
+        if not kept:
+            at_floor.status = "fail"
+        figs.append(at_floor)
+    else:
+        figs.append(skipped(SECTION, FLOOR_NAME, "Slurm's restart of a trivial step not measured"))
+    return figs

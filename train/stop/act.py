@@ -85,12 +85,13 @@ def failure_details(exc: BaseException) -> dict[str, Any]:
 #: how long a rank whose failure is only a peer's death (connection closed, a collective timed
 #: out: the cascade) leaves the claim to the root, before it claims the failure itself
 ROOT_WAIT_S = 10.0
-#: how long it still looks for the root's claim once srun ends the step (its SIGTERM). The root
-#: claims (an exclusive create, atomic on the file server) before it exits, and srun's SIGTERM
-#: comes after that exit; this rank's own claim is an exclusive create too, so a root's claim
-#: not yet seen here still wins it. The grace only covers a SIGTERM that is not srun's (a
-#: cancel, a preemption) while the root, still alive, is about to claim.
-STEP_ENDING_GRACE_S = 0.25
+#: how long it still looks for the root's claim once srun ends the step (its SIGTERM): none.
+#: The root claims (an exclusive create, synchronous on the file server) before it exits, and a
+#: cascade of a lost connection comes after that exit, as srun's SIGTERM does; this rank's own
+#: claim is an exclusive create too, so a root's claim not yet seen here still wins it. Left to
+#: a grace would be only a root that is alive at a SIGTERM not srun's (a cancel, a preemption)
+#: and claims later than its peer lost its connection to it.
+STEP_ENDING_GRACE_S = 0.0
 
 
 class _StepEnding:
@@ -135,8 +136,8 @@ def _left_to_the_root(env: StopEnv, run_dir: Path | str, texts: tuple[object, ..
     attempt's failure; True once another rank did (this one records nothing: its failure is
     the cascade, never the cause recorded). A root that died without a claim (killed) leaves it
     to this rank: at once when srun ends the step (the root's task exited, and a root that
-    claimed did so before it exited: :data:`STEP_ENDING_GRACE_S` for the claim to show on a
-    shared file system), else after the wait."""
+    claimed did so before it exited: :data:`STEP_ENDING_GRACE_S` says why no grace), else after
+    the wait."""
     if not (env.job_id and env.world_size > 1) or not decide_cause(texts, rules).cascade:
         return False
     deadline = time.monotonic() + ROOT_WAIT_S
