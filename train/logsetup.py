@@ -24,8 +24,9 @@ class _RunLog(logging.StreamHandler):
     def close(self) -> None:
         self.acquire()
         try:
-            self.flush()
-            self.stream.close()
+            if not self.stream.closed:  # closed already (logging.shutdown, a second close)
+                self.flush()
+                self.stream.close()
         finally:
             self.release()
             super().close()

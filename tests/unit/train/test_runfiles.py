@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -315,6 +316,25 @@ def test_rank_logs_are_never_appended_through_a_link(tmp_path: Path, victim: Pat
     logging.getLogger("x").error("a line")
     setup_logging(0, None)  # replaces (and closes) the file handler
     assert "a line" in (run / "logs" / "rank-0.log").read_text()
+
+
+def test_a_run_log_closed_already_is_replaced_without_an_error(tmp_path: Path) -> None:
+    """The rank's log file handler, its file closed already (logging.shutdown at an exit, a
+    second close): setting logging up again replaces it; ``python -m train`` run twice in one
+    process failed on it with "I/O operation on closed file" (test order)."""
+    import logging
+
+    from train.logsetup import setup_logging
+
+    setup_logging(0, tmp_path / "a")
+    for h in logging.getLogger().handlers:
+        train_file = getattr(h, "_train_handler", False) and hasattr(h, "stream")
+        if train_file and h.stream is not sys.stderr:
+            h.stream.close()
+    setup_logging(0, tmp_path / "b")
+    logging.getLogger("x").error("a line")
+    setup_logging(0, None)
+    assert "a line" in (tmp_path / "b" / "logs" / "rank-0.log").read_text()
 
 
 # -- the owner's tables ---------------------------------------------------------------------
