@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -58,6 +59,8 @@ from train.stop import (
     failure_details,
     needed_lead_s,
     request_requeue,
+    signum,
+    term_received_at,
 )
 
 if TYPE_CHECKING:
@@ -243,7 +246,16 @@ class RunSession:
         # rank 0 waiting for the other ranks' files within a save it declared (a background
         # save's wait leaves the training phase alone)
         manager.collect_wait = lambda: self.waiting(within=("save",))
+        manager.step_ending = self._step_ending
         return manager
+
+    def _step_ending(self) -> bool:
+        """Whether srun is ending this step: this process got SIGTERM and it is not the run's
+        stop signal (which starts a save of every rank; with TERM as that signal nothing here
+        tells the two apart, and a save waits for its parts as before)."""
+        if signum(self.requeue.signal) == signal.SIGTERM:
+            return False
+        return term_received_at() is not None
 
     def close(self) -> None:
         """Finish in-flight saves, restore signal handlers, leave the process group."""

@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -202,15 +202,39 @@ def _marker_entry(marker: object, step: int) -> dict[str, Any] | None:
     return {"size": size, algo: digest}
 
 
+#: Once the step is ending (``ending``), how long a pending rank's part may stay as it is
+#: (its file neither growing nor touched) before the save gives up on it: a rank that died mid-
+#: save (srun ends the step at its bad exit) never writes its marker, and waiting for it would
+#: hold the node until Slurm's KillWait kills this rank too (30 s by default).
+ENDING_IDLE_S = 3.0
+
+
+def _part_state(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
 def collect_markers(
-    tmp: Path, step: int, ranks: Collection[int], timeout_s: float
+    tmp: Path,
+    step: int,
+    ranks: Collection[int],
+    timeout_s: float,
+    ending: Callable[[], bool] | None = None,
+    idle_s: float = ENDING_IDLE_S,
 ) -> dict[str, dict[str, Any]]:
     """Wait until each of ``ranks`` dropped its marker for ``step``; return their file entries.
 
-    A stale or damaged marker counts as not there yet (and times out like a dead rank)."""
+    A stale or damaged marker counts as not there yet (and times out like a dead rank).
+    ``ending``: whether the step is ending (srun's TERM, not the run's stop signal): from then
+    on a pending rank whose part stays as it is for ``idle_s`` is taken for dead."""
     deadline = time.monotonic() + timeout_s
     files: dict[str, dict[str, Any]] = {}
     pending = set(ranks)
+    parts: dict[int, tuple[int, int] | None] | None = None  # as last seen once ending
+    moved = 0.0  # when a pending part last changed (or the ending was first seen)
     while pending:
         for r in sorted(pending):
             try:
@@ -222,11 +246,21 @@ def collect_markers(
                 files[_io.rank_file(r)] = entry
                 pending.discard(r)
         if pending:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise CheckpointError(
                     f"checkpoint step-{step}: ranks {sorted(pending)} did not finish writing "
                     f"within {timeout_s:g}s (did a rank die?)"
                 )
+            if ending is not None and ending():
+                seen = {r: _part_state(tmp / _io.rank_file(r)) for r in pending}
+                if seen != parts:
+                    parts, moved = seen, now
+                elif now - moved > idle_s:
+                    raise CheckpointError(
+                        f"checkpoint step-{step}: ranks {sorted(pending)} did not finish writing "
+                        f"and stopped writing as the step ends (did a rank die?)"
+                    )
             time.sleep(0.02)
     return files
 

@@ -106,6 +106,10 @@ class CheckpointManager:
         self.collect_wait: Callable[[], contextlib.AbstractContextManager[Any]] = (
             contextlib.nullcontext
         )
+        #: Whether the step is ending under this rank (srun's TERM at a peer's bad exit; the run
+        #: session says so): rank 0 then stops waiting for a part that no longer moves
+        #: (:func:`train.checkpoint.dirs.collect_markers`). Never, by default.
+        self.step_ending: Callable[[], bool] | None = None
         self.root.mkdir(parents=True, exist_ok=True)
         self.line = line if line is not None else _branches.current(self.root, scan=rank == 0)
         if async_save:  # start the worker now, not on the training path of the first save
@@ -286,8 +290,9 @@ class CheckpointManager:
             raise CheckpointError(f"cannot write checkpoint step-{step}: {exc}") from exc
         _phase("shared file")
         with self.collect_wait():
+            peers = range(1, self.world_size)
             files.update(
-                _dirs.collect_markers(tmp, step, range(1, self.world_size), self.marker_timeout_s)
+                _dirs.collect_markers(tmp, step, peers, self.marker_timeout_s, self.step_ending)
             )
         manifest = {
             "format": FORMAT_VERSION,

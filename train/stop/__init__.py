@@ -80,6 +80,8 @@ if TYPE_CHECKING:
         early_signal_pending,
         install_early,
         pop_early_signals,
+        signum,
+        term_received_at,
     )
     from train.stop.step import after_step
     from train.stop.stopenv import Decider, StopEnv
@@ -122,6 +124,8 @@ _EXPORTS = {
     "install_early": "signals",
     "early_signal_pending": "signals",
     "pop_early_signals": "signals",
+    "signum": "signals",
+    "term_received_at": "signals",
     "after_step": "step",
     "Decider": "stopenv",
     "StopEnv": "stopenv",
@@ -166,6 +170,8 @@ __all__ = [
     "root_report",
     "rules_of",
     "signature",
+    "signum",
     "stop_attempt",
+    "term_received_at",
 ]
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -161,6 +161,9 @@ CASCADE: tuple[Rule, ...] = (
           r"\b(DistBackendError|DistNetworkError)\b|[Tt]imed out\b|\btimeout\b.*\b(collective|"
           r"allreduce|all_reduce|barrier|broadcast|rendezvous|store)\b|"
           r"Watchdog caught collective operation timeout", "infra", "a collective time-out"),
+    _rule("save_peer", _CASCADE,
+          r"\bcheckpoint step-\d+: ranks \[[\d, ]+\] did not finish writing\b",
+          "infra", "a rank that stopped writing its part of a checkpoint"),
 )  # fmt: skip
 
 #: The built-in table (the spec's rules go between :data:`EVIDENCE` and :data:`USER`).

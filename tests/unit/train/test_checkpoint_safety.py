@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,76 @@ def test_module_level_latest_valid_is_read_only(tmp_path: Path) -> None:
     (root / ".step-2.tmp").mkdir()
     assert latest_valid(root) == root / "step-1"
     assert (root / ".step-2.tmp").is_dir()  # removes nothing
+
+
+# -- a peer dead mid-save (issue 46: a restart in place at the floor) -----------------------------
+
+
+def test_a_save_stops_waiting_for_a_part_that_no_longer_moves_once_the_step_ends(
+    tmp_path: Path,
+) -> None:
+    """srun ends the step at a rank's bad exit; a peer that died mid-save never drops its marker.
+    Rank 0 waited for it until Slurm's KillWait killed it too (30 s of every restart in place
+    that a kill during a save started); now, once the step is ending, a part that stays as it is
+    for the idle window ends the save as a checkpoint error naming the rank."""
+    import train.checkpoint.dirs as dirs
+
+    root = tmp_path / "ck"
+    cm = CheckpointManager(root, rank=0, world_size=2, marker_timeout_s=60)
+    tmp = root / ".step-1.tmp"
+    tmp.mkdir(parents=True)
+    (tmp / "rank-1.pt").write_bytes(b"half a part")  # what the dead rank left
+    ending_at = time.monotonic() + 0.3
+    cm.step_ending = lambda: time.monotonic() > ending_at
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match=r"ranks \[1\] did not finish writing and stopped"):
+        _save(cm, _model(), 1)
+    waited = time.monotonic() - start
+    assert 0.3 + dirs.ENDING_IDLE_S <= waited < 0.3 + dirs.ENDING_IDLE_S + 5
+    assert cm.latest_valid() is None
+
+
+def test_a_part_still_being_written_is_waited_for_as_the_step_ends(tmp_path: Path) -> None:
+    """The same end of the step, a peer alive and still writing (its part grows): the save waits
+    for its marker past the idle window and completes."""
+    import json
+    import threading
+
+    import train.checkpoint.dirs as dirs
+
+    root = tmp_path / "ck"
+    tmp = root / ".step-1.tmp"
+    tmp.mkdir(parents=True)
+    part = tmp / "rank-1.pt"
+    done = threading.Event()
+
+    def peer() -> None:  # grows its part for 1.5 idle windows, then its marker
+        end = time.monotonic() + 1.5 * dirs.ENDING_IDLE_S
+        with part.open("wb") as f:
+            while time.monotonic() < end:
+                f.write(b"x" * 64)
+                f.flush()
+                time.sleep(0.1)
+        from train.checkpoint.digest import ALGORITHMS, FORMAT_VERSION, hash_file
+
+        algo = ALGORITHMS[FORMAT_VERSION]
+        size = part.stat().st_size
+        marker = {"rank": 1, "step": 1, "size": size, algo: hash_file(part, algo)}
+        (tmp / "rank-1.done").write_text(json.dumps(marker))
+        done.set()
+
+    threading.Thread(target=peer, daemon=True).start()
+    files = dirs.collect_markers(tmp, 1, [1], 60, ending=lambda: True)
+    assert done.is_set() and "rank-1.pt" in files
+
+
+def test_without_an_ending_step_a_still_part_is_waited_for_to_the_timeout(tmp_path: Path) -> None:
+    import train.checkpoint.dirs as dirs
+
+    tmp = tmp_path / ".step-1.tmp"
+    tmp.mkdir()
+    (tmp / "rank-1.pt").write_bytes(b"still")
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match=r"within 1s"):
+        dirs.collect_markers(tmp, 1, [1], 1.0, ending=lambda: False, idle_s=0.1)
+    assert time.monotonic() - start >= 1.0

@@ -476,3 +476,22 @@ def test_srun_ending_the_step_before_the_failure_still_ends_the_wait(
     assert code != 0
     (failure,) = [e for e in RunHistory(tmp_path).events() if e["event"] == "failure"]
     assert failure["error"] == cascade
+
+
+@pytest.mark.parametrize(("stop_signal", "ending"), [("USR2", True), ("TERM", False)])
+def test_a_sessions_step_ends_at_a_term_that_is_not_its_stop_signal(
+    stop_signal: str, ending: bool
+) -> None:
+    """The run session tells its checkpoint saves that the step is ending (srun's TERM at a
+    peer's bad exit) when this process got SIGTERM and it is not the run's stop signal; with
+    TERM as the stop signal, a TERM starts every rank's save, and nothing is ended early."""
+    from types import SimpleNamespace
+
+    from train.session import RunSession
+    from train.stop.signals import install_early
+
+    me = SimpleNamespace(requeue=RequeueConfig(signal=stop_signal))
+    assert RunSession._step_ending(me) is False  # type: ignore[arg-type]
+    install_early(("USR2", "TERM"))
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert RunSession._step_ending(me) is ending  # type: ignore[arg-type]
