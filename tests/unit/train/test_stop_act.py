@@ -403,6 +403,15 @@ def test_a_cascade_leaves_the_claim_to_the_root(
     assert client.requeued == ["42"]
 
 
+def _a_cascade(run_dir: Path, error: str, *, is_main: bool) -> tuple[int, float]:
+    """A failing rank of two whose error is a peer's death: (its exit code, seconds it took)."""
+    start = time.monotonic()
+    code = request_requeue(FakeEnv(is_main=is_main, world_size=2), run_dir,
+                           RequeueConfig(max_failures=3), "failure", step=7, error=error,
+                           client=FakeClient())  # fmt: skip
+    return code, time.monotonic() - start
+
+
 def test_a_killed_roots_cascade_claims_once_srun_ends_the_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -424,12 +433,8 @@ def test_a_killed_roots_cascade_claims_once_srun_ends_the_step(
     previous = signal.signal(signal.SIGTERM, mine)
     try:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        start = time.monotonic()
         cascade = "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500"
-        code = request_requeue(FakeEnv(is_main=False, world_size=2), tmp_path,
-                               RequeueConfig(max_failures=3), "failure", step=7, error=cascade,
-                               client=FakeClient())  # fmt: skip
-        waited = time.monotonic() - start
+        code, waited = _a_cascade(tmp_path, cascade, is_main=False)
         assert signal.getsignal(signal.SIGTERM) is mine  # put back after the wait
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -447,9 +452,9 @@ def test_srun_ending_the_step_before_the_failure_still_ends_the_wait(
     """Issue 46 (a restart in place at the floor): srun's SIGTERM (the root's bad exit) often
     reaches a rank while it is still in the collective that then fails: the run's guard (or,
     during start-up, the early handler) holds it, and the wait for the root's claim begins
-    after it. The cascade knows the step is ending all the same and claims after the short
-    grace (it waited the whole ROOT_WAIT_S before: 10 s of a restart in place, one round in
-    three on the local cluster)."""
+    after it. The cascade knows the step is ending all the same and claims at once (it waited
+    the whole ROOT_WAIT_S before: 10 s of a restart in place, one round in three on the local
+    cluster)."""
     import train.stop.act
     from train.stop.signals import install_early, term_received_at
 
@@ -463,12 +468,8 @@ def test_srun_ending_the_step_before_the_failure_still_ends_the_wait(
     assert term_received_at() is None
     os.kill(os.getpid(), signal.SIGTERM)
     assert term_received_at() is not None
-    start = time.monotonic()
     cascade = "RuntimeError: [gloo] Connection reset by peer [127.0.0.1]:29500"
-    code = request_requeue(FakeEnv(is_main=True, world_size=2), tmp_path,
-                           RequeueConfig(max_failures=3), "failure", step=7, error=cascade,
-                           client=FakeClient())  # fmt: skip
-    waited = time.monotonic() - start
+    code, waited = _a_cascade(tmp_path, cascade, is_main=True)
     if holder == "guard":
         assert guard.requested and guard.signal_name == "SIGUSR2"
         guard.uninstall()
