@@ -26,8 +26,9 @@ Python's own exit tears down every module and the objects they hold: with torch 
 loaded, 0.15-0.25 s of a core after the collector's work (which the freeze above already
 spares), measured here (issue 46). Nothing of ours needs that teardown: the run closes its own
 files (metrics, tracker, checkpoints written whole and renamed). :func:`leave` does what
-Python's exit does first, in its order, that anything relies on (the other non-daemon threads
-joined, the ``atexit`` functions: logging's flush, multiprocessing's end of its daemonic
+Python's exit does first, in its order, that anything relies on (``threading``'s own shutdown,
+which tells an executor's idle workers to end and joins the other non-daemon threads, the
+``atexit`` functions: logging's flush, multiprocessing's end of its daemonic
 children, torch's; the standard streams flushed), then ``os._exit``. Only where nothing but this
 project's code ran in the process (the built-in trainer: ``train.cli`` calls :func:`ours_only`),
 and only from the process's entry (``python -m train``, :mod:`jobs.taskstart`): an entrypoint
@@ -119,12 +120,14 @@ def leave(code: int) -> None:
     ran in this process, ``code`` is 0 (the run's end) or this is not the main thread."""
     if not _OURS_ONLY[0] or code == 0:
         return
-    current = threading.current_thread()
-    if current is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         return
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()  # as threading._shutdown does first at every exit
+    # what Python's exit does first, in its way: the threading module's exit functions (an
+    # executor's idle workers told to end), then every other non-daemon thread joined
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is None:
+        return  # a Python without it: its own exit
+    shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken stream: nothing to flush

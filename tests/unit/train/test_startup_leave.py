@@ -82,3 +82,18 @@ def test_the_task_entry_ends_a_stop_of_our_trainer_without_the_teardown(tmp_path
     assert done.returncode == 75, done.stderr[-2000:]
     assert (tmp_path / "atexit").read_text() == "ran"
     assert not (tmp_path / "freed").exists()
+
+
+def test_an_executors_idle_worker_does_not_hold_the_end(tmp_path: Path) -> None:
+    """A thread pool never shut down (its idle worker, non-daemon, waits for work): Python's
+    exit tells it to end before it joins it, and so does the end after a stop."""
+    ending = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "pool = ThreadPoolExecutor(1)\n"
+        "pool.submit(lambda: None).result()\n"
+        "leave(75)"
+    )
+    done = _run(tmp_path, "ours", ending)
+    assert done.returncode == 75
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not (tmp_path / "freed").exists()
